@@ -1,0 +1,28 @@
+//! treespec-core: the pure-Rust heart of treespec.
+//!
+//! Everything here is plain data and arithmetic, with no tensor library, so the
+//! speculative machinery can be tested exhaustively in milliseconds:
+//!
+//! * [`tree`] — arena token trees built by drafters, and [`flatten`] which turns a tree into one
+//!   verify batch (positions, parents, ancestor sets, root-to-leaf paths, additive mask);
+//! * [`dag`] — graph-structured drafts whose merged nodes unroll into a tree (GSD);
+//! * [`sampling`] — logits → the exact processed distribution used by draft and target;
+//! * [`verify`] — the three lossless verification families of ALGORITHMS.md §2, plus greedy;
+//! * [`rng`] — seeded, reproducible random streams;
+//! * [`stats`] — per-step acceptance records and their aggregation.
+
+pub mod dag;
+pub mod dist;
+pub mod error;
+pub mod flatten;
+pub mod rng;
+pub mod sampling;
+pub mod stats;
+pub mod tree;
+pub mod verify;
+
+pub use dist::Dist;
+pub use error::{Error, Result};
+
+/// A token id in the model's vocabulary.
+pub type TokenId = u32;

@@ -1,0 +1,227 @@
+//! Arena token trees: what a drafter proposes in one step.
+//!
+//! Node 0 is the root: the last emitted token, which the target has not consumed yet. Every other
+//! node is a drafted token with a parent that was added before it, so the arena order is already
+//! a valid flattening (parents before children). Each drafted node records how it was drawn,
+//! because that decides which exact verification rule applies (ALGORITHMS.md §2).
+
+use std::sync::Arc;
+
+use crate::dist::Dist;
+use crate::{Error, Result, TokenId};
+
+/// Index of a node in a [`TokenTree`].
+pub type NodeId = usize;
+
+/// The root's id.
+pub const ROOT: NodeId = 0;
+
+/// How a drafted token was chosen; decides its verification family.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Draw {
+    /// Sampled independently from `q` (SpecInfer multi-round: family 1).
+    Iid { q: Arc<Dist> },
+    /// Sampled from `q` with this node's earlier without-replacement siblings removed
+    /// (Sequoia/DySpec: family 2). All such siblings share the same full `q`.
+    WithoutReplacement { q: Arc<Dist> },
+    /// Chosen without sampling (top-k, n-gram, merged DAG node): a point mass (family 3).
+    Deterministic,
+}
+
+impl Draw {
+    /// The draft distribution the token was sampled from, if it was sampled.
+    pub fn q(&self) -> Option<&Arc<Dist>> {
+        match self {
+            Draw::Iid { q } | Draw::WithoutReplacement { q } => Some(q),
+            Draw::Deterministic => None,
+        }
+    }
+}
+
+/// One node of a token tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The token.
+    pub token: TokenId,
+    /// Parent node; `None` only for the root.
+    pub parent: Option<NodeId>,
+    /// Distance from the root (root = 0).
+    pub depth: usize,
+    /// How the token was chosen.
+    pub draw: Draw,
+    /// The draft's probability of this token given its path (a drafter's score; 1 for the root).
+    pub draft_prob: f32,
+}
+
+/// A token tree in arena form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenTree {
+    nodes: Vec<Node>,
+    children: Vec<Vec<NodeId>>,
+}
+
+impl TokenTree {
+    /// A tree holding only the root token.
+    pub fn new(root_token: TokenId) -> Self {
+        let root = Node { token: root_token, parent: None, depth: 0, draw: Draw::Deterministic, draft_prob: 1.0 };
+        Self { nodes: vec![root], children: vec![Vec::new()] }
+    }
+
+    /// Add a drafted token under `parent`; children are verified in the order they are added.
+    pub fn add(&mut self, parent: NodeId, token: TokenId, draw: Draw, draft_prob: f32) -> Result<NodeId> {
+        let id = self.nodes.len();
+        if parent >= id {
+            return Err(Error::BadParent { node: id, parent });
+        }
+        if let Some(q) = draw.q() {
+            if (token as usize) >= q.len() {
+                return Err(Error::TokenOutOfRange { token, vocab: q.len() });
+            }
+            // Without-replacement siblings must all come from one distribution, else the
+            // verifier cannot rebuild the q_i sequence the drafter used.
+            if let Draw::WithoutReplacement { q } = &draw {
+                for &s in &self.children[parent] {
+                    if let Draw::WithoutReplacement { q: qs } = &self.nodes[s].draw {
+                        if !Arc::ptr_eq(q, qs) && q != qs {
+                            return Err(Error::BadDraftNode {
+                                node: id,
+                                reason: "without-replacement siblings drawn from different distributions".into(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let depth = self.nodes[parent].depth + 1;
+        self.nodes.push(Node { token, parent: Some(parent), depth, draw, draft_prob });
+        self.children.push(Vec::new());
+        self.children[parent].push(id);
+        Ok(id)
+    }
+
+    /// Add a chain of deterministic candidates under `parent`; returns the last node.
+    pub fn add_chain(&mut self, parent: NodeId, tokens: &[TokenId]) -> Result<NodeId> {
+        let mut at = parent;
+        for &t in tokens {
+            at = self.add(at, t, Draw::Deterministic, 1.0)?;
+        }
+        Ok(at)
+    }
+
+    /// Number of nodes including the root.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Never true: the root is always present.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Number of drafted nodes (excluding the root).
+    pub fn drafted(&self) -> usize {
+        self.nodes.len() - 1
+    }
+
+    /// A node.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id]
+    }
+
+    /// All nodes in arena order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Children of `id` in verification order.
+    pub fn children(&self, id: NodeId) -> &[NodeId] {
+        &self.children[id]
+    }
+
+    /// Maximum depth of any node.
+    pub fn max_depth(&self) -> usize {
+        self.nodes.iter().map(|n| n.depth).max().unwrap_or(0)
+    }
+
+    /// Tokens from the root's first child down to `id` (excluding the root token).
+    pub fn path_tokens(&self, id: NodeId) -> Vec<TokenId> {
+        let mut out: Vec<TokenId> = self.path(id).into_iter().skip(1).map(|n| self.nodes[n].token).collect();
+        out.shrink_to_fit();
+        out
+    }
+
+    /// Node ids from the root down to `id`, inclusive.
+    pub fn path(&self, id: NodeId) -> Vec<NodeId> {
+        let mut path = Vec::with_capacity(self.nodes[id].depth + 1);
+        let mut at = Some(id);
+        while let Some(n) = at {
+            path.push(n);
+            at = self.nodes[n].parent;
+        }
+        path.reverse();
+        path
+    }
+
+    /// Leaves (nodes without children) in arena order.
+    pub fn leaves(&self) -> Vec<NodeId> {
+        (0..self.nodes.len()).filter(|&i| self.children[i].is_empty()).collect()
+    }
+
+    /// Build a tree from raw parent indices (`parents[0]` must be `None`), e.g. from a wire
+    /// format or a test; every non-root node is a deterministic candidate.
+    pub fn from_parents(tokens: &[TokenId], parents: &[Option<usize>]) -> Result<Self> {
+        if tokens.is_empty() || tokens.len() != parents.len() {
+            return Err(Error::Invalid("tokens and parents must be non-empty and of equal length".into()));
+        }
+        if parents[0].is_some() {
+            return Err(Error::Invalid("node 0 is the root and has no parent".into()));
+        }
+        let mut tree = Self::new(tokens[0]);
+        for i in 1..tokens.len() {
+            let parent = parents[i].ok_or(Error::Invalid(format!("node {i} has no parent; only the root may")))?;
+            if parent >= i {
+                return Err(Error::BadParent { node: i, parent });
+            }
+            tree.add(parent, tokens[i], Draw::Deterministic, 1.0)?;
+        }
+        Ok(tree)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_paths_and_leaves() {
+        let mut t = TokenTree::new(9);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 0.5).unwrap();
+        let b = t.add(a, 2, Draw::Deterministic, 0.5).unwrap();
+        let c = t.add(ROOT, 3, Draw::Deterministic, 0.2).unwrap();
+        assert_eq!(t.path(b), vec![ROOT, a, b]);
+        assert_eq!(t.path_tokens(b), vec![1, 2]);
+        assert_eq!(t.leaves(), vec![b, c]);
+        assert_eq!(t.node(b).depth, 2);
+        assert_eq!(t.max_depth(), 2);
+    }
+
+    #[test]
+    fn missing_parent_is_an_error() {
+        let mut t = TokenTree::new(0);
+        assert_eq!(t.add(5, 1, Draw::Deterministic, 1.0), Err(Error::BadParent { node: 1, parent: 5 }));
+        assert!(TokenTree::from_parents(&[0, 1], &[None, Some(1)]).is_err());
+        assert!(TokenTree::from_parents(&[0, 1], &[None, Some(3)]).is_err());
+        assert!(TokenTree::from_parents(&[0, 1], &[Some(0), Some(0)]).is_err());
+    }
+
+    #[test]
+    fn without_replacement_siblings_must_share_q() {
+        let q1 = Arc::new(Dist::from_weights(vec![1.0, 1.0]).unwrap());
+        let q2 = Arc::new(Dist::from_weights(vec![1.0, 3.0]).unwrap());
+        let mut t = TokenTree::new(0);
+        t.add(ROOT, 0, Draw::WithoutReplacement { q: q1.clone() }, 0.5).unwrap();
+        assert!(t.add(ROOT, 1, Draw::WithoutReplacement { q: q2 }, 0.5).is_err());
+        assert!(t.add(ROOT, 1, Draw::WithoutReplacement { q: q1.clone() }, 0.5).is_ok());
+        assert!(t.add(ROOT, 7, Draw::Iid { q: q1 }, 0.5).is_err());
+    }
+}

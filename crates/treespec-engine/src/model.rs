@@ -1,0 +1,154 @@
+//! The backend seam: what a model must do for speculative decoding.
+//!
+//! A model holds a *committed* prefix (its KV cache) and, during a step, *pending* nodes: tokens
+//! fed on top of the prefix as a tree, each attending only to the prefix and its own ancestors.
+//! Pending nodes may be added over several calls (a draft growing its tree layer by layer); they
+//! are numbered in the order they were fed, across calls, until the next `commit` or `truncate`.
+//! `commit` keeps one root-to-node path of pending nodes (they sit at contiguous positions
+//! already) and drops every other pending node.
+
+use treespec_core::flatten::FlatTree;
+use treespec_core::TokenId;
+
+use crate::error::Result;
+
+/// Nodes to feed on top of the committed prefix and the already pending nodes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TreeBatch {
+    /// Token of each new node.
+    pub tokens: Vec<TokenId>,
+    /// Parent of each new node as a pending index (earlier calls' nodes, or earlier nodes of this
+    /// batch offset by the pending count before the call); `None` = attached right after the
+    /// committed prefix.
+    pub parents: Vec<Option<usize>>,
+    /// Whether logits are wanted for each new node.
+    pub logits: Vec<bool>,
+}
+
+impl TreeBatch {
+    /// A batch for a whole flattened tree fed on top of `pending_base` pending nodes (0 for a
+    /// fresh step), with logits for every row.
+    pub fn from_flat(flat: &FlatTree, pending_base: usize) -> Self {
+        Self {
+            tokens: flat.tokens.clone(),
+            parents: flat.parents.iter().map(|p| p.map(|p| p + pending_base)).collect(),
+            logits: vec![true; flat.len()],
+        }
+    }
+
+    /// A chain of tokens: the first attached to `parent`, each next one to the previous.
+    pub fn chain(tokens: &[TokenId], parent: Option<usize>, pending_base: usize, logits_last_only: bool) -> Self {
+        let n = tokens.len();
+        Self {
+            tokens: tokens.to_vec(),
+            parents: (0..n).map(|i| if i == 0 { parent } else { Some(pending_base + i - 1) }).collect(),
+            logits: (0..n).map(|i| !logits_last_only || i + 1 == n).collect(),
+        }
+    }
+
+    /// Append one node.
+    pub fn push(&mut self, token: TokenId, parent: Option<usize>, logits: bool) {
+        self.tokens.push(token);
+        self.parents.push(parent);
+        self.logits.push(logits);
+    }
+
+    /// Number of new nodes.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when the batch feeds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Logits for the rows a batch asked for, in batch order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    vocab: usize,
+    data: Vec<f32>,
+}
+
+impl Logits {
+    /// Wrap row-major logits of `data.len() / vocab` rows.
+    pub fn new(vocab: usize, data: Vec<f32>) -> Self {
+        debug_assert!(vocab > 0 && data.len() % vocab == 0);
+        Self { vocab, data }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// A causal language model that can score token trees. Implemented by the llama.cpp backend and
+/// the toy models.
+pub trait CausalLm {
+    /// Vocabulary size (length of each logits row).
+    fn vocab_size(&self) -> usize;
+
+    /// Maximum number of positions (committed + pending).
+    fn context_size(&self) -> usize;
+
+    /// Number of committed tokens.
+    fn committed_len(&self) -> usize;
+
+    /// Number of pending (fed, not yet committed) nodes.
+    fn pending_len(&self) -> usize;
+
+    /// Append tokens to the committed prefix without computing logits (prompt processing).
+    /// Errors if nodes are pending.
+    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()>;
+
+    /// Feed `batch` as pending nodes in ONE forward pass. Returns one logits row per node whose
+    /// `logits` flag is set, in batch order.
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits>;
+
+    /// Keep the pending nodes of `path` (pending indices; the first attached to the committed
+    /// prefix, each next one a child of the previous) as committed tokens; drop all other pending
+    /// nodes. An empty path just drops the pending nodes.
+    fn commit(&mut self, path: &[usize]) -> Result<()>;
+
+    /// Drop pending nodes and committed tokens beyond `len`.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+}
+
+impl<M: CausalLm + ?Sized> CausalLm for Box<M> {
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+    fn context_size(&self) -> usize {
+        (**self).context_size()
+    }
+    fn committed_len(&self) -> usize {
+        (**self).committed_len()
+    }
+    fn pending_len(&self) -> usize {
+        (**self).pending_len()
+    }
+    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
+        (**self).prefill(tokens)
+    }
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+        (**self).forward(batch)
+    }
+    fn commit(&mut self, path: &[usize]) -> Result<()> {
+        (**self).commit(path)
+    }
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        (**self).truncate(len)
+    }
+}
