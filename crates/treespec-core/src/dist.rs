@@ -23,7 +23,9 @@ impl Dist {
         let mut total = 0f64;
         for (i, &w) in weights.iter().enumerate() {
             if !w.is_finite() || w < 0.0 {
-                return Err(Error::Invalid(format!("weight {w} at token {i} is not a finite non-negative number")));
+                return Err(Error::Invalid(format!(
+                    "weight {w} at token {i} is not a finite non-negative number"
+                )));
             }
             total += w as f64;
         }

@@ -63,22 +63,40 @@ pub struct VerifyOutcome {
 impl VerifyOutcome {
     /// The bonus/correction token sampled from the target.
     pub fn bonus(&self) -> TokenId {
-        *self.tokens.last().expect("an outcome always emits the bonus token")
+        *self
+            .tokens
+            .last()
+            .expect("an outcome always emits the bonus token")
     }
 
     /// Root-inclusive accepted path, as node ids (what the backends commit).
     pub fn path(&self) -> Vec<NodeId> {
-        std::iter::once(ROOT).chain(self.accepted.iter().copied()).collect()
+        std::iter::once(ROOT)
+            .chain(self.accepted.iter().copied())
+            .collect()
     }
 }
 
 /// Verify `tree` against the target. `greedy` selects argmax matching (temperature 0).
-pub fn verify(tree: &TokenTree, target: &mut dyn TargetDists, greedy: bool, rng: &mut StreamRng) -> Result<VerifyOutcome> {
-    let mut out = VerifyOutcome { accepted: Vec::new(), tokens: Vec::new(), depths: Vec::new() };
+pub fn verify(
+    tree: &TokenTree,
+    target: &mut dyn TargetDists,
+    greedy: bool,
+    rng: &mut StreamRng,
+) -> Result<VerifyOutcome> {
+    let mut out = VerifyOutcome {
+        accepted: Vec::new(),
+        tokens: Vec::new(),
+        depths: Vec::new(),
+    };
     let mut at = ROOT;
     loop {
         let children = tree.children(at);
-        let step = if greedy { greedy_step(tree, target, at)? } else { sampled_step(tree, target, at, rng)? };
+        let step = if greedy {
+            greedy_step(tree, target, at)?
+        } else {
+            sampled_step(tree, target, at, rng)?
+        };
         if !children.is_empty() {
             out.depths.push(DepthRecord {
                 depth: tree.node(at).depth + 1,
@@ -111,12 +129,23 @@ fn greedy_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId) -> Re
     let want = target.greedy(at)?;
     let children = tree.children(at);
     match children.iter().position(|&c| tree.node(c).token == want) {
-        Some(i) => Ok(Step { next: Ok(children[i]), tried: i + 1 }),
-        None => Ok(Step { next: Err(want), tried: children.len() }),
+        Some(i) => Ok(Step {
+            next: Ok(children[i]),
+            tried: i + 1,
+        }),
+        None => Ok(Step {
+            next: Err(want),
+            tried: children.len(),
+        }),
     }
 }
 
-fn sampled_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId, rng: &mut StreamRng) -> Result<Step> {
+fn sampled_step(
+    tree: &TokenTree,
+    target: &mut dyn TargetDists,
+    at: NodeId,
+    rng: &mut StreamRng,
+) -> Result<Step> {
     let mut p = target.dist(at)?;
     let children = tree.children(at);
     // The without-replacement draft distribution q_i, rebuilt in drawing order.
@@ -125,7 +154,10 @@ fn sampled_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId, rng:
         let node = tree.node(c);
         let x = node.token;
         if x as usize >= p.len() {
-            return Err(Error::TokenOutOfRange { token: x, vocab: p.len() });
+            return Err(Error::TokenOutOfRange {
+                token: x,
+                vocab: p.len(),
+            });
         }
         let q_step: Option<Dist> = match &node.draw {
             Draw::Deterministic => None,
@@ -153,7 +185,10 @@ fn sampled_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId, rng:
             }
         };
         if accept {
-            return Ok(Step { next: Ok(c), tried: i + 1 });
+            return Ok(Step {
+                next: Ok(c),
+                tried: i + 1,
+            });
         }
         // Reject: move to the residual. A residual with no mass means the rejection had
         // probability 0 and only rounding got us here; keep p then.
@@ -180,7 +215,10 @@ fn sampled_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId, rng:
             }
         }
     }
-    Ok(Step { next: Err(p.sample(rng)), tried: children.len() })
+    Ok(Step {
+        next: Err(p.sample(rng)),
+        tried: children.len(),
+    })
 }
 
 fn check_q<'a>(q: &'a Dist, p: &Dist, node: NodeId) -> Result<&'a Dist> {
@@ -227,8 +265,24 @@ mod tests {
         assert_eq!(out.accepted, vec![a, b]);
         assert_eq!(out.tokens, vec![1, 1, 1]);
         assert_eq!(out.path(), vec![ROOT, a, b]);
-        assert_eq!(out.depths[0], DepthRecord { depth: 1, candidates: 2, tried: 1, accepted: true });
-        assert_eq!(out.depths[1], DepthRecord { depth: 2, candidates: 2, tried: 2, accepted: true });
+        assert_eq!(
+            out.depths[0],
+            DepthRecord {
+                depth: 1,
+                candidates: 2,
+                tried: 1,
+                accepted: true
+            }
+        );
+        assert_eq!(
+            out.depths[1],
+            DepthRecord {
+                depth: 2,
+                candidates: 2,
+                tried: 2,
+                accepted: true
+            }
+        );
         assert_eq!(out.depths.len(), 2);
     }
 
@@ -241,7 +295,8 @@ mod tests {
         for _ in 0..200 {
             let mut t = TokenTree::new(0);
             let x = q.sample(&mut drng);
-            t.add(ROOT, x, Draw::Iid { q: q.clone() }, q.prob(x)).unwrap();
+            t.add(ROOT, x, Draw::Iid { q: q.clone() }, q.prob(x))
+                .unwrap();
             let out = verify(&t, &mut Fixed(p.clone()), false, &mut rng).unwrap();
             assert_eq!(out.accepted.len(), 1);
         }
@@ -253,7 +308,10 @@ mod tests {
         let mut t = TokenTree::new(0);
         t.add(ROOT, 1, Draw::Iid { q }, 0.0).unwrap();
         let mut rng = StreamRng::new(0, Stream::Verify);
-        assert!(matches!(verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng), Err(Error::BadDraftNode { .. })));
+        assert!(matches!(
+            verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng),
+            Err(Error::BadDraftNode { .. })
+        ));
     }
 
     #[test]
@@ -262,6 +320,9 @@ mod tests {
         let mut t = TokenTree::new(0);
         t.add(ROOT, 1, Draw::Iid { q }, 0.3).unwrap();
         let mut rng = StreamRng::new(0, Stream::Verify);
-        assert!(matches!(verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng), Err(Error::VerifyMismatch(_))));
+        assert!(matches!(
+            verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng),
+            Err(Error::VerifyMismatch(_))
+        ));
     }
 }

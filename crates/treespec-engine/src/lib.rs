@@ -1,8 +1,17 @@
 //! treespec-engine: the model seam ([`CausalLm`]), drafters over models, the speculative
 //! generation loop, and pure-Rust toy models for tests and demos.
 
+pub mod draft_state;
+pub mod drafter;
+pub mod drafters;
 pub mod error;
+pub mod generate;
 pub mod model;
+pub mod stop;
+pub mod toy;
 
+pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
+pub use generate::{generate, GenerateOutput, GenerateRequest};
 pub use model::{CausalLm, Logits, TreeBatch};
+pub use stop::{FinishReason, StopConditions, TokenBytes};

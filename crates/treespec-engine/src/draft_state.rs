@@ -1,0 +1,135 @@
+//! Keeping a draft model's KV cache in step with the target.
+//!
+//! The draft keeps its cache for accepted tokens instead of re-feeding them every step (the
+//! re-feed costs llama.cpp's drafter an extra draft pass per step). Tokens the draft has not
+//! consumed yet — the bonus token, and accepted leaves it never ran — wait in `unfed` and are fed
+//! as a chain in the first forward of the next step, whose last row gives the root's distribution.
+
+use treespec_core::tree::{NodeId, TokenTree};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, Logits, TreeBatch};
+
+/// A draft model plus the bookkeeping that maps tree nodes to its pending nodes.
+pub struct DraftModel<M: CausalLm> {
+    model: M,
+    unfed: Vec<TokenId>,
+    /// For each node of the tree being drafted: its pending index in the draft model, if fed.
+    fed: Vec<Option<usize>>,
+    forwards: u64,
+}
+
+impl<M: CausalLm> DraftModel<M> {
+    /// Wrap a draft model.
+    pub fn new(model: M) -> Self {
+        Self {
+            model,
+            unfed: Vec::new(),
+            fed: Vec::new(),
+            forwards: 0,
+        }
+    }
+
+    /// The wrapped model.
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// Forward calls made since `begin`.
+    pub fn forwards(&self) -> u64 {
+        self.forwards
+    }
+
+    /// Reset and consume all prompt tokens but the last, which becomes the first root.
+    pub fn begin(&mut self, prompt: &[TokenId]) -> Result<()> {
+        let (last, head) = prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
+        self.model.truncate(0)?;
+        self.model.prefill(head)?;
+        self.unfed = vec![*last];
+        self.fed.clear();
+        self.forwards = 0;
+        Ok(())
+    }
+
+    /// Start a step: feed the unfed chain and return the root's logits row.
+    pub fn start_step(&mut self) -> Result<Vec<f32>> {
+        if self.unfed.is_empty() {
+            return Err(EngineError::State("draft has no root to feed".into()));
+        }
+        let batch = TreeBatch::chain(&self.unfed, None, 0, true);
+        let logits = self.forward(&batch)?;
+        self.fed = vec![Some(self.unfed.len() - 1)];
+        Ok(logits.row(0).to_vec())
+    }
+
+    /// Note that a new tree node exists (not fed yet). Call in the tree's arena order.
+    pub fn add_node(&mut self) {
+        self.fed.push(None);
+    }
+
+    /// Feed tree nodes `nodes` (each's parent already fed) in one forward; returns their logits
+    /// rows in the same order.
+    pub fn feed(&mut self, tree: &TokenTree, nodes: &[NodeId]) -> Result<Logits> {
+        if self.fed.len() < tree.len() {
+            self.fed.resize(tree.len(), None);
+        }
+        let base = self.model.pending_len();
+        let mut batch = TreeBatch::default();
+        for (i, &n) in nodes.iter().enumerate() {
+            let parent = tree
+                .node(n)
+                .parent
+                .ok_or_else(|| EngineError::State("cannot feed the root".into()))?;
+            let parent_idx = self.fed[parent].ok_or_else(|| {
+                EngineError::State(format!("parent {parent} of node {n} not fed"))
+            })?;
+            batch.push(tree.node(n).token, Some(parent_idx), true);
+            self.fed[n] = Some(base + i);
+        }
+        self.forward(&batch)
+    }
+
+    /// Whether a tree node's logits were computed (its children can be drafted).
+    pub fn is_fed(&self, node: NodeId) -> bool {
+        self.fed.get(node).copied().flatten().is_some()
+    }
+
+    /// Commit the accepted path: keep the fed prefix of it, queue the rest plus the bonus.
+    pub fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        let chain_len = self
+            .fed
+            .first()
+            .copied()
+            .flatten()
+            .map(|r| r + 1)
+            .unwrap_or(0);
+        let mut keep: Vec<usize> = (0..chain_len).collect();
+        let mut unfed = Vec::new();
+        for &n in &outcome.accepted {
+            match (unfed.is_empty(), self.fed.get(n).copied().flatten()) {
+                (true, Some(idx)) => keep.push(idx),
+                _ => unfed.push(tree.node(n).token),
+            }
+        }
+        unfed.push(outcome.bonus());
+        if chain_len == 0 {
+            // The step never started (nothing fed): everything is still unfed.
+            let mut all = std::mem::take(&mut self.unfed);
+            all.extend(unfed);
+            self.unfed = all;
+            self.model.commit(&[])?;
+        } else {
+            self.model.commit(&keep)?;
+            self.unfed = unfed;
+        }
+        self.fed.clear();
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+        self.forwards += 1;
+        self.model.forward(batch)
+    }
+}

@@ -1,0 +1,73 @@
+//! The drafter seam: a begin / propose / observe lifecycle (as llama.cpp's common/speculative
+//! and vLLM's proposers use), so every method — model drafts, n-gram lookups, dynamic trees —
+//! plugs into the same loop.
+
+use treespec_core::sampling::Sampler;
+use treespec_core::tree::TokenTree;
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use crate::error::Result;
+
+/// What a drafter knows when it proposes.
+#[derive(Debug, Clone, Copy)]
+pub struct ProposeContext<'a> {
+    /// Every token so far (prompt + generated). The last one is the tree root: emitted but not
+    /// yet consumed by the target.
+    pub history: &'a [TokenId],
+    /// Most drafted nodes the step may hold (context room; a method's own budget may be lower).
+    pub max_nodes: usize,
+    /// Deepest useful draft: tokens still wanted minus the bonus token.
+    pub max_depth: usize,
+    /// The sampling configuration shared with the target.
+    pub sampler: &'a Sampler,
+}
+
+impl ProposeContext<'_> {
+    /// The root token (last token of the history).
+    pub fn root(&self) -> TokenId {
+        *self.history.last().expect("history always holds the root")
+    }
+}
+
+/// A speculative drafting method.
+pub trait Drafter {
+    /// Short method name (as on the command line).
+    fn name(&self) -> &str;
+
+    /// Start a new generation after `prompt` (the last prompt token is the first root). `seed`
+    /// seeds the drafter's own random stream, never shared with the verifier.
+    fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()>;
+
+    /// Propose a token tree whose root is `ctx.root()`.
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree>;
+
+    /// Learn the outcome of verifying the last proposed tree: accepted nodes and emitted tokens
+    /// (accepted + bonus). The bonus token is the next root.
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()>;
+
+    /// Forward calls made on a draft model so far in this generation (0 if model-free).
+    fn draft_forwards(&self) -> u64 {
+        0
+    }
+}
+
+/// Plain decoding expressed as a drafter that never drafts: every step verifies the root only,
+/// which is exactly one target forward per token.
+#[derive(Debug, Default, Clone)]
+pub struct PlainDrafter;
+
+impl Drafter for PlainDrafter {
+    fn name(&self) -> &str {
+        "plain"
+    }
+    fn begin(&mut self, _: &[TokenId], _: &Sampler, _: u64) -> Result<()> {
+        Ok(())
+    }
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        Ok(TokenTree::new(ctx.root()))
+    }
+    fn observe(&mut self, _: &TokenTree, _: &VerifyOutcome) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,85 @@
+//! Chain speculative decoding (Leviathan et al. / Chen et al.): the draft proposes `k` tokens one
+//! after another; the baseline every tree method is measured against.
+
+use treespec_core::rng::{Stream, StreamRng};
+use treespec_core::sampling::Sampler;
+use treespec_core::tree::{TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use super::sample::draw_children;
+use crate::draft_state::DraftModel;
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+use crate::model::CausalLm;
+
+/// Drafts a chain of `k` tokens with a draft model.
+pub struct ChainDrafter<M: CausalLm> {
+    draft: DraftModel<M>,
+    k: usize,
+    rng: StreamRng,
+}
+
+impl<M: CausalLm> ChainDrafter<M> {
+    /// A chain drafter proposing `k ≥ 1` tokens per step.
+    pub fn new(draft: M, k: usize) -> Result<Self> {
+        if k == 0 {
+            return Err(EngineError::InvalidRequest(
+                "chain length k must be ≥ 1".into(),
+            ));
+        }
+        Ok(Self {
+            draft: DraftModel::new(draft),
+            k,
+            rng: StreamRng::new(0, Stream::Draft),
+        })
+    }
+}
+
+impl<M: CausalLm> Drafter for ChainDrafter<M> {
+    fn name(&self) -> &str {
+        "chain"
+    }
+
+    fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
+        self.rng = StreamRng::new(seed, Stream::Draft);
+        self.draft.begin(prompt)
+    }
+
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        let mut tree = TokenTree::new(ctx.root());
+        let k = self.k.min(ctx.max_nodes).min(ctx.max_depth);
+        if k == 0 {
+            return Ok(tree);
+        }
+        let mut logits = self.draft.start_step()?;
+        let mut context = ctx.history.to_vec();
+        let mut at = ROOT;
+        for i in 0..k {
+            if i > 0 {
+                logits = self.draft.feed(&tree, &[at])?.row(0).to_vec();
+            }
+            let kids = draw_children(
+                &mut tree,
+                at,
+                &logits,
+                &context,
+                1,
+                ctx.sampler,
+                &mut self.rng,
+            )?;
+            let Some(&child) = kids.first() else { break };
+            context.push(tree.node(child).token);
+            at = child;
+        }
+        Ok(tree)
+    }
+
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        self.draft.observe(tree, outcome)
+    }
+
+    fn draft_forwards(&self) -> u64 {
+        self.draft.forwards()
+    }
+}

@@ -1,0 +1,98 @@
+//! A fixed-shape tree drafter: at depth d every frontier node gets `widths[d]` children, drawn
+//! without replacement from the draft (deterministic top candidates under greedy). One batched
+//! draft forward per depth, so width costs little on the draft side.
+
+use treespec_core::rng::{Stream, StreamRng};
+use treespec_core::sampling::Sampler;
+use treespec_core::tree::{NodeId, TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use super::sample::draw_children;
+use crate::draft_state::DraftModel;
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+use crate::model::CausalLm;
+
+/// Drafts a tree with per-depth branching widths.
+pub struct TreeDrafter<M: CausalLm> {
+    draft: DraftModel<M>,
+    widths: Vec<usize>,
+    rng: StreamRng,
+}
+
+impl<M: CausalLm> TreeDrafter<M> {
+    /// A tree drafter; `widths[d]` children per node at depth `d + 1`. Every width must be ≥ 1.
+    pub fn new(draft: M, widths: Vec<usize>) -> Result<Self> {
+        if widths.is_empty() || widths.contains(&0) {
+            return Err(EngineError::InvalidRequest(format!(
+                "tree widths must be a non-empty list of numbers ≥ 1, got {widths:?}"
+            )));
+        }
+        Ok(Self {
+            draft: DraftModel::new(draft),
+            widths,
+            rng: StreamRng::new(0, Stream::Draft),
+        })
+    }
+}
+
+impl<M: CausalLm> Drafter for TreeDrafter<M> {
+    fn name(&self) -> &str {
+        "tree"
+    }
+
+    fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
+        self.rng = StreamRng::new(seed, Stream::Draft);
+        self.draft.begin(prompt)
+    }
+
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        let mut tree = TokenTree::new(ctx.root());
+        let depth = self.widths.len().min(ctx.max_depth);
+        if depth == 0 || ctx.max_nodes == 0 {
+            return Ok(tree);
+        }
+        let root_logits = self.draft.start_step()?;
+        let mut frontier: Vec<(NodeId, Vec<f32>)> = vec![(ROOT, root_logits)];
+        for (d, &width) in self.widths.iter().enumerate().take(depth) {
+            let mut layer = Vec::new();
+            'nodes: for (node, logits) in &frontier {
+                let mut context = ctx.history.to_vec();
+                context.extend(tree.path_tokens(*node));
+                let room = ctx.max_nodes - tree.drafted();
+                let kids = draw_children(
+                    &mut tree,
+                    *node,
+                    logits,
+                    &context,
+                    width.min(room),
+                    ctx.sampler,
+                    &mut self.rng,
+                )?;
+                layer.extend(kids);
+                if tree.drafted() >= ctx.max_nodes {
+                    break 'nodes;
+                }
+            }
+            if layer.is_empty() || d + 1 == depth || tree.drafted() >= ctx.max_nodes {
+                break;
+            }
+            let logits = self.draft.feed(&tree, &layer)?;
+            frontier = layer
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (n, logits.row(i).to_vec()))
+                .collect();
+        }
+        Ok(tree)
+    }
+
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        self.draft.observe(tree, outcome)
+    }
+
+    fn draft_forwards(&self) -> u64 {
+        self.draft.forwards()
+    }
+}

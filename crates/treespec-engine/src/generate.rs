@@ -1,0 +1,248 @@
+//! The speculative generation loop: prefill → propose → score → verify → commit → emit.
+//!
+//! One step: the drafter proposes a token tree rooted at the last emitted token; the target scores
+//! the whole tree in ONE forward pass; the verifier walks it and returns the accepted path plus a
+//! bonus token; both models keep only the accepted path; the emitted tokens are checked against
+//! the stop conditions and streamed out. Plain decoding is the same loop with an empty tree.
+
+use std::time::Instant;
+
+use treespec_core::dist::Dist;
+use treespec_core::flatten::FlatTree;
+use treespec_core::rng::{Stream, StreamRng};
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::stats::DecodeStats;
+use treespec_core::tree::{NodeId, TokenTree};
+use treespec_core::verify::{verify, TargetDists};
+use treespec_core::TokenId;
+
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, Logits, TreeBatch};
+use crate::stop::{FinishReason, StopConditions, StopScanner, TokenBytes};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Prompt tokens (already templated/tokenized).
+    pub prompt: Vec<TokenId>,
+    /// Most new tokens to emit (≥ 1).
+    pub max_new_tokens: usize,
+    /// Sampling parameters shared by draft and target.
+    pub sampling: SamplingParams,
+    /// Seed for the draft and verifier streams.
+    pub seed: u64,
+    /// When to stop.
+    pub stop: StopConditions,
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    /// Emitted token ids (without the end-of-generation token).
+    pub tokens: Vec<TokenId>,
+    /// Why generation ended.
+    pub finish_reason: FinishReason,
+    /// With a stop string: the byte length the decoded text must be cut to.
+    pub text_cut: Option<usize>,
+    /// Statistics.
+    pub stats: DecodeStats,
+}
+
+/// Run one generation. `on_tokens` receives each step's newly emitted tokens and returns false
+/// to cancel. `bytes` is needed only for stop strings.
+pub fn generate(
+    target: &mut dyn CausalLm,
+    drafter: &mut dyn Drafter,
+    request: &GenerateRequest,
+    bytes: Option<&dyn TokenBytes>,
+    on_tokens: &mut dyn FnMut(&[TokenId]) -> bool,
+) -> Result<GenerateOutput> {
+    let start = Instant::now();
+    let sampler = Sampler::new(request.sampling.clone())?;
+    validate(target, request, bytes)?;
+    let context = target.context_size();
+    let max_new = request
+        .max_new_tokens
+        .min(context - request.prompt.len() + 1);
+
+    let mut stats = DecodeStats::default();
+    let (_, head) = request
+        .prompt
+        .split_last()
+        .ok_or(EngineError::EmptyPrompt)?;
+    let t = Instant::now();
+    target.truncate(0)?;
+    target.prefill(head)?;
+    drafter.begin(&request.prompt, &sampler, request.seed)?;
+    stats.times.prefill = t.elapsed();
+
+    let mut verify_rng = StreamRng::new(request.seed, Stream::Verify);
+    let mut history = request.prompt.clone();
+    let mut out: Vec<TokenId> = Vec::new();
+    let mut scanner = StopScanner::default();
+    let mut finish = FinishReason::Length;
+
+    'steps: while out.len() < max_new {
+        // Positions left after the root (which sits at committed_len).
+        let room = context.saturating_sub(target.committed_len() + 1);
+        let ctx = ProposeContext {
+            history: &history,
+            max_nodes: room,
+            max_depth: (max_new - out.len() - 1).min(room),
+            sampler: &sampler,
+        };
+        let t = Instant::now();
+        let tree = drafter.propose(&ctx)?;
+        stats.times.draft += t.elapsed();
+        check_tree(&tree, &ctx)?;
+
+        let t = Instant::now();
+        let flat = FlatTree::new(&tree, target.committed_len());
+        let logits = target.forward(&TreeBatch::from_flat(&flat, 0))?;
+        stats.times.target += t.elapsed();
+        if logits.rows() != tree.len() || logits.vocab() != target.vocab_size() {
+            return Err(EngineError::State(format!(
+                "target returned {} rows of {} logits for a tree of {} nodes",
+                logits.rows(),
+                logits.vocab(),
+                tree.len()
+            )));
+        }
+
+        let t = Instant::now();
+        let mut rows = TreeRows {
+            tree: &tree,
+            logits: &logits,
+            sampler: &sampler,
+            history: &history,
+        };
+        let outcome = verify(&tree, &mut rows, sampler.is_greedy(), &mut verify_rng)?;
+        stats.record_step(tree.drafted(), &outcome);
+        stats.times.verify += t.elapsed();
+
+        let t = Instant::now();
+        target.commit(&outcome.path())?;
+        drafter.observe(&tree, &outcome)?;
+        history.extend_from_slice(&outcome.tokens);
+        let mut emitted = Vec::with_capacity(outcome.tokens.len());
+        for &tok in &outcome.tokens {
+            if request.stop.eos.contains(&tok) {
+                finish = FinishReason::Eos;
+                break;
+            }
+            emitted.push(tok);
+            if let Some(b) = bytes {
+                if scanner.push(&b.token_bytes(tok), &request.stop.stop_strings) {
+                    finish = FinishReason::Stop;
+                    break;
+                }
+            }
+            if out.len() + emitted.len() == max_new {
+                break;
+            }
+        }
+        out.extend_from_slice(&emitted);
+        stats.times.overhead += t.elapsed();
+        if !on_tokens(&emitted) {
+            return Err(EngineError::Cancelled);
+        }
+        if finish != FinishReason::Length {
+            break 'steps;
+        }
+    }
+    stats.new_tokens = out.len() as u64;
+    stats.draft_forwards = drafter.draft_forwards();
+    stats.wall = start.elapsed();
+    Ok(GenerateOutput {
+        tokens: out,
+        finish_reason: finish,
+        text_cut: scanner.cut_at,
+        stats,
+    })
+}
+
+fn validate(
+    target: &dyn CausalLm,
+    request: &GenerateRequest,
+    bytes: Option<&dyn TokenBytes>,
+) -> Result<()> {
+    if request.prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if request.max_new_tokens == 0 {
+        return Err(EngineError::InvalidRequest(
+            "the number of new tokens must be ≥ 1".into(),
+        ));
+    }
+    let vocab = target.vocab_size();
+    if let Some(&t) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::InvalidRequest(format!(
+            "prompt token {t} is outside the vocabulary of size {vocab}"
+        )));
+    }
+    if request.prompt.len() >= target.context_size() {
+        return Err(EngineError::PromptTooLong {
+            prompt: request.prompt.len(),
+            context: target.context_size(),
+        });
+    }
+    if !request.stop.stop_strings.is_empty() && bytes.is_none() {
+        return Err(EngineError::InvalidRequest(
+            "stop strings need a tokenizer to match against".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A drafter must return a tree rooted at the current root, within the room it was given.
+fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
+    if tree.node(0).token != ctx.root() {
+        return Err(EngineError::State(format!(
+            "drafter returned a tree rooted at token {} instead of {}",
+            tree.node(0).token,
+            ctx.root()
+        )));
+    }
+    if tree.drafted() > ctx.max_nodes || tree.max_depth() > ctx.max_depth.max(0) {
+        return Err(EngineError::State(format!(
+            "drafter returned {} nodes / depth {} beyond the limit of {} nodes / depth {}",
+            tree.drafted(),
+            tree.max_depth(),
+            ctx.max_nodes,
+            ctx.max_depth
+        )));
+    }
+    Ok(())
+}
+
+/// The target's processed distributions for the rows of one verify batch, computed on demand.
+struct TreeRows<'a> {
+    tree: &'a TokenTree,
+    logits: &'a Logits,
+    sampler: &'a Sampler,
+    history: &'a [TokenId],
+}
+
+impl TreeRows<'_> {
+    /// The token history a row's distribution is conditioned on (for the repetition penalty).
+    fn context(&self, node: NodeId) -> Vec<TokenId> {
+        if self.sampler.params().repetition_penalty == 1.0 {
+            return Vec::new();
+        }
+        let mut c = self.history.to_vec();
+        c.extend(self.tree.path_tokens(node));
+        c
+    }
+}
+
+impl TargetDists for TreeRows<'_> {
+    fn dist(&mut self, node: NodeId) -> treespec_core::Result<Dist> {
+        self.sampler
+            .distribution(self.logits.row(node), &self.context(node))
+    }
+    fn greedy(&mut self, node: NodeId) -> treespec_core::Result<TokenId> {
+        self.sampler
+            .greedy_token(self.logits.row(node), &self.context(node))
+    }
+}

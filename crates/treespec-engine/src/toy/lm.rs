@@ -1,0 +1,167 @@
+//! A toy model behind the [`CausalLm`] seam, with the same committed/pending semantics a real
+//! backend has, so the generation loop and drafters are exercised exactly as on llama.cpp.
+
+use treespec_core::TokenId;
+
+use super::model::ToyModel;
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, Logits, TreeBatch};
+
+/// A toy model with a "KV cache": the committed tokens and the pending tree.
+#[derive(Debug, Clone)]
+pub struct ToyLm {
+    model: ToyModel,
+    context: usize,
+    committed: Vec<TokenId>,
+    /// Pending nodes: (token, parent pending index).
+    pending: Vec<(TokenId, Option<usize>)>,
+}
+
+impl ToyLm {
+    /// Wrap a toy model with a context window of `context` positions.
+    pub fn new(model: ToyModel, context: usize) -> Self {
+        Self {
+            model,
+            context,
+            committed: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The conditionals.
+    pub fn model(&self) -> &ToyModel {
+        &self.model
+    }
+
+    /// The committed tokens.
+    pub fn committed(&self) -> &[TokenId] {
+        &self.committed
+    }
+
+    fn depth(&self, idx: usize) -> usize {
+        let mut d = 0;
+        let mut at = self.pending[idx].1;
+        while let Some(p) = at {
+            d += 1;
+            at = self.pending[p].1;
+        }
+        d
+    }
+
+    fn path_tokens(&self, idx: usize) -> Vec<TokenId> {
+        let mut path = Vec::new();
+        let mut at = Some(idx);
+        while let Some(i) = at {
+            path.push(self.pending[i].0);
+            at = self.pending[i].1;
+        }
+        path.reverse();
+        path
+    }
+}
+
+impl CausalLm for ToyLm {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab
+    }
+
+    fn context_size(&self) -> usize {
+        self.context
+    }
+
+    fn committed_len(&self) -> usize {
+        self.committed.len()
+    }
+
+    fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
+        if !self.pending.is_empty() {
+            return Err(EngineError::State("prefill with pending nodes".into()));
+        }
+        if self.committed.len() + tokens.len() > self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: self.committed.len() + tokens.len(),
+                context: self.context,
+            });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.model.vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token {t} outside vocabulary of {}",
+                self.model.vocab
+            )));
+        }
+        self.committed.extend_from_slice(tokens);
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+        if batch.tokens.len() != batch.parents.len() || batch.tokens.len() != batch.logits.len() {
+            return Err(EngineError::State(
+                "batch fields of different lengths".into(),
+            ));
+        }
+        let base = self.pending.len();
+        let mut data = Vec::new();
+        for (i, (&tok, &parent)) in batch.tokens.iter().zip(&batch.parents).enumerate() {
+            if tok as usize >= self.model.vocab {
+                return Err(EngineError::InvalidRequest(format!(
+                    "token {tok} outside vocabulary of {}",
+                    self.model.vocab
+                )));
+            }
+            if let Some(p) = parent {
+                if p >= base + i {
+                    self.pending.truncate(base);
+                    return Err(EngineError::State(format!(
+                        "node {} names parent {p}, not fed before it",
+                        base + i
+                    )));
+                }
+            }
+            self.pending.push((tok, parent));
+            let pos = self.committed.len() + self.depth(base + i);
+            if pos >= self.context {
+                self.pending.truncate(base);
+                return Err(EngineError::State(format!(
+                    "position {pos} beyond the context of {}",
+                    self.context
+                )));
+            }
+            if batch.logits[i] {
+                let mut ctx = self.committed.clone();
+                ctx.extend(self.path_tokens(base + i));
+                data.extend(self.model.logits(&ctx));
+            }
+        }
+        Ok(Logits::new(self.model.vocab, data))
+    }
+
+    fn commit(&mut self, path: &[usize]) -> Result<()> {
+        let mut prev = None;
+        for &i in path {
+            let Some(&(tok, parent)) = self.pending.get(i) else {
+                return Err(EngineError::State(format!(
+                    "commit names pending node {i}, which does not exist"
+                )));
+            };
+            if parent != prev {
+                return Err(EngineError::State(format!(
+                    "commit path is not a chain at pending node {i}"
+                )));
+            }
+            self.committed.push(tok);
+            prev = Some(i);
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.pending.clear();
+        self.committed.truncate(len);
+        Ok(())
+    }
+}

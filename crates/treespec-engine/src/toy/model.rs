@@ -1,0 +1,125 @@
+//! The conditional distributions of a toy model.
+
+use treespec_core::TokenId;
+
+/// Which tokens a toy model may ever produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Every token.
+    All,
+    /// Only even token ids (odd ones get −inf logits).
+    Even,
+    /// Only odd token ids.
+    Odd,
+}
+
+/// A seeded n-gram model: logits for the next token depend on the last `order` tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToyModel {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context tokens the conditionals look at (1 = bigram).
+    pub order: usize,
+    /// Seed of the conditionals.
+    pub seed: u64,
+    /// Logit scale: larger = peakier distributions.
+    pub sharpness: f32,
+    /// Noise added to the logits (a draft's divergence from the target with the same seed).
+    pub noise: f32,
+    /// Seed of the noise.
+    pub noise_seed: u64,
+    /// Allowed tokens.
+    pub support: Support,
+}
+
+impl ToyModel {
+    /// A target model.
+    pub fn new(vocab: usize, order: usize, seed: u64) -> Self {
+        Self {
+            vocab,
+            order,
+            seed,
+            sharpness: 2.0,
+            noise: 0.0,
+            noise_seed: 0,
+            support: Support::All,
+        }
+    }
+
+    /// A draft for this model: the same conditionals plus Gaussian-like logit noise of scale
+    /// `noise` (0 = draft identical to the target).
+    pub fn draft(&self, noise: f32, noise_seed: u64) -> Self {
+        Self {
+            noise,
+            noise_seed,
+            ..self.clone()
+        }
+    }
+
+    /// The same model restricted to a support.
+    pub fn with_support(self, support: Support) -> Self {
+        Self { support, ..self }
+    }
+
+    /// Logit scale.
+    pub fn with_sharpness(self, sharpness: f32) -> Self {
+        Self { sharpness, ..self }
+    }
+
+    /// Next-token logits after `context` (only the last `order` tokens matter).
+    pub fn logits(&self, context: &[TokenId]) -> Vec<f32> {
+        let window = &context[context.len().saturating_sub(self.order)..];
+        let mut h = splitmix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
+        for &t in window {
+            h = splitmix(h ^ (t as u64 + 1));
+        }
+        let mut n = splitmix(self.noise_seed ^ 0x5851_f42d_4c95_7f2d);
+        for &t in window {
+            n = splitmix(n ^ (t as u64 + 1));
+        }
+        (0..self.vocab)
+            .map(|t| {
+                let allowed = match self.support {
+                    Support::All => true,
+                    Support::Even => t % 2 == 0,
+                    Support::Odd => t % 2 == 1,
+                };
+                if !allowed {
+                    return f32::NEG_INFINITY;
+                }
+                let base = gaussian(splitmix(h ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
+                let noise = gaussian(splitmix(n ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
+                self.sharpness * base + self.noise * noise
+            })
+            .collect()
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A roughly standard-normal number from 64 random bits (sum of four uniforms, rescaled).
+fn gaussian(bits: u64) -> f32 {
+    let u = |s: u32| ((bits >> s) & 0xffff) as f32 / 65535.0;
+    (u(0) + u(16) + u(32) + u(48) - 2.0) * (3.0f32).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_and_context_dependent() {
+        let m = ToyModel::new(8, 2, 1);
+        assert_eq!(m.logits(&[1, 2]), m.logits(&[5, 1, 2]));
+        assert_ne!(m.logits(&[1, 2]), m.logits(&[2, 1]));
+        assert_eq!(m.draft(0.0, 9).logits(&[3]), m.logits(&[3]));
+        assert_ne!(m.draft(1.0, 9).logits(&[3]), m.logits(&[3]));
+        let even = m.clone().with_support(Support::Even).logits(&[1]);
+        assert!(even.iter().skip(1).step_by(2).all(|x| x.is_infinite()));
+    }
+}
