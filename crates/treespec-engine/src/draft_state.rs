@@ -133,3 +133,44 @@ impl<M: CausalLm> DraftModel<M> {
         self.model.forward(batch)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::{ToyLm, ToyModel};
+    use treespec_core::tree::{Draw, ROOT};
+
+    /// After every observe, the draft's committed tokens plus its unfed queue must spell the
+    /// whole history, whatever was accepted.
+    #[test]
+    fn draft_cache_tracks_history() {
+        let m = ToyModel::new(8, 2, 1);
+        let mut d = DraftModel::new(ToyLm::new(m, 64));
+        let mut history = vec![1, 2, 3];
+        d.begin(&history).unwrap();
+        for step in 0..6usize {
+            d.start_step().unwrap();
+            let mut tree = TokenTree::new(*history.last().unwrap());
+            let a = tree.add(ROOT, 4, Draw::Deterministic, 1.0).unwrap();
+            d.feed(&tree, &[a]).unwrap();
+            let b = tree.add(a, 5, Draw::Deterministic, 1.0).unwrap();
+            let accepted = match step % 3 {
+                0 => vec![],
+                1 => vec![a],
+                _ => vec![a, b],
+            };
+            let mut tokens: Vec<u32> = accepted.iter().map(|&n| tree.node(n).token).collect();
+            tokens.push(6);
+            let outcome = VerifyOutcome {
+                accepted,
+                tokens: tokens.clone(),
+                depths: vec![],
+            };
+            d.observe(&tree, &outcome).unwrap();
+            history.extend(tokens);
+            let mut spelled = d.model().committed().to_vec();
+            spelled.extend(&d.unfed);
+            assert_eq!(spelled, history, "step {step}");
+        }
+    }
+}

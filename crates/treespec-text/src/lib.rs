@@ -1,0 +1,9 @@
+//! treespec-text: the text side of generation that is not the tokenizer itself (which is the
+//! model's own, through the backend): chat templates from GGUF metadata and streaming
+//! detokenization that never splits a UTF-8 character.
+
+pub mod chat;
+pub mod utf8;
+
+pub use chat::{ChatMessage, ChatTemplate, TemplateError};
+pub use utf8::Utf8Stream;
