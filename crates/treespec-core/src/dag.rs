@@ -42,23 +42,12 @@ impl TokenDag {
     }
 
     /// Draft a new node under `parent`.
-    pub fn add(
-        &mut self,
-        parent: NodeId,
-        token: TokenId,
-        draw: Draw,
-        draft_prob: f32,
-    ) -> Result<NodeId> {
+    pub fn add(&mut self, parent: NodeId, token: TokenId, draw: Draw, draft_prob: f32) -> Result<NodeId> {
         let id = self.nodes.len();
         if parent >= id {
             return Err(Error::BadParent { node: id, parent });
         }
-        self.nodes.push(DagNode {
-            token,
-            draw,
-            draft_prob,
-            edges: Vec::new(),
-        });
+        self.nodes.push(DagNode { token, draw, draft_prob, edges: Vec::new() });
         self.nodes[parent].edges.push((id, false));
         Ok(id)
     }
@@ -66,13 +55,7 @@ impl TokenDag {
     /// Merge: make the existing node `to` also a child of `from`. Refuses edges that would close a
     /// cycle (`to` reaches `from`), self-links, missing nodes, the root as target, and duplicates.
     pub fn link(&mut self, from: NodeId, to: NodeId) -> Result<()> {
-        let bad = |reason: &str| {
-            Err(Error::BadDagEdge {
-                from,
-                to,
-                reason: reason.into(),
-            })
-        };
+        let bad = |reason: &str| Err(Error::BadDagEdge { from, to, reason: reason.into() });
         if from >= self.nodes.len() || to >= self.nodes.len() {
             return bad("node does not exist");
         }
@@ -137,14 +120,9 @@ impl TokenDag {
                 break;
             }
             let n = &self.nodes[dag];
-            let draw = if linked {
-                Draw::Deterministic
-            } else {
-                n.draw.clone()
-            };
-            let id = tree
-                .add(parent, n.token, draw, n.draft_prob)
-                .expect("parent precedes child by construction");
+            let draw = if linked { Draw::Deterministic } else { n.draw.clone() };
+            let id =
+                tree.add(parent, n.token, draw, n.draft_prob).expect("parent precedes child by construction");
             origin.push(dag);
             push_children(&mut stack, dag, id, linked);
         }
@@ -176,10 +154,7 @@ mod tests {
         }
         // The copies under d are deterministic, the originals keep their draw.
         let under_d: Vec<_> = (0..t.len()).filter(|&i| t.path(i).contains(&5)).collect();
-        assert!(under_d
-            .iter()
-            .skip(1)
-            .all(|&i| t.node(i).draw == Draw::Deterministic));
+        assert!(under_d.iter().skip(1).all(|&i| t.node(i).draw == Draw::Deterministic));
         assert!(matches!(t.node(2).draw, Draw::Iid { .. }));
     }
 

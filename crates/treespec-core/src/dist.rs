@@ -105,12 +105,7 @@ impl Dist {
     /// with equal totals means `self == q`: a rejection could not have happened).
     pub fn residual(&self, q: &Dist) -> Option<Dist> {
         debug_assert_eq!(self.len(), q.len());
-        let weights: Vec<f32> = self
-            .probs
-            .iter()
-            .zip(&q.probs)
-            .map(|(&p, &q)| (p - q).max(0.0))
-            .collect();
+        let weights: Vec<f32> = self.probs.iter().zip(&q.probs).map(|(&p, &q)| (p - q).max(0.0)).collect();
         Dist::from_weights(weights).ok()
     }
 

@@ -31,11 +31,7 @@ pub enum Error {
     VerifyMismatch(String),
     /// A DAG edge that would create a cycle or point to a missing node.
     #[error("invalid DAG edge {from} -> {to}: {reason}")]
-    BadDagEdge {
-        from: usize,
-        to: usize,
-        reason: String,
-    },
+    BadDagEdge { from: usize, to: usize, reason: String },
     /// Invalid argument to a core routine.
     #[error("{0}")]
     Invalid(String),

@@ -46,19 +46,8 @@ impl FlatTree {
             anc.push(i);
             ancestors.push(anc);
         }
-        let leaf_paths = tree
-            .leaves()
-            .into_iter()
-            .map(|l| ancestors[l].clone())
-            .collect();
-        Self {
-            tokens,
-            positions,
-            parents,
-            depths,
-            ancestors,
-            leaf_paths,
-        }
+        let leaf_paths = tree.leaves().into_iter().map(|l| ancestors[l].clone()).collect();
+        Self { tokens, positions, parents, depths, ancestors, leaf_paths }
     }
 
     /// Number of rows.

@@ -46,20 +46,14 @@ impl SamplingParams {
 
     /// Pure temperature sampling.
     pub fn with_temperature(temperature: f32) -> Self {
-        Self {
-            temperature,
-            ..Self::default()
-        }
+        Self { temperature, ..Self::default() }
     }
 
     /// Check every parameter's domain.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidSampling(m));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(format!(
-                "temperature must be a finite number ≥ 0, got {}",
-                self.temperature
-            ));
+            return bad(format!("temperature must be a finite number ≥ 0, got {}", self.temperature));
         }
         if self.top_k == Some(0) {
             return bad("top-k must be ≥ 1 (omit it to disable)".into());
@@ -244,40 +238,16 @@ mod tests {
     #[test]
     fn invalid_parameters_are_errors() {
         let bad = [
-            SamplingParams {
-                temperature: -0.1,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: f32::NAN,
-                ..Default::default()
-            },
-            SamplingParams {
-                top_k: Some(0),
-                ..Default::default()
-            },
-            SamplingParams {
-                top_p: 0.0,
-                ..Default::default()
-            },
-            SamplingParams {
-                top_p: 1.5,
-                ..Default::default()
-            },
-            SamplingParams {
-                min_p: -0.5,
-                ..Default::default()
-            },
-            SamplingParams {
-                repetition_penalty: 0.0,
-                ..Default::default()
-            },
+            SamplingParams { temperature: -0.1, ..Default::default() },
+            SamplingParams { temperature: f32::NAN, ..Default::default() },
+            SamplingParams { top_k: Some(0), ..Default::default() },
+            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { top_p: 1.5, ..Default::default() },
+            SamplingParams { min_p: -0.5, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
         ];
         for p in bad {
-            assert!(
-                matches!(Sampler::new(p.clone()), Err(Error::InvalidSampling(_))),
-                "{p:?}"
-            );
+            assert!(matches!(Sampler::new(p.clone()), Err(Error::InvalidSampling(_))), "{p:?}");
         }
     }
 
@@ -285,18 +255,9 @@ mod tests {
     fn bad_logits_are_errors() {
         let s = sampler(SamplingParams::with_temperature(1.0));
         assert_eq!(s.distribution(&[], &[]), Err(Error::EmptyVocab));
-        assert!(matches!(
-            s.distribution(&[0.0, f32::NAN], &[]),
-            Err(Error::InvalidLogit { token: 1, .. })
-        ));
-        assert!(matches!(
-            s.distribution(&[f32::INFINITY], &[]),
-            Err(Error::InvalidLogit { .. })
-        ));
-        assert_eq!(
-            s.distribution(&[f32::NEG_INFINITY; 3], &[]),
-            Err(Error::NoMass)
-        );
+        assert!(matches!(s.distribution(&[0.0, f32::NAN], &[]), Err(Error::InvalidLogit { token: 1, .. })));
+        assert!(matches!(s.distribution(&[f32::INFINITY], &[]), Err(Error::InvalidLogit { .. })));
+        assert_eq!(s.distribution(&[f32::NEG_INFINITY; 3], &[]), Err(Error::NoMass));
         assert!(s.greedy_token(&[1.0, f32::NAN], &[]).is_err());
     }
 
@@ -311,70 +272,43 @@ mod tests {
     #[test]
     fn temperature_top_k_top_p_min_p() {
         let logits = [3.0f32, 2.0, 1.0, 0.0];
-        let full = sampler(SamplingParams::with_temperature(1.0))
-            .distribution(&logits, &[])
-            .unwrap();
+        let full = sampler(SamplingParams::with_temperature(1.0)).distribution(&logits, &[]).unwrap();
         let e: Vec<f64> = logits.iter().map(|&x| (x as f64).exp()).collect();
         let z: f64 = e.iter().sum();
         for i in 0..4 {
             assert!((full.prob(i as u32) as f64 - e[i] / z).abs() < 1e-6);
         }
-        let k2 = sampler(SamplingParams {
-            temperature: 1.0,
-            top_k: Some(2),
-            ..Default::default()
-        })
-        .distribution(&logits, &[])
-        .unwrap();
+        let k2 = sampler(SamplingParams { temperature: 1.0, top_k: Some(2), ..Default::default() })
+            .distribution(&logits, &[])
+            .unwrap();
         assert_eq!(k2.support_len(), 2);
         assert!((k2.prob(0) as f64 - e[0] / (e[0] + e[1])).abs() < 1e-6);
         // p ≈ [0.644, 0.237, 0.087, 0.032]; top-p 0.85 keeps two tokens, 0.9 keeps three.
-        let p85 = sampler(SamplingParams {
-            temperature: 1.0,
-            top_p: 0.85,
-            ..Default::default()
-        })
-        .distribution(&logits, &[])
-        .unwrap();
-        assert_eq!(p85.support_len(), 2);
-        let p90 = sampler(SamplingParams {
-            temperature: 1.0,
-            top_p: 0.9,
-            ..Default::default()
-        })
-        .distribution(&logits, &[])
-        .unwrap();
-        assert_eq!(p90.support_len(), 3);
-        // min-p 0.2: keep tokens with p ≥ 0.2·0.644 = 0.129 → two tokens.
-        let mp = sampler(SamplingParams {
-            temperature: 1.0,
-            min_p: 0.2,
-            ..Default::default()
-        })
-        .distribution(&logits, &[])
-        .unwrap();
-        assert_eq!(mp.support_len(), 2);
-        // Low temperature sharpens.
-        let cold = sampler(SamplingParams::with_temperature(0.5))
+        let p85 = sampler(SamplingParams { temperature: 1.0, top_p: 0.85, ..Default::default() })
             .distribution(&logits, &[])
             .unwrap();
+        assert_eq!(p85.support_len(), 2);
+        let p90 = sampler(SamplingParams { temperature: 1.0, top_p: 0.9, ..Default::default() })
+            .distribution(&logits, &[])
+            .unwrap();
+        assert_eq!(p90.support_len(), 3);
+        // min-p 0.2: keep tokens with p ≥ 0.2·0.644 = 0.129 → two tokens.
+        let mp = sampler(SamplingParams { temperature: 1.0, min_p: 0.2, ..Default::default() })
+            .distribution(&logits, &[])
+            .unwrap();
+        assert_eq!(mp.support_len(), 2);
+        // Low temperature sharpens.
+        let cold = sampler(SamplingParams::with_temperature(0.5)).distribution(&logits, &[]).unwrap();
         assert!(cold.prob(0) > full.prob(0));
     }
 
     #[test]
     fn repetition_penalty_lowers_seen_tokens() {
-        let s = sampler(SamplingParams {
-            repetition_penalty: 4.0,
-            ..Default::default()
-        });
+        let s = sampler(SamplingParams { repetition_penalty: 4.0, ..Default::default() });
         // Token 0 would win, but it was just seen: 2.0 / 4 = 0.5 < 1.0.
         assert_eq!(s.greedy_token(&[2.0, 1.0, -1.0], &[0]).unwrap(), 1);
         // Negative logits are multiplied, so a seen negative token drops further.
-        let t = sampler(SamplingParams {
-            temperature: 1.0,
-            repetition_penalty: 2.0,
-            ..Default::default()
-        });
+        let t = sampler(SamplingParams { temperature: 1.0, repetition_penalty: 2.0, ..Default::default() });
         let d = t.distribution(&[0.0, -1.0], &[1]).unwrap();
         let expect = 1.0 / (1.0 + (-2.0f64).exp());
         assert!((d.prob(0) as f64 - expect).abs() < 1e-6);

@@ -116,12 +116,7 @@ impl DecodeStats {
 
     /// One human-readable line, as the CLI prints it.
     pub fn summary_line(&self) -> String {
-        let rates: Vec<String> = self
-            .depth_rates()
-            .iter()
-            .take(8)
-            .map(|r| format!("{:.2}", r))
-            .collect();
+        let rates: Vec<String> = self.depth_rates().iter().take(8).map(|r| format!("{:.2}", r)).collect();
         format!(
             "{} tokens in {:.2}s ({:.1} tok/s) | target forwards {} | draft forwards {} | drafted {} accepted {} | mean accepted {:.2} | accept by depth [{}]",
             self.new_tokens,
@@ -149,36 +144,16 @@ mod tests {
             accepted: vec![1, 2],
             tokens: vec![5, 6, 7],
             depths: vec![
-                DepthRecord {
-                    depth: 1,
-                    candidates: 1,
-                    tried: 1,
-                    accepted: true,
-                },
-                DepthRecord {
-                    depth: 2,
-                    candidates: 1,
-                    tried: 1,
-                    accepted: true,
-                },
-                DepthRecord {
-                    depth: 3,
-                    candidates: 1,
-                    tried: 1,
-                    accepted: false,
-                },
+                DepthRecord { depth: 1, candidates: 1, tried: 1, accepted: true },
+                DepthRecord { depth: 2, candidates: 1, tried: 1, accepted: true },
+                DepthRecord { depth: 3, candidates: 1, tried: 1, accepted: false },
             ],
         };
         s.record_step(3, &out);
         let miss = VerifyOutcome {
             accepted: vec![],
             tokens: vec![9],
-            depths: vec![DepthRecord {
-                depth: 1,
-                candidates: 2,
-                tried: 2,
-                accepted: false,
-            }],
+            depths: vec![DepthRecord { depth: 1, candidates: 2, tried: 2, accepted: false }],
         };
         s.record_step(2, &miss);
         assert_eq!(s.mean_accepted(), 2.0);

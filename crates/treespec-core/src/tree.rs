@@ -63,37 +63,20 @@ pub struct TokenTree {
 impl TokenTree {
     /// A tree holding only the root token.
     pub fn new(root_token: TokenId) -> Self {
-        let root = Node {
-            token: root_token,
-            parent: None,
-            depth: 0,
-            draw: Draw::Deterministic,
-            draft_prob: 1.0,
-        };
-        Self {
-            nodes: vec![root],
-            children: vec![Vec::new()],
-        }
+        let root =
+            Node { token: root_token, parent: None, depth: 0, draw: Draw::Deterministic, draft_prob: 1.0 };
+        Self { nodes: vec![root], children: vec![Vec::new()] }
     }
 
     /// Add a drafted token under `parent`; children are verified in the order they are added.
-    pub fn add(
-        &mut self,
-        parent: NodeId,
-        token: TokenId,
-        draw: Draw,
-        draft_prob: f32,
-    ) -> Result<NodeId> {
+    pub fn add(&mut self, parent: NodeId, token: TokenId, draw: Draw, draft_prob: f32) -> Result<NodeId> {
         let id = self.nodes.len();
         if parent >= id {
             return Err(Error::BadParent { node: id, parent });
         }
         if let Some(q) = draw.q() {
             if (token as usize) >= q.len() {
-                return Err(Error::TokenOutOfRange {
-                    token,
-                    vocab: q.len(),
-                });
+                return Err(Error::TokenOutOfRange { token, vocab: q.len() });
             }
             // Without-replacement siblings must all come from one distribution, else the
             // verifier cannot rebuild the q_i sequence the drafter used.
@@ -103,7 +86,8 @@ impl TokenTree {
                         if !Arc::ptr_eq(q, qs) && q != qs {
                             return Err(Error::BadDraftNode {
                                 node: id,
-                                reason: "without-replacement siblings drawn from different distributions".into(),
+                                reason: "without-replacement siblings drawn from different distributions"
+                                    .into(),
                             });
                         }
                     }
@@ -111,13 +95,7 @@ impl TokenTree {
             }
         }
         let depth = self.nodes[parent].depth + 1;
-        self.nodes.push(Node {
-            token,
-            parent: Some(parent),
-            depth,
-            draw,
-            draft_prob,
-        });
+        self.nodes.push(Node { token, parent: Some(parent), depth, draw, draft_prob });
         self.children.push(Vec::new());
         self.children[parent].push(id);
         Ok(id)
@@ -169,12 +147,7 @@ impl TokenTree {
 
     /// Tokens from the root's first child down to `id` (excluding the root token).
     pub fn path_tokens(&self, id: NodeId) -> Vec<TokenId> {
-        let mut out: Vec<TokenId> = self
-            .path(id)
-            .into_iter()
-            .skip(1)
-            .map(|n| self.nodes[n].token)
-            .collect();
+        let mut out: Vec<TokenId> = self.path(id).into_iter().skip(1).map(|n| self.nodes[n].token).collect();
         out.shrink_to_fit();
         out
     }
@@ -193,29 +166,22 @@ impl TokenTree {
 
     /// Leaves (nodes without children) in arena order.
     pub fn leaves(&self) -> Vec<NodeId> {
-        (0..self.nodes.len())
-            .filter(|&i| self.children[i].is_empty())
-            .collect()
+        (0..self.nodes.len()).filter(|&i| self.children[i].is_empty()).collect()
     }
 
     /// Build a tree from raw parent indices (`parents[0]` must be `None`), e.g. from a wire
     /// format or a test; every non-root node is a deterministic candidate.
     pub fn from_parents(tokens: &[TokenId], parents: &[Option<usize>]) -> Result<Self> {
         if tokens.is_empty() || tokens.len() != parents.len() {
-            return Err(Error::Invalid(
-                "tokens and parents must be non-empty and of equal length".into(),
-            ));
+            return Err(Error::Invalid("tokens and parents must be non-empty and of equal length".into()));
         }
         if parents[0].is_some() {
-            return Err(Error::Invalid(
-                "node 0 is the root and has no parent".into(),
-            ));
+            return Err(Error::Invalid("node 0 is the root and has no parent".into()));
         }
         let mut tree = Self::new(tokens[0]);
         for i in 1..tokens.len() {
-            let parent = parents[i].ok_or(Error::Invalid(format!(
-                "node {i} has no parent; only the root may"
-            )))?;
+            let parent =
+                parents[i].ok_or(Error::Invalid(format!("node {i} has no parent; only the root may")))?;
             if parent >= i {
                 return Err(Error::BadParent { node: i, parent });
             }
@@ -245,10 +211,7 @@ mod tests {
     #[test]
     fn missing_parent_is_an_error() {
         let mut t = TokenTree::new(0);
-        assert_eq!(
-            t.add(5, 1, Draw::Deterministic, 1.0),
-            Err(Error::BadParent { node: 1, parent: 5 })
-        );
+        assert_eq!(t.add(5, 1, Draw::Deterministic, 1.0), Err(Error::BadParent { node: 1, parent: 5 }));
         assert!(TokenTree::from_parents(&[0, 1], &[None, Some(1)]).is_err());
         assert!(TokenTree::from_parents(&[0, 1], &[None, Some(3)]).is_err());
         assert!(TokenTree::from_parents(&[0, 1], &[Some(0), Some(0)]).is_err());
@@ -259,14 +222,9 @@ mod tests {
         let q1 = Arc::new(Dist::from_weights(vec![1.0, 1.0]).unwrap());
         let q2 = Arc::new(Dist::from_weights(vec![1.0, 3.0]).unwrap());
         let mut t = TokenTree::new(0);
-        t.add(ROOT, 0, Draw::WithoutReplacement { q: q1.clone() }, 0.5)
-            .unwrap();
-        assert!(t
-            .add(ROOT, 1, Draw::WithoutReplacement { q: q2 }, 0.5)
-            .is_err());
-        assert!(t
-            .add(ROOT, 1, Draw::WithoutReplacement { q: q1.clone() }, 0.5)
-            .is_ok());
+        t.add(ROOT, 0, Draw::WithoutReplacement { q: q1.clone() }, 0.5).unwrap();
+        assert!(t.add(ROOT, 1, Draw::WithoutReplacement { q: q2 }, 0.5).is_err());
+        assert!(t.add(ROOT, 1, Draw::WithoutReplacement { q: q1.clone() }, 0.5).is_ok());
         assert!(t.add(ROOT, 7, Draw::Iid { q: q1 }, 0.5).is_err());
     }
 }

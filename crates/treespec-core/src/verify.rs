@@ -63,17 +63,12 @@ pub struct VerifyOutcome {
 impl VerifyOutcome {
     /// The bonus/correction token sampled from the target.
     pub fn bonus(&self) -> TokenId {
-        *self
-            .tokens
-            .last()
-            .expect("an outcome always emits the bonus token")
+        *self.tokens.last().expect("an outcome always emits the bonus token")
     }
 
     /// Root-inclusive accepted path, as node ids (what the backends commit).
     pub fn path(&self) -> Vec<NodeId> {
-        std::iter::once(ROOT)
-            .chain(self.accepted.iter().copied())
-            .collect()
+        std::iter::once(ROOT).chain(self.accepted.iter().copied()).collect()
     }
 }
 
@@ -84,19 +79,11 @@ pub fn verify(
     greedy: bool,
     rng: &mut StreamRng,
 ) -> Result<VerifyOutcome> {
-    let mut out = VerifyOutcome {
-        accepted: Vec::new(),
-        tokens: Vec::new(),
-        depths: Vec::new(),
-    };
+    let mut out = VerifyOutcome { accepted: Vec::new(), tokens: Vec::new(), depths: Vec::new() };
     let mut at = ROOT;
     loop {
         let children = tree.children(at);
-        let step = if greedy {
-            greedy_step(tree, target, at)?
-        } else {
-            sampled_step(tree, target, at, rng)?
-        };
+        let step = if greedy { greedy_step(tree, target, at)? } else { sampled_step(tree, target, at, rng)? };
         if !children.is_empty() {
             out.depths.push(DepthRecord {
                 depth: tree.node(at).depth + 1,
@@ -129,14 +116,8 @@ fn greedy_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId) -> Re
     let want = target.greedy(at)?;
     let children = tree.children(at);
     match children.iter().position(|&c| tree.node(c).token == want) {
-        Some(i) => Ok(Step {
-            next: Ok(children[i]),
-            tried: i + 1,
-        }),
-        None => Ok(Step {
-            next: Err(want),
-            tried: children.len(),
-        }),
+        Some(i) => Ok(Step { next: Ok(children[i]), tried: i + 1 }),
+        None => Ok(Step { next: Err(want), tried: children.len() }),
     }
 }
 
@@ -154,10 +135,7 @@ fn sampled_step(
         let node = tree.node(c);
         let x = node.token;
         if x as usize >= p.len() {
-            return Err(Error::TokenOutOfRange {
-                token: x,
-                vocab: p.len(),
-            });
+            return Err(Error::TokenOutOfRange { token: x, vocab: p.len() });
         }
         let q_step: Option<Dist> = match &node.draw {
             Draw::Deterministic => None,
@@ -178,17 +156,16 @@ fn sampled_step(
                 if qx <= 0.0 {
                     return Err(Error::BadDraftNode {
                         node: c,
-                        reason: format!("token {x} was sampled from a draft distribution that gives it probability 0"),
+                        reason: format!(
+                            "token {x} was sampled from a draft distribution that gives it probability 0"
+                        ),
                     });
                 }
                 u * qx < p.prob(x) as f64
             }
         };
         if accept {
-            return Ok(Step {
-                next: Ok(c),
-                tried: i + 1,
-            });
+            return Ok(Step { next: Ok(c), tried: i + 1 });
         }
         // Reject: move to the residual. A residual with no mass means the rejection had
         // probability 0 and only rounding got us here; keep p then.
@@ -208,17 +185,15 @@ fn sampled_step(
                     if rest_wor {
                         return Err(Error::BadDraftNode {
                             node: c,
-                            reason: "more without-replacement siblings than the draft distribution's support".into(),
+                            reason: "more without-replacement siblings than the draft distribution's support"
+                                .into(),
                         });
                     }
                 }
             }
         }
     }
-    Ok(Step {
-        next: Err(p.sample(rng)),
-        tried: children.len(),
-    })
+    Ok(Step { next: Err(p.sample(rng)), tried: children.len() })
 }
 
 fn check_q<'a>(q: &'a Dist, p: &Dist, node: NodeId) -> Result<&'a Dist> {
@@ -265,24 +240,8 @@ mod tests {
         assert_eq!(out.accepted, vec![a, b]);
         assert_eq!(out.tokens, vec![1, 1, 1]);
         assert_eq!(out.path(), vec![ROOT, a, b]);
-        assert_eq!(
-            out.depths[0],
-            DepthRecord {
-                depth: 1,
-                candidates: 2,
-                tried: 1,
-                accepted: true
-            }
-        );
-        assert_eq!(
-            out.depths[1],
-            DepthRecord {
-                depth: 2,
-                candidates: 2,
-                tried: 2,
-                accepted: true
-            }
-        );
+        assert_eq!(out.depths[0], DepthRecord { depth: 1, candidates: 2, tried: 1, accepted: true });
+        assert_eq!(out.depths[1], DepthRecord { depth: 2, candidates: 2, tried: 2, accepted: true });
         assert_eq!(out.depths.len(), 2);
     }
 
@@ -295,8 +254,7 @@ mod tests {
         for _ in 0..200 {
             let mut t = TokenTree::new(0);
             let x = q.sample(&mut drng);
-            t.add(ROOT, x, Draw::Iid { q: q.clone() }, q.prob(x))
-                .unwrap();
+            t.add(ROOT, x, Draw::Iid { q: q.clone() }, q.prob(x)).unwrap();
             let out = verify(&t, &mut Fixed(p.clone()), false, &mut rng).unwrap();
             assert_eq!(out.accepted.len(), 1);
         }

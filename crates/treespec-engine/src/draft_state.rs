@@ -24,12 +24,7 @@ pub struct DraftModel<M: CausalLm> {
 impl<M: CausalLm> DraftModel<M> {
     /// Wrap a draft model.
     pub fn new(model: M) -> Self {
-        Self {
-            model,
-            unfed: Vec::new(),
-            fed: Vec::new(),
-            forwards: 0,
-        }
+        Self { model, unfed: Vec::new(), fed: Vec::new(), forwards: 0 }
     }
 
     /// The wrapped model.
@@ -78,13 +73,10 @@ impl<M: CausalLm> DraftModel<M> {
         let base = self.model.pending_len();
         let mut batch = TreeBatch::default();
         for (i, &n) in nodes.iter().enumerate() {
-            let parent = tree
-                .node(n)
-                .parent
-                .ok_or_else(|| EngineError::State("cannot feed the root".into()))?;
-            let parent_idx = self.fed[parent].ok_or_else(|| {
-                EngineError::State(format!("parent {parent} of node {n} not fed"))
-            })?;
+            let parent =
+                tree.node(n).parent.ok_or_else(|| EngineError::State("cannot feed the root".into()))?;
+            let parent_idx = self.fed[parent]
+                .ok_or_else(|| EngineError::State(format!("parent {parent} of node {n} not fed")))?;
             batch.push(tree.node(n).token, Some(parent_idx), true);
             self.fed[n] = Some(base + i);
         }
@@ -98,13 +90,7 @@ impl<M: CausalLm> DraftModel<M> {
 
     /// Commit the accepted path: keep the fed prefix of it, queue the rest plus the bonus.
     pub fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
-        let chain_len = self
-            .fed
-            .first()
-            .copied()
-            .flatten()
-            .map(|r| r + 1)
-            .unwrap_or(0);
+        let chain_len = self.fed.first().copied().flatten().map(|r| r + 1).unwrap_or(0);
         let mut keep: Vec<usize> = (0..chain_len).collect();
         let mut unfed = Vec::new();
         for &n in &outcome.accepted {
@@ -161,11 +147,7 @@ mod tests {
             };
             let mut tokens: Vec<u32> = accepted.iter().map(|&n| tree.node(n).token).collect();
             tokens.push(6);
-            let outcome = VerifyOutcome {
-                accepted,
-                tokens: tokens.clone(),
-                depths: vec![],
-            };
+            let outcome = VerifyOutcome { accepted, tokens: tokens.clone(), depths: vec![] };
             d.observe(&tree, &outcome).unwrap();
             history.extend(tokens);
             let mut spelled = d.model().committed().to_vec();

@@ -62,15 +62,10 @@ pub fn generate(
     let sampler = Sampler::new(request.sampling.clone())?;
     validate(target, request, bytes)?;
     let context = target.context_size();
-    let max_new = request
-        .max_new_tokens
-        .min(context - request.prompt.len() + 1);
+    let max_new = request.max_new_tokens.min(context - request.prompt.len() + 1);
 
     let mut stats = DecodeStats::default();
-    let (_, head) = request
-        .prompt
-        .split_last()
-        .ok_or(EngineError::EmptyPrompt)?;
+    let (_, head) = request.prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
     let t = Instant::now();
     target.truncate(0)?;
     target.prefill(head)?;
@@ -111,12 +106,7 @@ pub fn generate(
         }
 
         let t = Instant::now();
-        let mut rows = TreeRows {
-            tree: &tree,
-            logits: &logits,
-            sampler: &sampler,
-            history: &history,
-        };
+        let mut rows = TreeRows { tree: &tree, logits: &logits, sampler: &sampler, history: &history };
         let outcome = verify(&tree, &mut rows, sampler.is_greedy(), &mut verify_rng)?;
         stats.record_step(tree.drafted(), &outcome);
         stats.times.verify += t.elapsed();
@@ -154,26 +144,15 @@ pub fn generate(
     stats.new_tokens = out.len() as u64;
     stats.draft_forwards = drafter.draft_forwards();
     stats.wall = start.elapsed();
-    Ok(GenerateOutput {
-        tokens: out,
-        finish_reason: finish,
-        text_cut: scanner.cut_at,
-        stats,
-    })
+    Ok(GenerateOutput { tokens: out, finish_reason: finish, text_cut: scanner.cut_at, stats })
 }
 
-fn validate(
-    target: &dyn CausalLm,
-    request: &GenerateRequest,
-    bytes: Option<&dyn TokenBytes>,
-) -> Result<()> {
+fn validate(target: &dyn CausalLm, request: &GenerateRequest, bytes: Option<&dyn TokenBytes>) -> Result<()> {
     if request.prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
     if request.max_new_tokens == 0 {
-        return Err(EngineError::InvalidRequest(
-            "the number of new tokens must be ≥ 1".into(),
-        ));
+        return Err(EngineError::InvalidRequest("the number of new tokens must be ≥ 1".into()));
     }
     let vocab = target.vocab_size();
     if let Some(&t) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
@@ -188,9 +167,7 @@ fn validate(
         });
     }
     if !request.stop.stop_strings.is_empty() && bytes.is_none() {
-        return Err(EngineError::InvalidRequest(
-            "stop strings need a tokenizer to match against".into(),
-        ));
+        return Err(EngineError::InvalidRequest("stop strings need a tokenizer to match against".into()));
     }
     Ok(())
 }
@@ -238,11 +215,9 @@ impl TreeRows<'_> {
 
 impl TargetDists for TreeRows<'_> {
     fn dist(&mut self, node: NodeId) -> treespec_core::Result<Dist> {
-        self.sampler
-            .distribution(self.logits.row(node), &self.context(node))
+        self.sampler.distribution(self.logits.row(node), &self.context(node))
     }
     fn greedy(&mut self, node: NodeId) -> treespec_core::Result<TokenId> {
-        self.sampler
-            .greedy_token(self.logits.row(node), &self.context(node))
+        self.sampler.greedy_token(self.logits.row(node), &self.context(node))
     }
 }

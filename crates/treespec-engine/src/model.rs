@@ -31,11 +31,7 @@ impl TreeBatch {
     pub fn from_flat(flat: &FlatTree, pending_base: usize) -> Self {
         Self {
             tokens: flat.tokens.clone(),
-            parents: flat
-                .parents
-                .iter()
-                .map(|p| p.map(|p| p + pending_base))
-                .collect(),
+            parents: flat.parents.iter().map(|p| p.map(|p| p + pending_base)).collect(),
             logits: vec![true; flat.len()],
         }
     }
@@ -50,15 +46,7 @@ impl TreeBatch {
         let n = tokens.len();
         Self {
             tokens: tokens.to_vec(),
-            parents: (0..n)
-                .map(|i| {
-                    if i == 0 {
-                        parent
-                    } else {
-                        Some(pending_base + i - 1)
-                    }
-                })
-                .collect(),
+            parents: (0..n).map(|i| if i == 0 { parent } else { Some(pending_base + i - 1) }).collect(),
             logits: (0..n).map(|i| !logits_last_only || i + 1 == n).collect(),
         }
     }

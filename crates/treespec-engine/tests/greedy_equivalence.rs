@@ -23,14 +23,7 @@ fn run(
     ctx: usize,
 ) -> (Vec<u32>, f64) {
     let mut lm = ToyLm::new(target.clone(), ctx);
-    let out = generate(
-        &mut lm,
-        drafter,
-        &request(prompt.to_vec(), n),
-        None,
-        &mut |_| true,
-    )
-    .unwrap();
+    let out = generate(&mut lm, drafter, &request(prompt.to_vec(), n), None, &mut |_| true).unwrap();
     (out.tokens, out.stats.mean_accepted())
 }
 
@@ -43,35 +36,21 @@ fn every_drafter_matches_plain_greedy() {
         let (plain, m) = run(&target, &mut PlainDrafter, &prompt, 40, 256);
         assert_eq!(plain.len(), 40);
         assert_eq!(m, 1.0);
-        for (noise, support) in [
-            (0.0, Support::All),
-            (1.0, Support::All),
-            (3.0, Support::All),
-            (0.0, Support::Odd),
-        ] {
+        for (noise, support) in
+            [(0.0, Support::All), (1.0, Support::All), (3.0, Support::All), (0.0, Support::Odd)]
+        {
             let draft = target.draft(noise, seed + 100).with_support(support);
             let mut drafters: Vec<Box<dyn Drafter>> = vec![
                 Box::new(ChainDrafter::new(ToyLm::new(draft.clone(), 256), 1).unwrap()),
                 Box::new(ChainDrafter::new(ToyLm::new(draft.clone(), 256), 5).unwrap()),
                 Box::new(TreeDrafter::new(ToyLm::new(draft.clone(), 256), vec![3, 2, 1]).unwrap()),
-                Box::new(
-                    TreeDrafter::new(ToyLm::new(draft.clone(), 256), vec![1, 4, 1, 2]).unwrap(),
-                ),
+                Box::new(TreeDrafter::new(ToyLm::new(draft.clone(), 256), vec![1, 4, 1, 2]).unwrap()),
             ];
             for d in drafters.iter_mut() {
                 let (tokens, mean) = run(&target, d.as_mut(), &prompt, 40, 256);
-                assert_eq!(
-                    tokens,
-                    plain,
-                    "seed {seed} noise {noise} {:?} drafter {}",
-                    support,
-                    d.name()
-                );
+                assert_eq!(tokens, plain, "seed {seed} noise {noise} {:?} drafter {}", support, d.name());
                 if noise == 0.0 && support == Support::All {
-                    assert!(
-                        mean > 1.5,
-                        "identical draft should be accepted, mean accepted {mean}"
-                    );
+                    assert!(mean > 1.5, "identical draft should be accepted, mean accepted {mean}");
                 }
             }
         }
@@ -100,14 +79,7 @@ fn eos_ends_generation_without_emitting_it() {
     let mut req = request(prompt.clone(), 30);
     req.stop.eos = vec![eos];
     let mut chain = ChainDrafter::new(ToyLm::new(target.clone(), 64), 4).unwrap();
-    let out = generate(
-        &mut ToyLm::new(target.clone(), 64),
-        &mut chain,
-        &req,
-        None,
-        &mut |_| true,
-    )
-    .unwrap();
+    let out = generate(&mut ToyLm::new(target.clone(), 64), &mut chain, &req, None, &mut |_| true).unwrap();
     assert_eq!(out.tokens, plain[..first].to_vec());
     assert_eq!(out.finish_reason.as_str(), "eos");
 }

@@ -18,10 +18,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with `role` and `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -48,10 +45,7 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("bos", &self.bos)
-            .field("eos", &self.eos)
-            .finish()
+        f.debug_struct("ChatTemplate").field("bos", &self.bos).field("eos", &self.eos).finish()
     }
 }
 
@@ -65,23 +59,15 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, JinjaError> {
-                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_function(
-            "strftime_now",
-            |fmt: String| -> Result<String, JinjaError> { Ok(format_now(&fmt)) },
-        );
+        env.add_function("raise_exception", |msg: String| -> Result<String, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| -> Result<String, JinjaError> {
+            Ok(format_now(&fmt))
+        });
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| TemplateError::Parse(e.to_string()))?;
-        Ok(Self {
-            env,
-            bos: bos.to_string(),
-            eos: eos.to_string(),
-        })
+        Ok(Self { env, bos: bos.to_string(), eos: eos.to_string() })
     }
 
     /// Render `messages`; with `add_generation_prompt` the text ends where the assistant's reply
@@ -91,10 +77,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let tmpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| TemplateError::Parse(e.to_string()))?;
+        let tmpl = self.env.get_template("chat").map_err(|e| TemplateError::Parse(e.to_string()))?;
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -130,9 +113,8 @@ fn format_now(fmt: &str) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + (month <= 2) as i64;
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
+    const MONTHS: [&str; 12] =
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     const LONG: [&str; 12] = [
         "January",
         "February",
@@ -161,14 +143,8 @@ mod tests {
 
     #[test]
     fn missing_and_broken_templates_are_errors() {
-        assert!(matches!(
-            ChatTemplate::new(None, "", ""),
-            Err(TemplateError::Missing)
-        ));
-        assert!(matches!(
-            ChatTemplate::new(Some("{% for %}"), "", ""),
-            Err(TemplateError::Parse(_))
-        ));
+        assert!(matches!(ChatTemplate::new(None, "", ""), Err(TemplateError::Missing)));
+        assert!(matches!(ChatTemplate::new(Some("{% for %}"), "", ""), Err(TemplateError::Parse(_))));
         let t = ChatTemplate::new(Some("{{ raise_exception('no system role') }}"), "", "").unwrap();
         let err = t.render(&[], true).unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");

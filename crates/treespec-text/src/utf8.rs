@@ -30,9 +30,7 @@ impl Utf8Stream {
                 }
                 Err(e) => {
                     let good = e.valid_up_to();
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[..good]).expect("validated prefix"),
-                    );
+                    out.push_str(std::str::from_utf8(&self.pending[..good]).expect("validated prefix"));
                     match e.error_len() {
                         // Incomplete sequence at the end: wait for more bytes.
                         None => {

@@ -10,31 +10,14 @@ fn fixture(name: &str) -> String {
 
 #[test]
 fn smollm2_default_system_prompt_and_generation_prompt() {
-    let t = ChatTemplate::new(
-        Some(&fixture("smollm2.jinja")),
-        "<|im_start|>",
-        "<|im_end|>",
-    )
-    .unwrap();
-    let text = t
-        .render(&[ChatMessage::new("user", "Hi there")], true)
-        .unwrap();
+    let t = ChatTemplate::new(Some(&fixture("smollm2.jinja")), "<|im_start|>", "<|im_end|>").unwrap();
+    let text = t.render(&[ChatMessage::new("user", "Hi there")], true).unwrap();
     assert_eq!(
         text,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
          <|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     );
-    let with_system = t
-        .render(
-            &[
-                ChatMessage::new("system", "Be brief."),
-                ChatMessage::new("user", "Hi"),
-            ],
-            false,
-        )
-        .unwrap();
-    assert_eq!(
-        with_system,
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    );
+    let with_system =
+        t.render(&[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")], false).unwrap();
+    assert_eq!(with_system, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }

@@ -64,10 +64,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let mut drafter: Box<dyn Drafter> = match method.as_str() {
             "plain" => Box::new(PlainDrafter),
             "chain" => Box::new(ChainDrafter::new(ToyLm::new(draft.clone(), ctx), args.k)?),
-            "tree" => Box::new(TreeDrafter::new(
-                ToyLm::new(draft.clone(), ctx),
-                args.widths.clone(),
-            )?),
+            "tree" => Box::new(TreeDrafter::new(ToyLm::new(draft.clone(), ctx), args.widths.clone())?),
             other => bail!("unknown method '{other}' for the demo (plain, chain, tree)"),
         };
         let mut lm = ToyLm::new(target.clone(), ctx);

@@ -7,7 +7,7 @@ use treespec_core::tree::{TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::sample::draw_children;
+use super::sample::{draw_children, SampleMode};
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
@@ -24,15 +24,9 @@ impl<M: CausalLm> ChainDrafter<M> {
     /// A chain drafter proposing `k ≥ 1` tokens per step.
     pub fn new(draft: M, k: usize) -> Result<Self> {
         if k == 0 {
-            return Err(EngineError::InvalidRequest(
-                "chain length k must be ≥ 1".into(),
-            ));
+            return Err(EngineError::InvalidRequest("chain length k must be ≥ 1".into()));
         }
-        Ok(Self {
-            draft: DraftModel::new(draft),
-            k,
-            rng: StreamRng::new(0, Stream::Draft),
-        })
+        Ok(Self { draft: DraftModel::new(draft), k, rng: StreamRng::new(0, Stream::Draft) })
     }
 }
 
@@ -65,6 +59,7 @@ impl<M: CausalLm> Drafter for ChainDrafter<M> {
                 &logits,
                 &context,
                 1,
+                SampleMode::WithoutReplacement,
                 ctx.sampler,
                 &mut self.rng,
             )?;

@@ -6,5 +6,5 @@ mod sample;
 mod tree;
 
 pub use chain::ChainDrafter;
-pub use sample::{draw_children, top_tokens};
+pub use sample::{draw_children, top_tokens, SampleMode};
 pub use tree::TreeDrafter;

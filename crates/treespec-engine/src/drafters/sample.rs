@@ -27,17 +27,30 @@ pub fn top_tokens(logits: &[f32], k: usize) -> Vec<TokenId> {
     idx.into_iter().map(|i| i as TokenId).collect()
 }
 
+/// How sampled children of one node are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SampleMode {
+    /// Without replacement (Sequoia / DySpec; verification family 2). Never duplicates.
+    #[default]
+    WithoutReplacement,
+    /// Independent draws (SpecInfer; verification family 1). May duplicate.
+    Iid,
+}
+
 /// Add up to `width` children under `parent` from the draft's `logits` after `context`.
 ///
 /// Greedy: the top-`width` tokens as deterministic candidates, scored with their temperature-1
-/// probability. Sampling: `width` draws without replacement from `q`, each node carrying the full
-/// `q` so the verifier can rebuild the `q_i` sequence; fewer if `q`'s support runs out.
+/// probability. Sampling: `width` draws from `q` (without replacement, fewer if `q`'s support
+/// runs out; or i.i.d.), each node carrying the full `q` so the verifier can rebuild exactly the
+/// distributions the drafter drew from.
+#[allow(clippy::too_many_arguments)]
 pub fn draw_children(
     tree: &mut TokenTree,
     parent: NodeId,
     logits: &[f32],
     context: &[TokenId],
     width: usize,
+    mode: SampleMode,
     sampler: &Sampler,
     rng: &mut StreamRng,
 ) -> Result<Vec<NodeId>> {
@@ -50,26 +63,23 @@ pub fn draw_children(
         let mut tokens = vec![best];
         tokens.extend(top_tokens(logits, width).into_iter().filter(|&t| t != best));
         for t in tokens.into_iter().take(width) {
-            out.push(tree.add(
-                parent,
-                t,
-                Draw::Deterministic,
-                parent_prob * probs[t as usize],
-            )?);
+            out.push(tree.add(parent, t, Draw::Deterministic, parent_prob * probs[t as usize])?);
         }
         return Ok(out);
     }
     let q = Arc::new(sampler.distribution(logits, context)?);
+    if mode == SampleMode::Iid {
+        for _ in 0..width {
+            let x = q.sample(rng);
+            out.push(tree.add(parent, x, Draw::Iid { q: q.clone() }, parent_prob * q.prob(x))?);
+        }
+        return Ok(out);
+    }
     let mut remaining = Some((*q).clone());
     for _ in 0..width {
         let Some(cur) = remaining.take() else { break };
         let x = cur.sample(rng);
-        out.push(tree.add(
-            parent,
-            x,
-            Draw::WithoutReplacement { q: q.clone() },
-            parent_prob * q.prob(x),
-        )?);
+        out.push(tree.add(parent, x, Draw::WithoutReplacement { q: q.clone() }, parent_prob * q.prob(x))?);
         remaining = cur.without(x);
     }
     Ok(out)
@@ -90,16 +100,21 @@ mod tests {
 
     #[test]
     fn sampled_children_are_distinct_and_bounded_by_support() {
-        let s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            top_k: Some(2),
-            ..Default::default()
-        })
-        .unwrap();
+        let s =
+            Sampler::new(SamplingParams { temperature: 1.0, top_k: Some(2), ..Default::default() }).unwrap();
         let mut rng = StreamRng::new(5, Stream::Draft);
         let mut t = TokenTree::new(0);
-        let kids =
-            draw_children(&mut t, ROOT, &[0.0, 1.0, 2.0, 0.5], &[], 4, &s, &mut rng).unwrap();
+        let kids = draw_children(
+            &mut t,
+            ROOT,
+            &[0.0, 1.0, 2.0, 0.5],
+            &[],
+            4,
+            SampleMode::WithoutReplacement,
+            &s,
+            &mut rng,
+        )
+        .unwrap();
         assert_eq!(kids.len(), 2);
         assert_ne!(t.node(kids[0]).token, t.node(kids[1]).token);
     }

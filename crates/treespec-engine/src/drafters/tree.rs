@@ -1,6 +1,8 @@
 //! A fixed-shape tree drafter: at depth d every frontier node gets `widths[d]` children, drawn
-//! without replacement from the draft (deterministic top candidates under greedy). One batched
-//! draft forward per depth, so width costs little on the draft side.
+//! from the draft (deterministic top candidates under greedy). One batched draft forward per
+//! depth, so width costs little on the draft side. With i.i.d. draws this is SpecInfer's
+//! expansion tree `<k1,…,km>` verified by multi-round speculative sampling; with draws without
+//! replacement it is the same shape verified by recursive rejection sampling.
 
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
@@ -8,7 +10,7 @@ use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::sample::draw_children;
+use super::sample::{draw_children, SampleMode};
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
@@ -18,28 +20,33 @@ use crate::model::CausalLm;
 pub struct TreeDrafter<M: CausalLm> {
     draft: DraftModel<M>,
     widths: Vec<usize>,
+    mode: SampleMode,
     rng: StreamRng,
 }
 
 impl<M: CausalLm> TreeDrafter<M> {
     /// A tree drafter; `widths[d]` children per node at depth `d + 1`. Every width must be ≥ 1.
     pub fn new(draft: M, widths: Vec<usize>) -> Result<Self> {
+        Self::with_mode(draft, widths, SampleMode::WithoutReplacement)
+    }
+
+    /// A tree drafter drawing sampled children with `mode`.
+    pub fn with_mode(draft: M, widths: Vec<usize>, mode: SampleMode) -> Result<Self> {
         if widths.is_empty() || widths.contains(&0) {
             return Err(EngineError::InvalidRequest(format!(
                 "tree widths must be a non-empty list of numbers ≥ 1, got {widths:?}"
             )));
         }
-        Ok(Self {
-            draft: DraftModel::new(draft),
-            widths,
-            rng: StreamRng::new(0, Stream::Draft),
-        })
+        Ok(Self { draft: DraftModel::new(draft), widths, mode, rng: StreamRng::new(0, Stream::Draft) })
     }
 }
 
 impl<M: CausalLm> Drafter for TreeDrafter<M> {
     fn name(&self) -> &str {
-        "tree"
+        match self.mode {
+            SampleMode::WithoutReplacement => "tree",
+            SampleMode::Iid => "specinfer",
+        }
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
@@ -67,6 +74,7 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
                     logits,
                     &context,
                     width.min(room),
+                    self.mode,
                     ctx.sampler,
                     &mut self.rng,
                 )?;
@@ -79,11 +87,7 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
                 break;
             }
             let logits = self.draft.feed(&tree, &layer)?;
-            frontier = layer
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| (n, logits.row(i).to_vec()))
-                .collect();
+            frontier = layer.iter().enumerate().map(|(i, &n)| (n, logits.row(i).to_vec())).collect();
         }
         Ok(tree)
     }

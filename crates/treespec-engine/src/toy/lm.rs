@@ -20,12 +20,7 @@ pub struct ToyLm {
 impl ToyLm {
     /// Wrap a toy model with a context window of `context` positions.
     pub fn new(model: ToyModel, context: usize) -> Self {
-        Self {
-            model,
-            context,
-            committed: Vec::new(),
-            pending: Vec::new(),
-        }
+        Self { model, context, committed: Vec::new(), pending: Vec::new() }
     }
 
     /// The conditionals.
@@ -99,9 +94,7 @@ impl CausalLm for ToyLm {
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
         if batch.tokens.len() != batch.parents.len() || batch.tokens.len() != batch.logits.len() {
-            return Err(EngineError::State(
-                "batch fields of different lengths".into(),
-            ));
+            return Err(EngineError::State("batch fields of different lengths".into()));
         }
         let base = self.pending.len();
         let mut data = Vec::new();
@@ -148,9 +141,7 @@ impl CausalLm for ToyLm {
                 )));
             };
             if parent != prev {
-                return Err(EngineError::State(format!(
-                    "commit path is not a chain at pending node {i}"
-                )));
+                return Err(EngineError::State(format!("commit path is not a chain at pending node {i}")));
             }
             self.committed.push(tok);
             prev = Some(i);

@@ -35,25 +35,13 @@ pub struct ToyModel {
 impl ToyModel {
     /// A target model.
     pub fn new(vocab: usize, order: usize, seed: u64) -> Self {
-        Self {
-            vocab,
-            order,
-            seed,
-            sharpness: 2.0,
-            noise: 0.0,
-            noise_seed: 0,
-            support: Support::All,
-        }
+        Self { vocab, order, seed, sharpness: 2.0, noise: 0.0, noise_seed: 0, support: Support::All }
     }
 
     /// A draft for this model: the same conditionals plus Gaussian-like logit noise of scale
     /// `noise` (0 = draft identical to the target).
     pub fn draft(&self, noise: f32, noise_seed: u64) -> Self {
-        Self {
-            noise,
-            noise_seed,
-            ..self.clone()
-        }
+        Self { noise, noise_seed, ..self.clone() }
     }
 
     /// The same model restricted to a support.
