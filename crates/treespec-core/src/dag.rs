@@ -149,8 +149,8 @@ mod tests {
         let paths: Vec<Vec<TokenId>> = t.leaves().into_iter().map(|l| t.path_tokens(l)).collect();
         assert_eq!(paths, vec![vec![1, 2, 3], vec![4, 2, 3]]);
         assert_eq!(origin.len(), t.len());
-        for id in 0..t.len() {
-            assert_eq!(t.node(id).token, g.node(origin[id]).token);
+        for (id, &o) in origin.iter().enumerate() {
+            assert_eq!(t.node(id).token, g.node(o).token);
         }
         // The copies under d are deterministic, the originals keep their draw.
         let under_d: Vec<_> = (0..t.len()).filter(|&i| t.path(i).contains(&5)).collect();

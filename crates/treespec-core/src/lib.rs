@@ -12,11 +12,14 @@
 //! * [`stats`] — per-step acceptance records and their aggregation.
 
 pub mod dag;
+pub mod disco;
 pub mod dist;
 pub mod error;
 pub mod flatten;
+pub mod ngram;
 pub mod rng;
 pub mod sampling;
+pub mod sequoia;
 pub mod stats;
 pub mod tree;
 pub mod verify;

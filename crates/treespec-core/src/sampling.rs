@@ -275,8 +275,8 @@ mod tests {
         let full = sampler(SamplingParams::with_temperature(1.0)).distribution(&logits, &[]).unwrap();
         let e: Vec<f64> = logits.iter().map(|&x| (x as f64).exp()).collect();
         let z: f64 = e.iter().sum();
-        for i in 0..4 {
-            assert!((full.prob(i as u32) as f64 - e[i] / z).abs() < 1e-6);
+        for (i, ei) in e.iter().enumerate() {
+            assert!((full.prob(i as u32) as f64 - ei / z).abs() < 1e-6);
         }
         let k2 = sampler(SamplingParams { temperature: 1.0, top_k: Some(2), ..Default::default() })
             .distribution(&logits, &[])

@@ -181,7 +181,7 @@ fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
             ctx.root()
         )));
     }
-    if tree.drafted() > ctx.max_nodes || tree.max_depth() > ctx.max_depth.max(0) {
+    if tree.drafted() > ctx.max_nodes || tree.max_depth() > ctx.max_depth {
         return Err(EngineError::State(format!(
             "drafter returned {} nodes / depth {} beyond the limit of {} nodes / depth {}",
             tree.drafted(),

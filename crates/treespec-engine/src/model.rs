@@ -79,7 +79,7 @@ pub struct Logits {
 impl Logits {
     /// Wrap row-major logits of `data.len() / vocab` rows.
     pub fn new(vocab: usize, data: Vec<f32>) -> Self {
-        debug_assert!(vocab > 0 && data.len() % vocab == 0);
+        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
         Self { vocab, data }
     }
 

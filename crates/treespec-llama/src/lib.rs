@@ -1,1 +1,26 @@
-//! placeholder
+//! treespec-llama: the llama.cpp backend.
+//!
+//! [`LlamaModel::load`] reads a GGUF file (with clear errors for missing, non-GGUF, truncated or
+//! unsupported files); [`LlamaModel::new_lm`] makes a [`LlamaLm`], which implements
+//! [`treespec_engine::CausalLm`] by mapping token trees onto sequence ids of llama.cpp's unified
+//! KV cache (see `kv.rs`). The model also carries the tokenizer and metadata helpers the CLI needs,
+//! and [`check_compatible`] tells whether a draft model can draft for a target.
+//!
+//! Environment: `TREESPEC_LLAMA_LOG=1` shows llama.cpp's own log on stderr (quiet otherwise).
+//! Exact mode ([`LoadOptions::exact`]) sets `GGML_CPU_TILED_MM=0` for the process; see `load.rs`.
+
+mod backend;
+mod compat;
+mod kv;
+mod lm;
+mod load;
+mod meta;
+mod precheck;
+mod vocab;
+
+pub use backend::LOG_ENV;
+pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use lm::LlamaLm;
+pub use load::{LlamaModel, LoadOptions, MAX_PATHS};
+pub use meta::ModelInfo;
+pub use precheck::{check_gguf, GgufFacts};

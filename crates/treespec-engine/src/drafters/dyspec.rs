@@ -1,0 +1,504 @@
+//! DySpec (arXiv 2410.11744): a dynamic token tree grown best-first by estimated value.
+//!
+//! The hypothesis is that a token's draft probability predicts its acceptance, so the value of a
+//! drafted node is the product of the draft probabilities along its path, and the tree that
+//! maximises the summed value of `budget` nodes is the one built greedily from the most valuable
+//! *sampling events* (ALGORITHMS.md §3). An event `(R, v, parent)` means "draw one more child of
+//! `parent` from `R`", where `R` is the draft distribution left at that position after the earlier
+//! without-replacement draws and `v` the event's value. Drawing `y ~ R` adds the child with value
+//! `v·R[y]`, leaves the sibling event `(R − y, v·(1 − R[y]), parent)` and, once the child's draft
+//! distribution is known, its first-child event `(q(·|path), v·R[y], child)`.
+//!
+//! Sampled children are verified without replacement (family 2). That needs the siblings of one
+//! parent in the tree in the order they were drawn, each carrying the parent's full `q`; it holds
+//! by construction because a parent has at most one live event at any time (its sibling event
+//! only exists after the previous draw). Deciding *whether* to draw another sibling from values
+//! that depend on earlier draws is allowed: every draw is a fresh sample from exactly the `q_i`
+//! the verifier rebuilds, so recursive rejection sampling stays exact at each step.
+//!
+//! Two growth schedules ([`DySpecMode`]):
+//! * `Heap` (Algorithm 1): one global max-heap. The paper feeds every new node to the draft at
+//!   once; here a node is fed only when its first-child event reaches the top of the heap (its
+//!   value `v·R[y]` is known before `q(·|path)` is), which builds the same tree with fewer draft
+//!   forwards: one per node that gets children.
+//! * `Layer` (Algorithm 2): one depth at a time, every event whose value is at least the
+//!   threshold `t` is expanded, and the new nodes of a depth are fed in ONE batched draft forward.
+//!   The paper stops there, so with a high `t` the tree can fall short of the budget (why it loses
+//!   to Sequoia at large budgets); here a *fill* pass then keeps taking the best remaining events
+//!   of every depth, by value, until the budget is reached. The fill adds leaves only: giving a
+//!   fill node children would cost an extra draft forward, and this mode promises at most one
+//!   forward per depth.
+//!
+//! Under greedy decoding nothing is sampled: a node's children are its draft top tokens in rank
+//! order (the greedy token first), each a deterministic candidate whose value is the parent's value
+//! times the token's temperature-1 draft probability. The same heap/layer schedules apply, with an
+//! event's value being the value of the child it would add.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use treespec_core::dist::Dist;
+use treespec_core::rng::{Stream, StreamRng};
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use super::sample::top_tokens;
+use crate::draft_state::DraftModel;
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+use crate::model::CausalLm;
+
+/// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DySpecMode {
+    /// Algorithm 1: global best-first heap; one draft forward per node that gets children. The
+    /// best tree under the value proxy, but draft forwards grow with the budget.
+    Heap,
+    /// Algorithm 2: layer by layer with a value threshold, one batched draft forward per depth,
+    /// then filled up to the budget with the best remaining events.
+    #[default]
+    Layer,
+}
+
+/// DySpec knobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DySpecConfig {
+    /// Drafted nodes per step (capped by the context room the loop offers). Default 16.
+    pub budget: usize,
+    /// Deepest drafted node (capped by the tokens still wanted). Default 8.
+    pub max_depth: usize,
+    /// Growth schedule. Default [`DySpecMode::Layer`].
+    pub mode: DySpecMode,
+    /// `Layer` mode's expansion threshold on event values, in (0, 1]. `None` = 1/budget: an event
+    /// below it cannot be among the budget best of a depth whose values sum to at most 1.
+    pub threshold: Option<f32>,
+}
+
+impl Default for DySpecConfig {
+    fn default() -> Self {
+        Self { budget: 16, max_depth: 8, mode: DySpecMode::Layer, threshold: None }
+    }
+}
+
+impl DySpecConfig {
+    /// Check every knob's domain; the message names the knob.
+    pub fn validate(&self) -> Result<()> {
+        if self.budget == 0 {
+            return Err(EngineError::InvalidRequest("dyspec budget must be ≥ 1 drafted node".into()));
+        }
+        if self.max_depth == 0 {
+            return Err(EngineError::InvalidRequest("dyspec max_depth must be ≥ 1".into()));
+        }
+        if let Some(t) = self.threshold {
+            if !(t > 0.0 && t <= 1.0) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "dyspec threshold must be in (0, 1], got {t}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `Layer` threshold actually used.
+    pub fn effective_threshold(&self) -> f32 {
+        self.threshold.unwrap_or(1.0 / self.budget.max(1) as f32)
+    }
+}
+
+/// Per-generation counters of a [`DySpecDrafter`] (reset by `begin`). Draft forwards are
+/// reported through [`Drafter::draft_forwards`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DySpecStats {
+    /// `propose` calls.
+    pub steps: u64,
+    /// Drafted nodes proposed, summed over steps.
+    pub drafted: u64,
+    /// Of those, nodes added by `Layer` mode's fill pass (below the threshold).
+    pub filled: u64,
+    /// Tree nodes fed to the draft model (the root's step start not included).
+    pub fed: u64,
+}
+
+/// The DySpec dynamic-tree drafter over a draft model.
+pub struct DySpecDrafter<M: CausalLm> {
+    draft: DraftModel<M>,
+    config: DySpecConfig,
+    rng: StreamRng,
+    stats: DySpecStats,
+}
+
+impl<M: CausalLm> DySpecDrafter<M> {
+    /// A DySpec drafter; errors on an invalid config.
+    pub fn new(draft: M, config: DySpecConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            draft: DraftModel::new(draft),
+            config,
+            rng: StreamRng::new(0, Stream::Draft),
+            stats: DySpecStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DySpecConfig {
+        &self.config
+    }
+
+    /// Counters since the last `begin`.
+    pub fn stats(&self) -> &DySpecStats {
+        &self.stats
+    }
+}
+
+impl<M: CausalLm> Drafter for DySpecDrafter<M> {
+    fn name(&self) -> &str {
+        "dyspec"
+    }
+
+    fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
+        self.rng = StreamRng::new(seed, Stream::Draft);
+        self.stats = DySpecStats::default();
+        self.draft.begin(prompt)
+    }
+
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        self.stats.steps += 1;
+        let budget = self.config.budget.min(ctx.max_nodes);
+        let depth = self.config.max_depth.min(ctx.max_depth);
+        if budget == 0 || depth == 0 {
+            return Ok(TokenTree::new(ctx.root()));
+        }
+        let root_logits = self.draft.start_step()?;
+        let mut g = Growth {
+            ctx,
+            scorer: scoring_sampler(ctx.sampler)?,
+            draft: &mut self.draft,
+            rng: &mut self.rng,
+            tree: TokenTree::new(ctx.root()),
+            values: vec![1.0],
+            budget,
+            depth,
+            seq: 0,
+            fed: 0,
+            filled: 0,
+        };
+        if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
+            match self.config.mode {
+                DySpecMode::Heap => g.grow_heap(root)?,
+                DySpecMode::Layer => g.grow_layer(root, self.config.effective_threshold() as f64)?,
+            }
+        }
+        self.stats.drafted += g.tree.drafted() as u64;
+        self.stats.filled += g.filled;
+        self.stats.fed += g.fed;
+        Ok(g.tree)
+    }
+
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        self.draft.observe(tree, outcome)
+    }
+
+    fn draft_forwards(&self) -> u64 {
+        self.draft.forwards()
+    }
+}
+
+/// Where the next child of an event's parent comes from.
+enum Source {
+    /// The parent is not fed yet (`Heap` mode): its draft distribution is computed when the event
+    /// reaches the top of the heap. The event's value is exact under sampling and an upper bound
+    /// under greedy (the first child's value is the parent's times a probability ≤ 1).
+    Unfed,
+    /// Sampling: the parent's full processed draft distribution `q` and what is left of it after
+    /// the earlier without-replacement draws.
+    Sampled { q: Arc<Dist>, left: Dist },
+    /// Greedy: the parent's ranked candidates (token, temperature-1 probability) and the next rank.
+    Ranked { ranked: Vec<(TokenId, f32)>, next: usize },
+}
+
+/// A sampling event on the heap: ordered by value, ties to the older event (deterministic trees).
+struct Event {
+    value: f64,
+    seq: u64,
+    parent: NodeId,
+    source: Source,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.value.total_cmp(&other.value).then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// The state of one `propose` call.
+struct Growth<'s, 'c, M: CausalLm> {
+    ctx: &'s ProposeContext<'c>,
+    /// Scores greedy candidates (temperature 1, same repetition penalty); the sampler itself when
+    /// sampling.
+    scorer: Sampler,
+    draft: &'s mut DraftModel<M>,
+    rng: &'s mut StreamRng,
+    tree: TokenTree,
+    /// Value of each tree node (root = 1): the product of draft probabilities along its path.
+    values: Vec<f64>,
+    budget: usize,
+    depth: usize,
+    seq: u64,
+    fed: u64,
+    filled: u64,
+}
+
+impl<M: CausalLm> Growth<'_, '_, M> {
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn full(&self) -> bool {
+        self.tree.drafted() >= self.budget
+    }
+
+    /// The first-child event of a fed node from its draft logits; `None` if it has no candidate.
+    fn first_child_event(&mut self, node: NodeId, logits: &[f32]) -> Result<Option<Event>> {
+        let context = node_context(self.ctx, &self.tree, node);
+        let value = self.values[node];
+        let source = if self.ctx.sampler.is_greedy() {
+            let room = self.budget - self.tree.drafted();
+            let ranked = ranked_candidates(self.ctx.sampler, &self.scorer, logits, &context, room)?;
+            let Some(&(_, p)) = ranked.first() else { return Ok(None) };
+            return Ok(Some(Event {
+                value: value * p as f64,
+                seq: self.next_seq(),
+                parent: node,
+                source: Source::Ranked { ranked, next: 0 },
+            }));
+        } else {
+            let q = Arc::new(self.ctx.sampler.distribution(logits, &context)?);
+            Source::Sampled { left: (*q).clone(), q }
+        };
+        Ok(Some(Event { value, seq: self.next_seq(), parent: node, source }))
+    }
+
+    /// Carry out a ready event: add its child; return the child and the parent's next event.
+    fn expand(&mut self, ev: Event) -> Result<(NodeId, Option<Event>)> {
+        let parent = ev.parent;
+        match ev.source {
+            Source::Unfed => Err(EngineError::State("dyspec: expanding a node that was not fed".into())),
+            Source::Sampled { q, left } => {
+                let y = left.sample(self.rng);
+                let r = left.prob(y) as f64;
+                let value = ev.value * r;
+                let child =
+                    self.tree.add(parent, y, Draw::WithoutReplacement { q: q.clone() }, value as f32)?;
+                self.values.push(value);
+                let sibling = left.without(y).map(|rest| Event {
+                    value: ev.value * (1.0 - r),
+                    seq: self.next_seq(),
+                    parent,
+                    source: Source::Sampled { q, left: rest },
+                });
+                Ok((child, sibling))
+            }
+            Source::Ranked { ranked, next } => {
+                let (token, _) = ranked[next];
+                let child = self.tree.add(parent, token, Draw::Deterministic, ev.value as f32)?;
+                self.values.push(ev.value);
+                let sibling = ranked.get(next + 1).map(|&(_, p)| p).map(|p| Event {
+                    value: self.values[parent] * p as f64,
+                    seq: self.next_seq(),
+                    parent,
+                    source: Source::Ranked { ranked, next: next + 1 },
+                });
+                Ok((child, sibling))
+            }
+        }
+    }
+
+    /// Algorithm 1, feeding a node only when its first-child event is popped.
+    fn grow_heap(&mut self, root: Event) -> Result<()> {
+        let mut heap = BinaryHeap::from([root]);
+        while !self.full() {
+            let Some(ev) = heap.pop() else { break };
+            if let Source::Unfed = ev.source {
+                let node = ev.parent;
+                let logits = self.draft.feed(&self.tree, &[node])?;
+                self.fed += 1;
+                if let Some(mut ready) = self.first_child_event(node, logits.row(0))? {
+                    // Keep the popped event's place among equal values: under sampling its value
+                    // is unchanged, so it is expanded next, exactly as if fed on creation.
+                    ready.seq = ev.seq;
+                    heap.push(ready);
+                }
+                continue;
+            }
+            let (child, sibling) = self.expand(ev)?;
+            heap.extend(sibling);
+            if self.tree.node(child).depth < self.depth && !self.full() {
+                let seq = self.next_seq();
+                heap.push(Event { value: self.values[child], seq, parent: child, source: Source::Unfed });
+            }
+        }
+        Ok(())
+    }
+
+    /// Algorithm 2 (threshold pass, one draft forward per depth), then the fill pass.
+    fn grow_layer(&mut self, root: Event, threshold: f64) -> Result<()> {
+        let mut layer = BinaryHeap::from([root]);
+        // Below-threshold events of finished depths: all have fed parents, so the fill can use them.
+        let mut rest: Vec<Event> = Vec::new();
+        for d in 1..=self.depth {
+            let mut new_nodes = Vec::new();
+            while !self.full() && layer.peek().is_some_and(|e| e.value >= threshold) {
+                let ev = layer.pop().expect("peeked");
+                let (child, sibling) = self.expand(ev)?;
+                new_nodes.push(child);
+                layer.extend(sibling);
+            }
+            rest.extend(layer.drain());
+            if self.full() || new_nodes.is_empty() || d == self.depth {
+                break;
+            }
+            // Feed every new node, not only those above the threshold: the batch is one forward
+            // either way, and the fill may want their first children.
+            let logits = self.draft.feed(&self.tree, &new_nodes)?;
+            self.fed += new_nodes.len() as u64;
+            for (i, &n) in new_nodes.iter().enumerate() {
+                layer.extend(self.first_child_event(n, logits.row(i))?);
+            }
+        }
+        let mut pool = BinaryHeap::from(rest);
+        while !self.full() {
+            let Some(ev) = pool.pop() else { break };
+            let (_, sibling) = self.expand(ev)?;
+            self.filled += 1;
+            pool.extend(sibling);
+        }
+        Ok(())
+    }
+}
+
+/// The token history a node's draft distribution is conditioned on, as the repetition penalty
+/// sees it (empty when there is no penalty: nothing looks at it then).
+pub(super) fn node_context(ctx: &ProposeContext, tree: &TokenTree, node: NodeId) -> Vec<TokenId> {
+    let p = ctx.sampler.params();
+    if p.repetition_penalty == 1.0 || p.penalty_last_n == 0 {
+        return Vec::new();
+    }
+    let mut c = ctx.history.to_vec();
+    c.extend(tree.path_tokens(node));
+    c
+}
+
+/// The sampler that scores deterministic candidates: the sampler itself when sampling (values are
+/// the processed draft probabilities), temperature 1 with the same repetition penalty under greedy
+/// (a point mass would score every runner-up 0).
+pub(super) fn scoring_sampler(sampler: &Sampler) -> Result<Sampler> {
+    if !sampler.is_greedy() {
+        return Ok(sampler.clone());
+    }
+    let p = sampler.params();
+    Ok(Sampler::new(SamplingParams {
+        temperature: 1.0,
+        repetition_penalty: p.repetition_penalty,
+        penalty_last_n: p.penalty_last_n,
+        ..SamplingParams::default()
+    })?)
+}
+
+/// Up to `cap` deterministic candidates for a node, best first, with their `scorer` probabilities:
+/// under greedy the greedy token first (it is what the verifier follows), then the most probable
+/// others. Tokens of probability 0 are left out: they add a node of no value.
+pub(super) fn ranked_candidates(
+    sampler: &Sampler,
+    scorer: &Sampler,
+    logits: &[f32],
+    context: &[TokenId],
+    cap: usize,
+) -> Result<Vec<(TokenId, f32)>> {
+    if cap == 0 {
+        return Ok(Vec::new());
+    }
+    let probs = scorer.distribution(logits, context)?;
+    let mut out = Vec::with_capacity(cap);
+    if sampler.is_greedy() {
+        let best = sampler.greedy_token(logits, context)?;
+        out.push((best, probs.prob(best)));
+    }
+    for t in top_tokens(probs.probs(), cap + 1) {
+        if out.len() == cap {
+            break;
+        }
+        let p = probs.prob(t);
+        if p > 0.0 && !out.iter().any(|&(b, _)| b == t) {
+            out.push((t, p));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::{ToyLm, ToyModel};
+
+    fn ctx<'a>(
+        history: &'a [TokenId],
+        sampler: &'a Sampler,
+        nodes: usize,
+        depth: usize,
+    ) -> ProposeContext<'a> {
+        ProposeContext { history, max_nodes: nodes, max_depth: depth, sampler }
+    }
+
+    /// Sibling without-replacement draws must share one `q` and never repeat a token, and values
+    /// must not grow down a path (the best-first argument relies on it).
+    #[test]
+    fn sampled_trees_are_well_formed() {
+        let model = ToyModel::new(6, 1, 4).with_sharpness(0.5);
+        let sampler = Sampler::new(SamplingParams::with_temperature(1.0)).unwrap();
+        for mode in [DySpecMode::Heap, DySpecMode::Layer] {
+            let cfg = DySpecConfig { budget: 20, max_depth: 3, mode, threshold: None };
+            let mut d = DySpecDrafter::new(ToyLm::new(model.clone(), 64), cfg).unwrap();
+            d.begin(&[1, 2], &sampler, 9).unwrap();
+            let tree = d.propose(&ctx(&[1, 2], &sampler, 100, 100)).unwrap();
+            assert_eq!(tree.drafted(), 20, "{mode:?}");
+            assert!(tree.max_depth() <= 3);
+            for id in 0..tree.len() {
+                let kids = tree.children(id);
+                let mut tokens: Vec<_> = kids.iter().map(|&k| tree.node(k).token).collect();
+                tokens.sort_unstable();
+                tokens.dedup();
+                assert_eq!(tokens.len(), kids.len());
+                for &k in kids {
+                    assert!(tree.node(k).draft_prob <= tree.node(id).draft_prob);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn respects_context_limits() {
+        let model = ToyModel::new(8, 1, 4);
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let mut d = DySpecDrafter::new(ToyLm::new(model, 64), DySpecConfig::default()).unwrap();
+        d.begin(&[1], &sampler, 0).unwrap();
+        let tree = d.propose(&ctx(&[1], &sampler, 3, 2)).unwrap();
+        assert!(tree.drafted() <= 3 && tree.max_depth() <= 2);
+        let empty = d.propose(&ctx(&[1], &sampler, 0, 2));
+        assert_eq!(empty.unwrap().drafted(), 0);
+    }
+}

@@ -1,0 +1,294 @@
+//! Sequence-id bookkeeping for token trees in llama.cpp's unified KV cache.
+//!
+//! llama.cpp has no tree attention, but its unified KV cache gives every cell a *set* of sequence
+//! ids, and a query token attends to the cells that share its first sequence id and sit at a
+//! position no later than its own. So a tree becomes: one sequence id per root-to-leaf path, every
+//! node carrying the ids of all paths through it, the committed prefix carrying them all, and
+//! position = committed length + depth. A query on a path then sees exactly the prefix and its own
+//! ancestors.
+//!
+//! Sequence [`BASE_SEQ`] holds the committed prefix and nothing else; paths use ids from 1. When a
+//! node gets its first child, the child continues the node's path (same id). Any further child
+//! opens a new path: a fresh id that the child, all its ancestors and the prefix join. Ancestors
+//! already in the cache join through `seq_cp` (metadata only in a unified cache); ancestors in the
+//! same batch just list the id. This also keeps llama.cpp's batch checks happy: each sequence's
+//! new positions continue right after its last cached position, and sequences sharing a batch
+//! token have identical cached ranges.
+//!
+//! This module only plans; `lm.rs` applies the plan to the context.
+
+use treespec_core::TokenId;
+use treespec_engine::{EngineError, Result, TreeBatch};
+
+/// Sequence id of the committed prefix.
+pub(crate) const BASE_SEQ: i32 = 0;
+
+/// A pending (fed, uncommitted) node.
+#[derive(Debug, Clone)]
+struct Node {
+    parent: Option<usize>,
+    depth: usize,
+    /// Ids of the paths through this node; exactly one while it is a leaf.
+    seqs: Vec<i32>,
+    children: usize,
+}
+
+/// `seq_cp(src, dst, p0 = 0, p1 = end)`: `dst` joins every cell of `src` before position `end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SeqCopy {
+    pub src: i32,
+    pub dst: i32,
+    pub end: usize,
+}
+
+/// One batch row to hand to llama.cpp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub token: TokenId,
+    pub pos: usize,
+    pub seqs: Vec<i32>,
+    pub logits: bool,
+}
+
+/// How to take a failed batch back out of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Undo {
+    /// A path opened by the batch: remove the id from every cell.
+    DropSeq(i32),
+    /// A cached leaf's path extended by the batch: remove the id from positions `from..`.
+    TrimSeq { seq: i32, from: usize },
+}
+
+/// What `forward` must do, in order: copies, then one decode of `rows`; `undo` on failure.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Plan {
+    pub copies: Vec<SeqCopy>,
+    pub rows: Vec<Row>,
+    pub undo: Vec<Undo>,
+}
+
+/// The pending tree and its path ids.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingTree {
+    nodes: Vec<Node>,
+    /// Unused path ids, largest first so `pop` hands out the smallest.
+    free: Vec<i32>,
+    max_paths: usize,
+}
+
+impl PendingTree {
+    /// An empty tree allowing up to `max_paths` simultaneous root-to-leaf paths (ids
+    /// `1..=max_paths`).
+    pub fn new(max_paths: usize) -> Self {
+        let mut t = Self { nodes: Vec::new(), free: Vec::new(), max_paths };
+        t.clear();
+        t
+    }
+
+    /// Drop every pending node and recycle all path ids.
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.free = (1..=self.max_paths as i32).rev().collect();
+    }
+
+    /// Number of pending nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of paths (leaves) in use.
+    pub fn paths(&self) -> usize {
+        self.max_paths - self.free.len()
+    }
+
+    fn alloc(&mut self, needed_paths: usize) -> Result<i32> {
+        self.free.pop().ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "the pending tree would have more than {} root-to-leaf paths (n_seq_max); load the \
+                 model with a larger n_seq_max or feed a narrower tree (at least {needed_paths} needed)",
+                self.max_paths
+            ))
+        })
+    }
+
+    /// Add `batch` on top of `committed` committed tokens and return the plan to feed it.
+    /// On error `self` may be partly modified: call it on a clone and keep the clone on success.
+    pub fn extend(&mut self, batch: &TreeBatch, committed: usize) -> Result<Plan> {
+        let n = batch.tokens.len();
+        if batch.parents.len() != n || batch.logits.len() != n {
+            return Err(EngineError::State(format!(
+                "malformed TreeBatch: {} tokens, {} parents, {} logits flags",
+                n,
+                batch.parents.len(),
+                batch.logits.len()
+            )));
+        }
+        let base = self.nodes.len();
+        let mut plan = Plan::default();
+        for (i, &parent) in batch.parents.iter().enumerate() {
+            let idx = base + i;
+            let (depth, seqs) = match parent {
+                Some(p) if p >= idx => {
+                    return Err(EngineError::State(format!(
+                        "node {idx} names parent {p}, which is not an earlier pending node"
+                    )));
+                }
+                None => {
+                    let s = self.alloc(self.paths() + 1)?;
+                    plan.copies.push(SeqCopy { src: BASE_SEQ, dst: s, end: committed });
+                    plan.undo.push(Undo::DropSeq(s));
+                    (0, vec![s])
+                }
+                Some(p) => {
+                    let depth = self.nodes[p].depth + 1;
+                    let seqs = if self.nodes[p].children == 0 {
+                        // Continue the parent's path.
+                        debug_assert_eq!(self.nodes[p].seqs.len(), 1, "a leaf is on exactly one path");
+                        if p < base {
+                            plan.undo
+                                .push(Undo::TrimSeq { seq: self.nodes[p].seqs[0], from: committed + depth });
+                        }
+                        self.nodes[p].seqs.clone()
+                    } else {
+                        // Open a new path: cached ancestors join by copy, batch ancestors by listing.
+                        let s = self.alloc(self.paths() + 1)?;
+                        plan.undo.push(Undo::DropSeq(s));
+                        plan.copies.push(SeqCopy {
+                            src: self.nodes[p].seqs[0],
+                            dst: s,
+                            end: committed + depth,
+                        });
+                        let mut a = Some(p);
+                        while let Some(k) = a {
+                            self.nodes[k].seqs.push(s);
+                            a = self.nodes[k].parent;
+                        }
+                        vec![s]
+                    };
+                    self.nodes[p].children += 1;
+                    (depth, seqs)
+                }
+            };
+            self.nodes.push(Node { parent, depth, seqs, children: 0 });
+        }
+        plan.rows = (0..n)
+            .map(|i| Row {
+                token: batch.tokens[i],
+                pos: committed + self.nodes[base + i].depth,
+                seqs: self.nodes[base + i].seqs.clone(),
+                logits: batch.logits[i],
+            })
+            .collect();
+        Ok(plan)
+    }
+
+    /// Check that `path` is a chain from a root-attached node and return the id of a path through
+    /// its last node (whose cells at the path's positions are exactly the path's nodes).
+    pub fn path_seq(&self, path: &[usize]) -> Result<Option<i32>> {
+        let mut prev: Option<usize> = None;
+        for (k, &idx) in path.iter().enumerate() {
+            let node = self.nodes.get(idx).ok_or_else(|| {
+                EngineError::State(format!(
+                    "commit path names node {idx}, but only {} are pending",
+                    self.nodes.len()
+                ))
+            })?;
+            if node.parent != prev {
+                return Err(EngineError::State(match prev {
+                    None => format!("commit path must start at a root-attached node; node {idx} is not"),
+                    Some(p) => format!(
+                        "commit path is not a chain: node {idx} (step {k}) is not a child of node {p}"
+                    ),
+                }));
+            }
+            prev = Some(idx);
+        }
+        Ok(prev.map(|last| self.nodes[last].seqs[0]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(parents: &[Option<usize>]) -> TreeBatch {
+        TreeBatch {
+            tokens: (0..parents.len() as u32).collect(),
+            parents: parents.to_vec(),
+            logits: vec![true; parents.len()],
+        }
+    }
+
+    #[test]
+    fn chain_uses_one_path() {
+        let mut t = PendingTree::new(4);
+        let plan = t.extend(&batch(&[None, Some(0), Some(1)]), 5).unwrap();
+        assert_eq!(plan.copies, vec![SeqCopy { src: 0, dst: 1, end: 5 }]);
+        assert_eq!(plan.rows.iter().map(|r| r.pos).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert!(plan.rows.iter().all(|r| r.seqs == vec![1]));
+        assert_eq!(t.paths(), 1);
+    }
+
+    #[test]
+    fn branching_in_one_batch_lists_new_path_on_ancestors() {
+        // A; B, C under A; D beside A.
+        let mut t = PendingTree::new(4);
+        let plan = t.extend(&batch(&[None, Some(0), Some(0), None]), 3).unwrap();
+        assert_eq!(plan.rows[0].seqs, vec![1, 2]);
+        assert_eq!(plan.rows[1].seqs, vec![1]);
+        assert_eq!(plan.rows[2].seqs, vec![2]);
+        assert_eq!(plan.rows[3].seqs, vec![3]);
+        assert_eq!(
+            plan.copies,
+            vec![
+                SeqCopy { src: 0, dst: 1, end: 3 },
+                SeqCopy { src: 1, dst: 2, end: 4 },
+                SeqCopy { src: 0, dst: 3, end: 3 }
+            ]
+        );
+    }
+
+    #[test]
+    fn branching_under_cached_node_copies_its_path() {
+        let mut t = PendingTree::new(4);
+        t.extend(&batch(&[None, Some(0)]), 2).unwrap();
+        // Second call: child under node 1 (a leaf: continues path 1), and under node 0 (branched).
+        let plan = t.extend(&batch(&[Some(1), Some(0)]), 2).unwrap();
+        assert_eq!(plan.rows[0].seqs, vec![1]);
+        assert_eq!(plan.rows[0].pos, 4);
+        assert_eq!(plan.rows[1].seqs, vec![2]);
+        assert_eq!(plan.rows[1].pos, 3);
+        assert_eq!(plan.copies, vec![SeqCopy { src: 1, dst: 2, end: 3 }]);
+        assert_eq!(plan.undo, vec![Undo::TrimSeq { seq: 1, from: 4 }, Undo::DropSeq(2)]);
+        assert_eq!(t.path_seq(&[0, 3]).unwrap(), Some(2));
+        assert_eq!(t.path_seq(&[0, 1, 2]).unwrap(), Some(1));
+    }
+
+    #[test]
+    fn too_many_paths_is_an_error() {
+        let mut t = PendingTree::new(2);
+        let err = t.extend(&batch(&[None, None, None]), 0).unwrap_err();
+        assert!(err.to_string().contains("more than 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_parent_and_bad_path_are_errors() {
+        let mut t = PendingTree::new(2);
+        assert!(t.clone().extend(&batch(&[Some(0)]), 0).is_err());
+        t.extend(&batch(&[None, Some(0), None]), 0).unwrap();
+        assert!(t.path_seq(&[1]).is_err());
+        assert!(t.path_seq(&[0, 2]).is_err());
+        assert!(t.path_seq(&[0, 9]).is_err());
+        assert_eq!(t.path_seq(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn clear_recycles_ids() {
+        let mut t = PendingTree::new(2);
+        t.extend(&batch(&[None, None]), 0).unwrap();
+        t.clear();
+        let plan = t.extend(&batch(&[None, None]), 0).unwrap();
+        assert_eq!(plan.rows[0].seqs, vec![1]);
+        assert_eq!(plan.rows[1].seqs, vec![2]);
+    }
+}

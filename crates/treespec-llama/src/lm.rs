@@ -1,0 +1,333 @@
+//! [`LlamaLm`]: a llama.cpp context over a loaded model, implementing [`CausalLm`].
+//!
+//! One unified KV cache holds the committed prefix and the pending tree; `kv.rs` decides which
+//! sequence ids each node carries, this file applies that to llama.cpp. Every `forward` is exactly
+//! one `llama_decode` call (llama.cpp may still split it into several physical batches of
+//! `n_ubatch` tokens internally).
+//!
+//! Cell order matters for exactness. Attention sums over KV cells in cell-index order, and this
+//! model family quantizes activations to 8 bits between layers, so summing the same terms in
+//! another order moves logits by up to ~0.8 on SmolLM2 (enough to flip a greedy choice). Plain
+//! decoding keeps cells in position order; so do we, by keeping this invariant: committed tokens
+//! fill cells `0..committed` in position order and pending nodes the cells right above, in the
+//! order they were fed (llama.cpp fills free cells upward from the lowest freed one). Dropping all
+//! pending cells frees exactly the top region. A commit whose path is not already the first pending
+//! nodes would leave holes (dropped siblings) below later tokens, so it *compacts*: the path's
+//! cells are serialised (`state_seq_get`, a few KB per token), every pending cell is freed, and the
+//! path is restored into the cells right above the prefix.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::Ordering;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+
+use treespec_core::TokenId;
+use treespec_engine::{CausalLm, EngineError, Logits, Result, TreeBatch};
+
+use crate::backend;
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
+
+use crate::kv::{PendingTree, Plan, Row, Undo, BASE_SEQ};
+use crate::load::{LlamaModel, DECODED};
+
+/// A decoding context over a [`LlamaModel`]: committed prefix plus pending token tree.
+pub struct LlamaLm<'m> {
+    model: &'m LlamaModel,
+    ctx: LlamaContext<'m>,
+    /// Reused between calls; grown on demand (its seq-id arrays cost `capacity × n_seq` ints).
+    batch: LlamaBatch<'static>,
+    batch_capacity: usize,
+    /// llama.cpp sequence ids: the committed prefix, the paths, and a scratch id for commits.
+    n_seq: usize,
+    n_ctx: usize,
+    n_vocab: usize,
+    committed: usize,
+    tree: PendingTree,
+}
+
+impl std::fmt::Debug for LlamaLm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaLm")
+            .field("model", &self.model.path())
+            .field("n_ctx", &self.n_ctx)
+            .field("committed", &self.committed)
+            .field("pending", &self.tree.len())
+            .finish_non_exhaustive()
+    }
+}
+
+const INITIAL_BATCH: usize = 512;
+
+fn backend_err(what: &str, e: impl std::fmt::Display) -> EngineError {
+    let log = backend::captured();
+    if log.is_empty() {
+        EngineError::Backend(format!("{what}: {e}"))
+    } else {
+        EngineError::Backend(format!("{what}: {e} (llama.cpp: {log})"))
+    }
+}
+
+impl LlamaModel {
+    /// A fresh context (empty KV cache) sized by the model's [`LoadOptions`](crate::LoadOptions).
+    pub fn new_lm(&self) -> Result<LlamaLm<'_>> {
+        let o = self.options();
+        let n_seq = o.n_seq_max + 2;
+        let ctx_size = u32::try_from(o.ctx_size)
+            .map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(ctx_size))
+            // n_batch bounds the tokens of one llama_decode: make it the whole context so any
+            // forward that fits the context is one call.
+            .with_n_batch(ctx_size)
+            .with_n_ubatch(o.n_ubatch.min(o.ctx_size) as u32)
+            .with_n_seq_max(n_seq as u32)
+            .with_kv_unified(true)
+            // Full-size sliding-window caches, so truncate/commit can always go back (gemma3).
+            .with_swa_full(true)
+            .with_n_threads(o.threads as i32)
+            .with_n_threads_batch(o.threads as i32);
+        let backend = backend::backend()?;
+        backend::clear_captured();
+        let ctx = {
+            let _guard = backend::CONTEXT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner
+                .new_context(backend, params)
+                .map_err(|e| backend_err("cannot create llama.cpp context", e))?
+        };
+        let n_ctx = ctx.n_ctx() as usize;
+        let n_vocab = self.vocab_size();
+        Ok(LlamaLm {
+            model: self,
+            ctx,
+            batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32),
+            batch_capacity: INITIAL_BATCH,
+            n_seq,
+            n_ctx,
+            n_vocab,
+            committed: 0,
+            tree: PendingTree::new(o.n_seq_max),
+        })
+    }
+}
+
+impl<'m> LlamaLm<'m> {
+    /// The model this context runs.
+    pub fn model(&self) -> &'m LlamaModel {
+        self.model
+    }
+
+    /// Maximum number of root-to-leaf paths a pending tree may have.
+    pub fn max_paths(&self) -> usize {
+        self.n_seq - 2
+    }
+
+    /// Sequence id used only inside `commit`, to move the kept path.
+    fn scratch_seq(&self) -> i32 {
+        self.n_seq as i32 - 1
+    }
+
+    fn ensure_batch(&mut self, n: usize) {
+        if n > self.batch_capacity {
+            let cap = n.next_power_of_two().min(self.n_ctx.max(n));
+            self.batch = LlamaBatch::new(cap, self.n_seq as i32);
+            self.batch_capacity = cap;
+        }
+    }
+
+    /// Fill the batch with `rows` and run one `llama_decode`.
+    fn decode_rows(&mut self, rows: &[Row]) -> Result<()> {
+        self.ensure_batch(rows.len());
+        self.batch.clear();
+        for r in rows {
+            debug_assert!(r.seqs.len() <= self.n_seq);
+            self.batch
+                .add(LlamaToken(r.token as i32), r.pos as i32, &r.seqs, r.logits)
+                .map_err(|e| EngineError::Backend(format!("cannot fill llama.cpp batch: {e}")))?;
+        }
+        DECODED.store(true, Ordering::SeqCst);
+        backend::clear_captured();
+        self.ctx.decode(&mut self.batch).map_err(|e| backend_err("llama_decode failed", e))
+    }
+
+    fn check_tokens(&self, tokens: &[TokenId]) -> Result<()> {
+        match tokens.iter().position(|&t| t as usize >= self.n_vocab) {
+            Some(i) => Err(EngineError::State(format!(
+                "token {} at index {i} is outside the vocabulary of {} tokens",
+                tokens[i], self.n_vocab
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn seq_rm(&mut self, seq: i32, from: usize) -> Result<()> {
+        let ok = self
+            .ctx
+            .clear_kv_cache_seq(Some(seq as u32), Some(from as u32), None)
+            .map_err(|e| EngineError::Backend(format!("KV cache removal failed: {e}")))?;
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::Backend(format!(
+                "llama.cpp refused to remove positions {from}.. of sequence {seq}"
+            )))
+        }
+    }
+
+    /// Drop every pending cell: only cells of the committed sequence survive.
+    fn drop_pending(&mut self) {
+        if self.tree.len() > 0 {
+            self.ctx.llama_kv_cache_seq_keep(BASE_SEQ);
+            self.tree.clear();
+        }
+    }
+
+    fn undo(&mut self, plan: &Plan) {
+        for u in plan.undo.iter().rev() {
+            // Best effort: the decode error is what gets reported.
+            let _ = match *u {
+                Undo::DropSeq(s) => self.ctx.clear_kv_cache_seq(Some(s as u32), None, None),
+                Undo::TrimSeq { seq, from } => {
+                    self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(from as u32), None)
+                }
+            };
+        }
+    }
+}
+
+impl CausalLm for LlamaLm<'_> {
+    fn vocab_size(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn context_size(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn committed_len(&self) -> usize {
+        self.committed
+    }
+
+    fn pending_len(&self) -> usize {
+        self.tree.len()
+    }
+
+    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
+        if self.tree.len() > 0 {
+            return Err(EngineError::State(format!(
+                "prefill with {} pending nodes: commit or truncate first",
+                self.tree.len()
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        if self.committed + tokens.len() > self.n_ctx {
+            return Err(EngineError::PromptTooLong {
+                prompt: self.committed + tokens.len(),
+                context: self.n_ctx,
+            });
+        }
+        self.check_tokens(tokens)?;
+        let rows: Vec<Row> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Row { token, pos: self.committed + i, seqs: vec![BASE_SEQ], logits: false })
+            .collect();
+        if let Err(e) = self.decode_rows(&rows) {
+            let _ = self.seq_rm(BASE_SEQ, self.committed);
+            return Err(e);
+        }
+        self.committed += tokens.len();
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+        if batch.is_empty() {
+            return Ok(Logits::new(self.n_vocab, Vec::new()));
+        }
+        let used = self.committed + self.tree.len();
+        if used + batch.len() > self.n_ctx {
+            return Err(EngineError::InvalidRequest(format!(
+                "feeding {} nodes on top of {} committed tokens and {} pending nodes exceeds the context of {} positions",
+                batch.len(),
+                self.committed,
+                self.tree.len(),
+                self.n_ctx
+            )));
+        }
+        self.check_tokens(&batch.tokens)?;
+        // Plan on a copy so a rejected batch leaves the bookkeeping untouched.
+        let mut next = self.tree.clone();
+        let plan = next.extend(batch, self.committed)?;
+        for c in &plan.copies {
+            self.ctx
+                .copy_kv_cache_seq(c.src, c.dst, None, Some(c.end as u32))
+                .map_err(|e| EngineError::Backend(format!("KV cache copy failed: {e}")))?;
+        }
+        if let Err(e) = self.decode_rows(&plan.rows) {
+            self.undo(&plan);
+            return Err(e);
+        }
+        self.tree = next;
+
+        let wanted = plan.rows.iter().filter(|r| r.logits).count();
+        let mut data = Vec::with_capacity(wanted * self.n_vocab);
+        for (i, r) in plan.rows.iter().enumerate() {
+            if r.logits {
+                data.extend_from_slice(self.ctx.get_logits_ith(i as i32));
+            }
+        }
+        Ok(Logits::new(self.n_vocab, data))
+    }
+
+    fn commit(&mut self, path: &[usize]) -> Result<()> {
+        let Some(seq) = self.tree.path_seq(path)? else {
+            self.drop_pending();
+            return Ok(());
+        };
+        let start = self.committed;
+        let end = start + path.len();
+        let kv_err = |e: &dyn std::fmt::Display| EngineError::Backend(format!("KV cache copy failed: {e}"));
+        // Pending node i sits in cell `committed + i` (see the module doc), so a path made of the
+        // first nodes is already in place: its cells of `seq` at positions start..end just join
+        // the committed sequence, and everything else goes.
+        if path.iter().enumerate().all(|(k, &i)| k == i) {
+            self.ctx
+                .copy_kv_cache_seq(seq, BASE_SEQ, Some(start as u32), Some(end as u32))
+                .map_err(|e| kv_err(&e))?;
+            self.drop_pending();
+            self.committed = end;
+            return Ok(());
+        }
+        // Otherwise compact: park the path in the scratch sequence, save it, free every pending
+        // cell, and restore it right above the prefix.
+        let scratch = self.scratch_seq();
+        self.ctx
+            .copy_kv_cache_seq(seq, scratch, Some(start as u32), Some(end as u32))
+            .map_err(|e| kv_err(&e))?;
+        backend::clear_captured();
+        let saved = self.ctx.state_seq_get(scratch, LlamaStateSeqFlags::empty());
+        self.drop_pending();
+        let saved = saved.map_err(|e| backend_err("cannot save the committed path", e))?;
+        if let Err(e) = self.ctx.state_seq_set(&saved, scratch) {
+            let _ = self.ctx.clear_kv_cache_seq(Some(scratch as u32), None, None);
+            return Err(backend_err("cannot restore the committed path (it was dropped)", e));
+        }
+        self.ctx.copy_kv_cache_seq(scratch, BASE_SEQ, None, None).map_err(|e| kv_err(&e))?;
+        self.ctx.llama_kv_cache_seq_keep(BASE_SEQ);
+        self.committed = end;
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.drop_pending();
+        if len < self.committed {
+            self.seq_rm(BASE_SEQ, len)?;
+            self.committed = len;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,227 @@
+//! Loading a GGUF model: options, file checks, exact mode.
+//!
+//! Exact mode exists because llama.cpp's CPU backend may *repack* quantized weights at load time
+//! into layouts whose matmul kernels are picked by batch size. A token scored inside a 30-node tree
+//! then goes through different arithmetic than the same token decoded alone, and the logits differ
+//! (0.5 on Qwen2.5 Q4_K_M, enough to flip an argmax): speculative and plain decoding disagree at
+//! temperature 0 with no bug anywhere. llama.cpp's model parameter `use_extra_bufts = false` turns
+//! repacking off. llama-cpp-2 (0.1.160) has no setter for it and keeps its raw params private, so
+//! we build the raw `llama_model_params` through llama-cpp-sys-2, load with
+//! `llama_model_load_from_file`, and wrap the pointer in llama-cpp-2's `LlamaModel` (a
+//! `#[repr(transparent)]` wrapper of that pointer; see [`wrap_raw_model`]). Everything else goes
+//! through llama-cpp-2 as usual.
+//!
+//! Repacking is not the only batch-size dependent path: ggml's "tiled" matmul for K-quants takes
+//! over from 8 rows up. Exact mode also turns that off, through the `GGML_CPU_TILED_MM` environment
+//! variable, which ggml reads once per process (see [`disable_tiled_matmul`]).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use treespec_engine::{EngineError, Result};
+
+use crate::backend;
+use crate::precheck::{check_gguf, GgufFacts};
+
+/// llama.cpp's hard limit on sequence ids (`LLAMA_MAX_SEQ` = 256) minus the two we reserve: the
+/// committed prefix and a scratch id used while committing.
+pub const MAX_PATHS: usize = 254;
+
+/// How to load a model and size the contexts made from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// CPU threads for decoding. Default: the machine's available parallelism.
+    pub threads: usize,
+    /// Context size in positions (committed tokens plus pending tree nodes). llama.cpp rounds it
+    /// up to a multiple of 256. Default 4096.
+    pub ctx_size: usize,
+    /// Maximum number of root-to-leaf paths in a pending tree: each path is one llama.cpp
+    /// sequence. At most [`MAX_PATHS`]. Default 64.
+    pub n_seq_max: usize,
+    /// Physical batch size: how many tokens llama.cpp computes per graph. A `forward` of more nodes
+    /// is still one `llama_decode` call, split internally. Bigger costs compute-buffer memory.
+    /// Default 512.
+    pub n_ubatch: usize,
+    /// Turn off batch-size dependent kernels (weight repacking, tiled K-quant matmul) so a token's
+    /// logits do not depend on how many other tokens share its batch. Slower on repackable
+    /// quantizations (Q4_0, Q4_K, IQ4_NL...). Default false.
+    pub exact: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ctx_size: 4096,
+            n_seq_max: 64,
+            n_ubatch: 512,
+            exact: false,
+        }
+    }
+}
+
+impl LoadOptions {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if self.threads == 0 || self.threads > i32::MAX as usize {
+            return bad(format!("threads must be at least 1 (got {})", self.threads));
+        }
+        if self.ctx_size == 0 || self.ctx_size > i32::MAX as usize / 2 {
+            return bad(format!("ctx_size must be between 1 and {} (got {})", i32::MAX / 2, self.ctx_size));
+        }
+        if self.n_seq_max == 0 || self.n_seq_max > MAX_PATHS {
+            return bad(format!("n_seq_max must be between 1 and {MAX_PATHS} (got {})", self.n_seq_max));
+        }
+        if self.n_ubatch == 0 || self.n_ubatch > i32::MAX as usize {
+            return bad(format!("n_ubatch must be at least 1 (got {})", self.n_ubatch));
+        }
+        Ok(())
+    }
+}
+
+/// A loaded GGUF model. Make contexts with [`LlamaModel::new_lm`]; tokenizer and metadata helpers
+/// live in `vocab.rs` and `meta.rs`.
+#[derive(Debug)]
+pub struct LlamaModel {
+    pub(crate) inner: llama_cpp_2::model::LlamaModel,
+    /// The same pointer `inner` owns, for the few llama.h getters llama-cpp-2 does not wrap (or
+    /// wraps with a panic). Never freed through this copy.
+    raw: RawModel,
+    path: PathBuf,
+    options: LoadOptions,
+    facts: GgufFacts,
+}
+
+// `wrap_raw_model` relies on this: llama-cpp-2's model is nothing but the pointer.
+const _: () = assert!(
+    std::mem::size_of::<llama_cpp_2::model::LlamaModel>()
+        == std::mem::size_of::<NonNull<llama_cpp_sys_2::llama_model>>()
+);
+
+/// Wrap a model pointer loaded through llama-cpp-sys-2 in llama-cpp-2's safe type.
+///
+/// # Safety
+/// `raw` must come from `llama_model_load_from_file` and not be owned elsewhere: the wrapper frees
+/// it on drop (`llama_free_model`).
+///
+/// Soundness rests on llama-cpp-2 =0.1.160 (pinned in the workspace) declaring
+/// `#[repr(transparent)] struct LlamaModel { model: Ptr<llama_model> }` with
+/// `#[repr(transparent)] struct Ptr<T>(NonNull<T>)`, i.e. the same layout as `NonNull<llama_model>`
+/// and no other state; the size assertion above catches a layout change at compile time. Re-check
+/// both definitions before bumping the version.
+unsafe fn wrap_raw_model(raw: NonNull<llama_cpp_sys_2::llama_model>) -> llama_cpp_2::model::LlamaModel {
+    // SAFETY: identical layout (see above); ownership moves into the wrapper.
+    unsafe {
+        std::mem::transmute::<NonNull<llama_cpp_sys_2::llama_model>, llama_cpp_2::model::LlamaModel>(raw)
+    }
+}
+
+/// A borrowed copy of the model pointer.
+#[derive(Debug, Clone, Copy)]
+struct RawModel(NonNull<llama_cpp_sys_2::llama_model>);
+
+// SAFETY: a loaded llama_model is immutable and shareable across threads; llama-cpp-2 makes the
+// same claim for its owning wrapper, which lives exactly as long as this copy (same struct).
+unsafe impl Send for RawModel {}
+// SAFETY: as above.
+unsafe impl Sync for RawModel {}
+
+/// Set once any context has decoded: from then on ggml has read `GGML_CPU_TILED_MM`.
+pub(crate) static DECODED: AtomicBool = AtomicBool::new(false);
+
+/// Environment variable ggml reads (once per process) to enable its tiled K-quant matmul.
+const TILED_ENV: &str = "GGML_CPU_TILED_MM";
+
+/// Exact mode needs ggml's tiled K-quant matmul off. ggml reads `GGML_CPU_TILED_MM` once, at the
+/// first matmul of the process, so this must happen before any decode; we refuse otherwise rather
+/// than silently run inexact. A value set by the user wins (documented in the README of the crate).
+fn disable_tiled_matmul() -> Result<()> {
+    match std::env::var(TILED_ENV) {
+        Ok(v) if v.trim() == "0" => Ok(()),
+        Ok(v) => Err(EngineError::InvalidRequest(format!(
+            "exact mode needs ggml's tiled matmul off, but {TILED_ENV}={v} is set in the environment"
+        ))),
+        Err(_) if DECODED.load(Ordering::SeqCst) => Err(EngineError::InvalidRequest(format!(
+            "exact mode must be requested before the first decode of the process (ggml reads {TILED_ENV} \
+             once); load exact models first, or start the process with {TILED_ENV}=0"
+        ))),
+        Err(_) => {
+            // Edition 2021: `set_var` is safe to call. No ggml thread has read the environment
+            // yet (no decode has happened), so nothing races with this write in practice.
+            std::env::set_var(TILED_ENV, "0");
+            Ok(())
+        }
+    }
+}
+
+impl LlamaModel {
+    /// Load a GGUF model. Errors (never panics) on a missing file, a file that is not GGUF, a
+    /// truncated or corrupt file, an architecture this llama.cpp does not know, or bad options.
+    pub fn load(path: impl AsRef<Path>, options: LoadOptions) -> Result<Self> {
+        let path = path.as_ref();
+        options.validate()?;
+        let facts = check_gguf(path)?;
+        backend::backend()?;
+        if options.exact {
+            disable_tiled_matmul()?;
+        }
+
+        let cpath = path
+            .to_str()
+            .and_then(|s| CString::new(s).ok())
+            .ok_or_else(|| EngineError::Backend(format!("{}: path is not valid UTF-8", path.display())))?;
+        // SAFETY: plain C struct of defaults.
+        let mut params = unsafe { llama_cpp_sys_2::llama_model_default_params() };
+        params.use_extra_bufts = !options.exact;
+
+        backend::clear_captured();
+        // SAFETY: valid path and params; llama.cpp catches its C++ exceptions and returns null.
+        let raw = unsafe { llama_cpp_sys_2::llama_model_load_from_file(cpath.as_ptr(), params) };
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(load_error(path, &facts, &backend::captured()));
+        };
+        // SAFETY: fresh pointer from llama_model_load_from_file, owned by nobody else.
+        let inner = unsafe { wrap_raw_model(raw) };
+        Ok(Self { inner, raw: RawModel(raw), path: path.to_path_buf(), options, facts })
+    }
+
+    /// The raw model pointer, valid as long as `self`.
+    pub(crate) fn raw_ptr(&self) -> *const llama_cpp_sys_2::llama_model {
+        self.raw.0.as_ptr()
+    }
+
+    /// The raw vocabulary pointer, valid as long as `self`.
+    pub(crate) fn raw_vocab(&self) -> *const llama_cpp_sys_2::llama_vocab {
+        // SAFETY: live model pointer.
+        unsafe { llama_cpp_sys_2::llama_model_get_vocab(self.raw_ptr()) }
+    }
+
+    /// The file this model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options it was loaded with (contexts use them too).
+    pub fn options(&self) -> &LoadOptions {
+        &self.options
+    }
+
+    /// Facts from the GGUF pre-check (file size, format version, tensor count, architecture).
+    pub fn gguf_facts(&self) -> &GgufFacts {
+        &self.facts
+    }
+}
+
+/// Turn llama.cpp's null return plus its captured complaints into an error naming the problem.
+fn load_error(path: &Path, facts: &GgufFacts, log: &str) -> EngineError {
+    let arch = facts.architecture.as_deref().unwrap_or("<none>");
+    let details = if log.is_empty() { "no details from llama.cpp" } else { log };
+    let msg = if log.contains("unknown model architecture") || facts.architecture.is_none() {
+        format!("unsupported model architecture '{arch}' for this llama.cpp build ({details})")
+    } else {
+        format!("llama.cpp could not load this '{arch}' model; the file may be corrupt ({details})")
+    };
+    EngineError::Backend(format!("{}: {msg}", path.display()))
+}

@@ -1,0 +1,31 @@
+//! Exact mode (no repacked or tiled kernels). Its own test binary: exact mode changes a
+//! process-wide ggml setting that must be made before any decode.
+
+mod common;
+
+use common::*;
+use treespec_engine::{CausalLm, TreeBatch};
+use treespec_llama::{LlamaModel, LoadOptions};
+
+#[test]
+fn exact_mode_loads_and_trees_match_chains() {
+    if skip_model_tests("exact_mode_loads_and_trees_match_chains") {
+        return;
+    }
+    let model = LlamaModel::load(model_path(), LoadOptions { exact: true, ..test_options() }).unwrap();
+    assert_eq!(std::env::var("GGML_CPU_TILED_MM").as_deref(), Ok("0"));
+    let mut lm = model.new_lm().unwrap();
+    lm.prefill(&prompt(&model)).unwrap();
+    // A {B, C under A}, D beside A.
+    let tree = TreeBatch {
+        tokens: vec![1000, 2000, 3000, 4000],
+        parents: vec![None, Some(0), Some(0), None],
+        logits: vec![true; 4],
+    };
+    let t = lm.forward(&tree).unwrap();
+    lm.commit(&[]).unwrap();
+    let c = lm.forward(&TreeBatch::chain(&[1000, 3000], None, 0, false)).unwrap();
+    let d = max_abs_diff(t.row(2), c.row(1));
+    eprintln!("exact mode, SmolLM2: |tree - chain| = {d:e}");
+    assert!(d < 1e-3);
+}
