@@ -18,12 +18,15 @@ struct Cli {
 enum Command {
     /// Run the speculative loop on small pure-Rust toy models (no model files needed).
     Demo(commands::demo::DemoArgs),
+    /// Generate text from a GGUF model, speculatively.
+    Generate(Box<commands::generate::GenerateArgs>),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
+        Command::Generate(args) => commands::generate::run(*args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -99,9 +99,11 @@ impl DecodeStats {
         }
     }
 
-    /// New tokens per second of wall time.
+    /// Decoding speed: new tokens per second of wall time after prompt processing (prefill is
+    /// the same work for every method, so it is kept out of the rate, as llama.cpp's `eval` rate
+    /// does).
     pub fn tokens_per_s(&self) -> f64 {
-        let s = self.wall.as_secs_f64();
+        let s = self.wall.saturating_sub(self.times.prefill).as_secs_f64();
         if s > 0.0 {
             self.new_tokens as f64 / s
         } else {

@@ -50,6 +50,11 @@ pub trait Drafter {
     fn draft_forwards(&self) -> u64 {
         0
     }
+
+    /// Method-specific statistics for reports (e.g. GSD merges, staged second-stage acceptance).
+    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
 }
 
 /// Plain decoding expressed as a drafter that never drafts: every step verifies the root only,

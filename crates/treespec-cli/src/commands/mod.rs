@@ -1,3 +1,6 @@
-//! One module per subcommand.
+//! One module per subcommand, plus the argument groups and model loading they share.
 
+pub mod args;
 pub mod demo;
+pub mod generate;
+pub mod models;

@@ -260,11 +260,13 @@ mod tests {
                 let all = naive(&tokens, &tokens, min_n, max_n, cont_len);
                 assert_eq!(ix.lookup(cont_len, usize::MAX), all, "round {round}");
                 let query = [tokens[3], tokens[1], tokens[4]];
+                let key = |c: &Continuation| (c.n, c.tokens.clone(), c.position);
                 let want: Vec<_> =
-                    naive(&tokens, &query, min_n, max_n, cont_len).into_iter().take(2).collect();
-                let got = ix.lookup_after(&query, cont_len, 2);
-                // The indexed lookup stops at the first n that fills the request.
-                assert_eq!(got[..], want[..got.len().min(want.len())], "round {round}");
+                    naive(&tokens, &query, min_n, max_n, cont_len).iter().take(2).map(key).collect();
+                let got: Vec<_> = ix.lookup_after(&query, cont_len, 2).iter().map(key).collect();
+                // The indexed lookup stops at the first n that fills the request, so its counts
+                // may leave out shorter matches; which continuations, and their order, agree.
+                assert_eq!(got, want, "round {round}");
             }
         }
     }
@@ -280,24 +282,5 @@ mod tests {
         assert!(ix.lookup(0, 4).is_empty());
         assert!(ContextIndex::new(0, 2).is_err());
         assert!(ContextIndex::new(3, 2).is_err());
-    }
-}
-#[cfg(test)]
-mod dbg {
-    use super::*;
-    #[test]
-    fn dbg_round0() {
-        let mut x: u64 = 7;
-        let tokens: Vec<TokenId> = (0..20)
-            .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((x >> 33) % 2) as TokenId
-            })
-            .collect();
-        let mut ix = ContextIndex::new(1, 2).unwrap();
-        ix.extend(&tokens);
-        eprintln!("{tokens:?}");
-        eprintln!("{:?}", ix.maps);
-        eprintln!("{:?}", ix.lookup(1, usize::MAX));
     }
 }

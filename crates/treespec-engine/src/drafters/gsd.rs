@@ -277,6 +277,15 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
     fn draft_forwards(&self) -> u64 {
         self.draft.forwards()
     }
+
+    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+        let s = &self.stats;
+        vec![
+            ("gsd_merges", s.links as f64),
+            ("gsd_dag_nodes", s.dag_nodes as f64),
+            ("gsd_draft_rows_saved", s.reused as f64),
+        ]
+    }
 }
 
 /// Unroll the DAG into a tree of at most `max_nodes` nodes (root included) and depth `max_depth`,

@@ -340,6 +340,10 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
     fn draft_forwards(&self) -> u64 {
         self.forwards
     }
+
+    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+        vec![("staged_second_stage_acceptance", self.second_stage_acceptance())]
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,299 @@
+//! Argument groups shared by `generate`, `bench` and `serve`: models, sampling, method knobs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use treespec_core::disco::DiscoModel;
+use treespec_core::ngram::{NgramTable, TokenizerId};
+use treespec_core::sampling::SamplingParams;
+use treespec_engine::calibrate::AcceptanceVector;
+use treespec_engine::drafters::{
+    DiscoConfig, DiscoMode, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
+    StagedConfig,
+};
+use treespec_engine::{Method, METHOD_NAMES};
+use treespec_llama::{LlamaModel, LoadOptions};
+
+/// Which model files to run and how.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Target model (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Draft model (GGUF) for methods that need one; may be the target file itself.
+    #[arg(long = "draft", visible_alias = "md")]
+    pub draft: Option<PathBuf>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens.
+    #[arg(long = "ctx", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Batch-invariant kernels: a token's logits do not depend on the tree it is scored in, so
+    /// greedy output equals plain decoding token for token (slower on repacked quantizations).
+    #[arg(long)]
+    pub exact: bool,
+}
+
+impl ModelArgs {
+    /// Load options for both models.
+    pub fn load_options(&self) -> LoadOptions {
+        let mut o = LoadOptions { ctx_size: self.ctx, exact: self.exact, ..LoadOptions::default() };
+        if let Some(t) = self.threads {
+            o.threads = t;
+        }
+        o
+    }
+}
+
+/// Sampling parameters.
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// Temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temp: f32,
+    /// Keep only the k most likely tokens.
+    #[arg(long = "top-k")]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling threshold in (0, 1].
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens below min-p × the top probability.
+    #[arg(long = "min-p", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off) over the last 64 tokens.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Seed for the draft and verifier random streams.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// Validated sampling parameters.
+    pub fn params(&self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            ..SamplingParams::default()
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+/// DySpec's growth algorithm.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DySpecModeArg {
+    /// Algorithm 1: heap of sampling events, a draft forward per expanded node.
+    Heap,
+    /// Algorithm 2: layer-wise, one batched draft forward per depth.
+    Layer,
+}
+
+/// The decoding method and its knobs (each applies to the methods named in its help).
+#[derive(Debug, Clone, Args)]
+pub struct MethodArgs {
+    /// Decoding method.
+    #[arg(long, default_value = "plain", value_parser = clap::builder::PossibleValuesParser::new(METHOD_NAMES))]
+    pub method: String,
+    /// chain: draft tokens per step.
+    #[arg(short = 'k', long = "draft-max", default_value_t = 4)]
+    pub k: usize,
+    /// tree: children per node at each depth.
+    #[arg(long, value_delimiter = ',', default_value = "2,2,1,1")]
+    pub widths: Vec<usize>,
+    /// specinfer: expansion vector <k1,…,km>.
+    #[arg(long, value_delimiter = ',', default_value = "2,2,1,1")]
+    pub expand: Vec<usize>,
+    /// dyspec / sequoia / eagle2 (nodes kept) / gsd (DAG nodes): drafted nodes per step.
+    #[arg(long)]
+    pub budget: Option<usize>,
+    /// dyspec / eagle2 / gsd / staged / sequoia: deepest draft.
+    #[arg(long)]
+    pub depth: Option<usize>,
+    /// dyspec: growth algorithm.
+    #[arg(long = "dyspec-mode", value_enum, default_value = "layer")]
+    pub dyspec_mode: DySpecModeArg,
+    /// dyspec (layer mode): expansion threshold on the path value (default 1/budget).
+    #[arg(long = "dyspec-threshold")]
+    pub dyspec_threshold: Option<f32>,
+    /// eagle2: nodes expanded per depth and children per expanded node.
+    #[arg(long = "eagle-top-k")]
+    pub eagle_top_k: Option<usize>,
+    /// sequoia: positional acceptance vector P[1..B], e.g. 0.6,0.15,0.05.
+    #[arg(long, value_delimiter = ',')]
+    pub acceptance: Option<Vec<f32>>,
+    /// sequoia: acceptance vector file written by `treespec calibrate`.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// gsd: candidate children per expanded node.
+    #[arg(long = "gsd-top-n")]
+    pub gsd_top_n: Option<usize>,
+    /// gsd: keep a candidate only if its probability ≥ ratio × the top one's.
+    #[arg(long = "gsd-ratio")]
+    pub gsd_ratio: Option<f32>,
+    /// gsd: expand a node only if its probability ≥ this.
+    #[arg(long = "gsd-parent-min")]
+    pub gsd_parent_min: Option<f32>,
+    /// gsd: context tokens in the merge key (0 or 1).
+    #[arg(long = "gsd-r")]
+    pub gsd_r: Option<usize>,
+    /// staged: second-stage tokens proposed per draft forward (0 = off).
+    #[arg(long)]
+    pub lookahead: Option<usize>,
+    /// staged: depths that branch.
+    #[arg(long = "branch-depths")]
+    pub branch_depths: Option<usize>,
+    /// staged: children per node at the branching depths.
+    #[arg(long = "branch-width")]
+    pub branch_width: Option<usize>,
+    /// lookup / staged: static n-gram table built by `treespec ngram build`.
+    #[arg(long)]
+    pub ngram: Option<PathBuf>,
+    /// lookup: longest n-gram matched.
+    #[arg(long = "lookup-ngram")]
+    pub lookup_ngram: Option<usize>,
+    /// lookup: most tokens proposed per branch.
+    #[arg(long = "lookup-tokens")]
+    pub lookup_tokens: Option<usize>,
+    /// lookup: distinct continuations proposed as branches.
+    #[arg(long = "lookup-branches")]
+    pub lookup_branches: Option<usize>,
+    /// disco: classifier file written by `treespec disco train` (default: confidence threshold).
+    #[arg(long = "disco-model")]
+    pub disco_model: Option<PathBuf>,
+    /// disco: initial confidence threshold (re-fit online).
+    #[arg(long = "disco-threshold")]
+    pub disco_threshold: Option<f32>,
+    /// disco: most tokens drafted per step.
+    #[arg(long = "disco-max")]
+    pub disco_max: Option<usize>,
+    /// disco (classifier): stop when the predicted acceptance falls below this.
+    #[arg(long = "disco-stop-prob")]
+    pub disco_stop_prob: Option<f32>,
+}
+
+impl MethodArgs {
+    /// The method with its knobs, for `name` (this struct's `--method` unless overridden, as the
+    /// benchmark does). `tokenizer` identifies the target's tokenizer for n-gram files.
+    pub fn method(&self, name: &str, tokenizer: Option<TokenizerId>) -> Result<Method> {
+        let table = match (&self.ngram, tokenizer) {
+            (Some(path), Some(id)) => Some(Arc::new(NgramTable::load(path, id)?)),
+            (Some(_), None) => bail!("--ngram needs the target model's tokenizer"),
+            _ => None,
+        };
+        Ok(match name {
+            "plain" => Method::Plain,
+            "chain" => Method::Chain { k: self.k },
+            "tree" => Method::Tree { widths: self.widths.clone() },
+            "specinfer" => Method::SpecInfer { expand: self.expand.clone() },
+            "sequoia" => {
+                let acceptance = match (&self.acceptance, &self.calibration) {
+                    (Some(a), _) => a.clone(),
+                    (None, Some(path)) => AcceptanceVector::load(path)?.acceptance,
+                    (None, None) => bail!(
+                        "sequoia needs a positional acceptance vector: --acceptance 0.6,0.2,… or \
+                         --calibration FILE from `treespec calibrate`"
+                    ),
+                };
+                let d = SequoiaConfig::default();
+                Method::Sequoia(SequoiaConfig {
+                    budget: self.budget.unwrap_or(d.budget),
+                    max_depth: self.depth.or(d.max_depth),
+                    acceptance,
+                })
+            }
+            "dyspec" => {
+                let d = DySpecConfig::default();
+                Method::DySpec(DySpecConfig {
+                    budget: self.budget.unwrap_or(d.budget),
+                    max_depth: self.depth.unwrap_or(d.max_depth),
+                    mode: match self.dyspec_mode {
+                        DySpecModeArg::Heap => DySpecMode::Heap,
+                        DySpecModeArg::Layer => DySpecMode::Layer,
+                    },
+                    threshold: self.dyspec_threshold.or(d.threshold),
+                })
+            }
+            "eagle2" => {
+                let d = Eagle2Config::default();
+                Method::Eagle2(Eagle2Config {
+                    top_k: self.eagle_top_k.unwrap_or(d.top_k),
+                    depth: self.depth.unwrap_or(d.depth),
+                    total: self.budget.unwrap_or(d.total),
+                })
+            }
+            "gsd" => {
+                let d = GsdConfig::default();
+                Method::Gsd(GsdConfig {
+                    top_n: self.gsd_top_n.unwrap_or(d.top_n),
+                    ratio: self.gsd_ratio.unwrap_or(d.ratio),
+                    parent_min: self.gsd_parent_min.unwrap_or(d.parent_min),
+                    r: self.gsd_r.unwrap_or(d.r),
+                    max_depth: self.depth.unwrap_or(d.max_depth),
+                    budget: self.budget.unwrap_or(d.budget),
+                    ..d
+                })
+            }
+            "staged" => {
+                let d = StagedConfig::default();
+                Method::Staged(StagedConfig {
+                    depth: self.depth.unwrap_or(d.depth),
+                    branch_depths: self.branch_depths.unwrap_or(d.branch_depths),
+                    branch_width: self.branch_width.unwrap_or(d.branch_width),
+                    lookahead: self.lookahead.unwrap_or(d.lookahead),
+                    table,
+                    ..d
+                })
+            }
+            "lookup" => {
+                let d = LookupConfig::default();
+                Method::Lookup {
+                    config: LookupConfig {
+                        max_ngram: self.lookup_ngram.unwrap_or(d.max_ngram),
+                        max_tokens: self.lookup_tokens.unwrap_or(d.max_tokens),
+                        branches: self.lookup_branches.unwrap_or(d.branches),
+                        ..d
+                    },
+                    table,
+                }
+            }
+            "disco" => {
+                let d = DiscoConfig::default();
+                let mode = match &self.disco_model {
+                    Some(path) => DiscoMode::Classifier(Arc::new(
+                        DiscoModel::load(path).with_context(|| format!("loading {}", path.display()))?,
+                    )),
+                    None => DiscoMode::Threshold,
+                };
+                Method::Disco(DiscoConfig {
+                    mode,
+                    max_tokens: self.disco_max.unwrap_or(d.max_tokens),
+                    threshold: self.disco_threshold.unwrap_or(d.threshold),
+                    stop_prob: self.disco_stop_prob.unwrap_or(d.stop_prob),
+                })
+            }
+            other => bail!("unknown method '{other}' (one of {})", METHOD_NAMES.join(", ")),
+        })
+    }
+}
+
+/// A fingerprint of a model's tokenizer: every token's text, hashed (FNV-1a), and the vocab size.
+/// Identifies which tokenizer an n-gram table was built with.
+pub fn tokenizer_id(model: &LlamaModel) -> Result<TokenizerId> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let n = model.vocab_size();
+    for t in 0..n as u32 {
+        for b in model.token_text(t)?.bytes().chain(std::iter::once(0xff)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(TokenizerId { fingerprint: h, vocab: n as u32 })
+}

@@ -1,0 +1,151 @@
+//! `treespec generate`: one prompt, streamed to stdout, statistics to stderr (or one JSON object).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use treespec_engine::{generate, GenerateRequest, StopConditions, TokenBytes};
+use treespec_text::Utf8Stream;
+
+use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
+use super::models::{ModelBytes, Models};
+
+/// Options of `treespec generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub models: ModelArgs,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long, conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    pub file: Option<PathBuf>,
+    /// Format the prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Most new tokens.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n: usize,
+    /// Stop when this string appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `generate`.
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let text = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?
+        }
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+    };
+    if args.n == 0 {
+        bail!("-n must be at least 1");
+    }
+    let sampling = args.sampling.params()?;
+    let models = Models::load(&args.models)?;
+    let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
+    let method = args.method.method(&args.method.method, tok_id)?;
+    let prompt = models.prompt_tokens(&text, args.chat)?;
+    let ctx = models.target.options().ctx_size;
+    if prompt.len() >= ctx {
+        bail!("the prompt is {} tokens long but the context holds {ctx} (raise --ctx)", prompt.len());
+    }
+
+    let mut target = models.target.new_lm()?;
+    let draft = match (method.needs_draft(), models.draft()) {
+        (true, Some(d)) => Some(d.new_lm()?),
+        _ => None,
+    };
+    let mut drafter = method.build(draft)?;
+    let request = GenerateRequest {
+        prompt,
+        max_new_tokens: args.n,
+        sampling,
+        seed: args.sampling.seed,
+        stop: StopConditions { eos: models.eos_tokens(), stop_strings: args.stop.clone() },
+    };
+    let bytes = ModelBytes(&models.target);
+    let mut stream = Utf8Stream::new();
+    let mut printed = 0usize;
+    let hold = args.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+    let mut pending = String::new();
+    let stdout = std::io::stdout();
+    let json = args.json;
+    let out = generate(&mut target, drafter.as_mut(), &request, Some(&bytes), &mut |tokens| {
+        if json {
+            return true;
+        }
+        for &t in tokens {
+            pending.push_str(&stream.push(&bytes.token_bytes(t)));
+        }
+        // Hold back what could still turn out to be the start of a stop string.
+        let safe = floor_char_boundary(&pending, pending.len().saturating_sub(hold));
+        let mut lock = stdout.lock();
+        let _ = lock.write_all(pending[..safe].as_bytes());
+        let _ = lock.flush();
+        printed += safe;
+        pending.drain(..safe);
+        true
+    })?;
+
+    let mut all = Vec::new();
+    for &t in &out.tokens {
+        all.extend(bytes.token_bytes(t));
+    }
+    if let Some(cut) = out.text_cut {
+        all.truncate(cut);
+    }
+    let full = String::from_utf8_lossy(&all).into_owned();
+    let s = &out.stats;
+    if json {
+        let obj = json!({
+            "text": full,
+            "token_ids": out.tokens,
+            "finish_reason": out.finish_reason.as_str(),
+            "method": method.name(),
+            "stats": {
+                "new_tokens": s.new_tokens,
+                "target_forwards": s.target_forwards,
+                "draft_forwards": s.draft_forwards,
+                "drafted": s.drafted,
+                "accepted": s.accepted,
+                "mean_accepted": s.mean_accepted(),
+                "accept_rate_by_depth": s.depth_rates(),
+                "wall_s": s.wall.as_secs_f64(),
+                "tokens_per_s": s.tokens_per_s(),
+                "draft_s": s.times.draft.as_secs_f64(),
+                "target_s": s.times.target.as_secs_f64(),
+                "verify_s": s.times.verify.as_secs_f64(),
+                "prefill_s": s.times.prefill.as_secs_f64(),
+                "extra": drafter.extra_stats().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+            }
+        });
+        println!("{obj}");
+    } else {
+        // Whatever was held back and is still part of the final text.
+        let rest = full.get(printed..).unwrap_or("");
+        print!("{rest}");
+        println!();
+        eprintln!("[{}] finish: {} | {}", method.name(), out.finish_reason.as_str(), s.summary_line());
+    }
+    Ok(())
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}

@@ -1,0 +1,150 @@
+//! Every method by name, with its knobs as plain data: what `--method NAME` builds.
+//!
+//! The CLI, the server and the benchmark all go through [`Method::build`], so a method means the
+//! same thing everywhere and its knobs are validated in one place.
+
+use std::sync::Arc;
+
+use treespec_core::ngram::NgramTable;
+
+use crate::drafter::{Drafter, PlainDrafter};
+use crate::drafters::{
+    ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter, Eagle2Config, Eagle2Drafter,
+    GsdConfig, GsdDrafter, LookupConfig, LookupDrafter, SampleMode, SequoiaConfig, SequoiaDrafter,
+    StagedConfig, StagedDrafter, TreeDrafter,
+};
+use crate::error::{EngineError, Result};
+use crate::model::CausalLm;
+
+/// Names accepted by `--method`.
+pub const METHOD_NAMES: &[&str] = &[
+    "plain",
+    "chain",
+    "tree",
+    "specinfer",
+    "sequoia",
+    "dyspec",
+    "eagle2",
+    "gsd",
+    "staged",
+    "lookup",
+    "disco",
+];
+
+/// A decoding method and its knobs.
+#[derive(Debug, Clone)]
+pub enum Method {
+    /// Plain decoding: one target forward per token.
+    Plain,
+    /// Chain speculative decoding with `k` draft tokens.
+    Chain { k: usize },
+    /// Fixed tree, children drawn without replacement, `widths[d]` per node at depth d+1.
+    Tree { widths: Vec<usize> },
+    /// SpecInfer's static expansion tree `<k1,…,km>`, i.i.d. children.
+    SpecInfer { expand: Vec<usize> },
+    /// Sequoia's DP-optimal tree.
+    Sequoia(SequoiaConfig),
+    /// DySpec's dynamic token tree.
+    DySpec(DySpecConfig),
+    /// EAGLE-2's dynamic tree (top-k expansion and reranking).
+    Eagle2(Eagle2Config),
+    /// Graph-structured drafts.
+    Gsd(GsdConfig),
+    /// Staged drafting with an n-gram second stage.
+    Staged(StagedConfig),
+    /// Model-free prompt lookup / context n-grams.
+    Lookup { config: LookupConfig, table: Option<Arc<NgramTable>> },
+    /// Dynamic speculation lookahead.
+    Disco(DiscoConfig),
+}
+
+impl Method {
+    /// The method's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Plain => "plain",
+            Method::Chain { .. } => "chain",
+            Method::Tree { .. } => "tree",
+            Method::SpecInfer { .. } => "specinfer",
+            Method::Sequoia(_) => "sequoia",
+            Method::DySpec(_) => "dyspec",
+            Method::Eagle2(_) => "eagle2",
+            Method::Gsd(_) => "gsd",
+            Method::Staged(_) => "staged",
+            Method::Lookup { .. } => "lookup",
+            Method::Disco(_) => "disco",
+        }
+    }
+
+    /// Whether the method runs a draft model.
+    pub fn needs_draft(&self) -> bool {
+        !matches!(self, Method::Plain | Method::Lookup { .. })
+    }
+
+    /// Build the drafter. `draft` is the draft model for methods that need one (ignored by the
+    /// others); a method that needs one and gets none is an error.
+    pub fn build<'a, M: CausalLm + 'a>(&self, draft: Option<M>) -> Result<Box<dyn Drafter + 'a>> {
+        if !self.needs_draft() {
+            return Ok(match self {
+                Method::Lookup { config, table } => match table {
+                    Some(t) => Box::new(LookupDrafter::with_table(config.clone(), t.clone())?),
+                    None => Box::new(LookupDrafter::new(config.clone())?),
+                },
+                _ => Box::new(PlainDrafter),
+            });
+        }
+        let draft = draft.ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "method '{}' needs a draft model (-md DRAFT.gguf); 'plain' and 'lookup' do not",
+                self.name()
+            ))
+        })?;
+        Ok(match self {
+            Method::Chain { k } => Box::new(ChainDrafter::new(draft, *k)?),
+            Method::Tree { widths } => Box::new(TreeDrafter::new(draft, widths.clone())?),
+            Method::SpecInfer { expand } => {
+                Box::new(TreeDrafter::with_mode(draft, expand.clone(), SampleMode::Iid)?)
+            }
+            Method::Sequoia(c) => Box::new(SequoiaDrafter::new(draft, c.clone())?),
+            Method::DySpec(c) => Box::new(DySpecDrafter::new(draft, c.clone())?),
+            Method::Eagle2(c) => Box::new(Eagle2Drafter::new(draft, c.clone())?),
+            Method::Gsd(c) => Box::new(GsdDrafter::new(draft, *c)?),
+            Method::Staged(c) => Box::new(StagedDrafter::new(draft, c.clone())?),
+            Method::Disco(c) => Box::new(DiscoDrafter::new(draft, c.clone())?),
+            Method::Plain | Method::Lookup { .. } => unreachable!("handled above"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::{ToyLm, ToyModel};
+
+    #[test]
+    fn every_method_builds_on_a_toy_pair_and_needs_its_draft() {
+        let m = ToyModel::new(8, 1, 1);
+        let methods = [
+            Method::Plain,
+            Method::Chain { k: 3 },
+            Method::Tree { widths: vec![2, 1] },
+            Method::SpecInfer { expand: vec![2, 1] },
+            Method::Sequoia(SequoiaConfig { acceptance: vec![0.6, 0.2], ..Default::default() }),
+            Method::DySpec(DySpecConfig::default()),
+            Method::Eagle2(Eagle2Config::default()),
+            Method::Gsd(GsdConfig::default()),
+            Method::Staged(StagedConfig::default()),
+            Method::Lookup { config: LookupConfig::default(), table: None },
+            Method::Disco(DiscoConfig::default()),
+        ];
+        assert_eq!(methods.len(), METHOD_NAMES.len());
+        for (method, name) in methods.iter().zip(METHOD_NAMES) {
+            assert_eq!(method.name(), *name);
+            let d = method.build(Some(ToyLm::new(m.clone(), 64))).unwrap();
+            assert_eq!(d.name(), *name);
+            let none: Option<ToyLm> = None;
+            assert_eq!(method.build(none).is_err(), method.needs_draft());
+        }
+        assert!(Method::Chain { k: 0 }.build(Some(ToyLm::new(m, 64))).is_err());
+    }
+}
