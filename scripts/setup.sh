@@ -11,7 +11,19 @@
 #    map `avx512f` (see docs/BACKEND-NOTES.md).
 #
 # Idempotent and non-interactive; run as root from anywhere: `bash scripts/setup.sh`.
+#   --print   only show the config it would write (no apt, no file changes).
+# TREESPEC_CPU_FLAGS overrides the CPU flags read from /proc/cpuinfo (to try the fallbacks).
 set -euo pipefail
+
+print_only=0
+case "${1:-}" in
+    --print) print_only=1 ;;
+    "") ;;
+    *)
+        echo "usage: $0 [--print]" >&2
+        exit 2
+        ;;
+esac
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -19,23 +31,27 @@ cd "$repo_root"
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- 1. Debian packages ----------------------------------------------------------------------
-need_pkgs=()
-for pkg in cmake clang libclang-dev; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        need_pkgs+=("$pkg")
-    fi
-done
-if ((${#need_pkgs[@]})); then
-    if [[ $(id -u) -ne 0 ]]; then
-        log "ERROR: missing packages ${need_pkgs[*]} and not running as root; install them first" >&2
-        exit 1
-    fi
-    log "installing ${need_pkgs[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"
+if ((print_only)); then
+    log "--print: skipping the package check"
 else
-    log "cmake, clang, libclang-dev already installed"
+    need_pkgs=()
+    for pkg in cmake clang libclang-dev; do
+        if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+            need_pkgs+=("$pkg")
+        fi
+    done
+    if ((${#need_pkgs[@]})); then
+        if [[ $(id -u) -ne 0 ]]; then
+            log "ERROR: missing packages ${need_pkgs[*]} and not running as root; install them first" >&2
+            exit 1
+        fi
+        log "installing ${need_pkgs[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"
+    else
+        log "cmake, clang, libclang-dev already installed"
+    fi
 fi
 
 # --- 2. CPU features -> .cargo/config.toml ---------------------------------------------------
@@ -57,7 +73,7 @@ declare -a wanted=(
     "avx_vnni:avxvnni"
 )
 
-cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+cpu_flags=" ${TREESPEC_CPU_FLAGS:-$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2)} "
 has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }
 
 features=()
@@ -103,7 +119,6 @@ if has_flag amx_tile || has_flag amx_int8 || has_flag amx_bf16; then
 fi
 ((${#missing[@]})) && log "not present on this CPU: ${missing[*]}"
 
-mkdir -p .cargo
 config=.cargo/config.toml
 tmp="$(mktemp)"
 {
@@ -122,10 +137,16 @@ tmp="$(mktemp)"
     fi
 } >"$tmp"
 
-if [[ -f "$config" ]] && cmp -s "$tmp" "$config"; then
+if ((print_only)); then
+    log "--print: would write $config:"
+    sed 's/^/[setup]   /' "$tmp"
+    rm -f "$tmp"
+    exit 0
+elif [[ -f "$config" ]] && cmp -s "$tmp" "$config"; then
     rm -f "$tmp"
     log "$config unchanged"
 else
+    mkdir -p .cargo
     mv "$tmp" "$config"
     log "wrote $config (changing it rebuilds llama.cpp, ~4 minutes on 2 cores)"
 fi

@@ -20,6 +20,12 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Generate text from a GGUF model, speculatively.
     Generate(Box<commands::generate::GenerateArgs>),
+    /// Print a GGUF model's architecture, sizes, quantization, tokenizer and chat template.
+    Inspect(commands::inspect::InspectArgs),
+    /// Build n-gram tables for the lookup and staged drafters.
+    Ngram(commands::ngram::NgramArgs),
+    /// Measure the target-forward cost curve T(n) on this machine.
+    Profile(commands::profile::ProfileArgs),
 }
 
 fn main() {
@@ -27,6 +33,9 @@ fn main() {
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
         Command::Generate(args) => commands::generate::run(*args),
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Ngram(args) => commands::ngram::run(args),
+        Command::Profile(args) => commands::profile::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

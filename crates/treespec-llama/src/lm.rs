@@ -61,6 +61,14 @@ impl std::fmt::Debug for LlamaLm<'_> {
 
 const INITIAL_BATCH: usize = 512;
 
+// A context can move to another thread (one model, one worker per context).
+const _: fn() = || {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<LlamaLm<'static>>();
+    sync::<LlamaModel>();
+};
+
 fn backend_err(what: &str, e: impl std::fmt::Display) -> EngineError {
     let log = backend::captured();
     if log.is_empty() {

@@ -136,7 +136,7 @@ const TILED_ENV: &str = "GGML_CPU_TILED_MM";
 
 /// Exact mode needs ggml's tiled K-quant matmul off. ggml reads `GGML_CPU_TILED_MM` once, at the
 /// first matmul of the process, so this must happen before any decode; we refuse otherwise rather
-/// than silently run inexact. A value set by the user wins (documented in the README of the crate).
+/// than silently run inexact. If the user already set it, `0` is accepted and anything else refused.
 fn disable_tiled_matmul() -> Result<()> {
     match std::env::var(TILED_ENV) {
         Ok(v) if v.trim() == "0" => Ok(()),

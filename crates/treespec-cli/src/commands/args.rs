@@ -52,16 +52,16 @@ impl ModelArgs {
 #[derive(Debug, Clone, Args)]
 pub struct SamplingArgs {
     /// Temperature (0 = greedy).
-    #[arg(long = "temp", default_value_t = 0.0)]
+    #[arg(long = "temp", default_value_t = 0.0, allow_negative_numbers = true)]
     pub temp: f32,
     /// Keep only the k most likely tokens.
     #[arg(long = "top-k")]
     pub top_k: Option<usize>,
     /// Nucleus sampling threshold in (0, 1].
-    #[arg(long = "top-p", default_value_t = 1.0)]
+    #[arg(long = "top-p", default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens below min-p × the top probability.
-    #[arg(long = "min-p", default_value_t = 0.0)]
+    #[arg(long = "min-p", default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Repetition penalty (1 = off) over the last 64 tokens.
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]

@@ -3,4 +3,7 @@
 pub mod args;
 pub mod demo;
 pub mod generate;
+pub mod inspect;
 pub mod models;
+pub mod ngram;
+pub mod profile;

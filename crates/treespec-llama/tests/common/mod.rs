@@ -10,8 +10,13 @@ use treespec_llama::{LlamaModel, LoadOptions};
 /// Small context and ONE thread per context: test functions run in parallel, and llama.cpp's
 /// OpenMP threads spin-wait, so two 2-thread contexts on a 2-core machine (or one beside a build)
 /// slow each other down ~10x. One thread each keeps the files at a few seconds.
+///
+/// `TREESPEC_TEST_EXACT=1` loads in exact mode: needed when `TREESPEC_TEST_MODEL` points at a
+/// model with repackable quantizations (Q4_0, Q4_K...), whose batched kernels otherwise change
+/// logits with batch size (SmolLM2's Q4_1 has none).
 pub fn test_options() -> LoadOptions {
-    LoadOptions { threads: 1, ctx_size: 512, n_seq_max: 64, n_ubatch: 512, exact: false }
+    let exact = std::env::var("TREESPEC_TEST_EXACT").is_ok_and(|v| v == "1");
+    LoadOptions { threads: 1, ctx_size: 512, n_seq_max: 64, n_ubatch: 512, exact }
 }
 
 /// Where the test model is: `TREESPEC_TEST_MODEL`, else the repository's models/ folder.
