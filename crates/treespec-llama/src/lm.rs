@@ -5,9 +5,10 @@
 //! one `llama_decode` call (llama.cpp may still split it into several physical batches of
 //! `n_ubatch` tokens internally).
 //!
-//! Cell order matters for exactness. Attention sums over KV cells in cell-index order, and this
-//! model family quantizes activations to 8 bits between layers, so summing the same terms in
-//! another order moves logits by up to ~0.8 on SmolLM2 (enough to flip a greedy choice). Plain
+//! Cell order matters for exactness. Attention sums over KV cells in cell-index order (flash
+//! attention on CPU even accumulates in fp16), and the quantized matmuls that follow round their
+//! inputs to 8 bits, so a last-bit change from summing in another order can flip a rounding step;
+//! measured: up to 0.8 logit difference on SmolLM2, enough to change a greedy choice. Plain
 //! decoding keeps cells in position order; so do we, by keeping this invariant: committed tokens
 //! fill cells `0..committed` in position order and pending nodes the cells right above, in the
 //! order they were fed (llama.cpp fills free cells upward from the lowest freed one). Dropping all
@@ -20,6 +21,7 @@ use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
 
 use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -28,8 +30,6 @@ use treespec_core::TokenId;
 use treespec_engine::{CausalLm, EngineError, Logits, Result, TreeBatch};
 
 use crate::backend;
-use llama_cpp_2::context::session::LlamaStateSeqFlags;
-
 use crate::kv::{PendingTree, Plan, Row, Undo, BASE_SEQ};
 use crate::load::{LlamaModel, DECODED};
 
@@ -80,7 +80,18 @@ fn backend_err(what: &str, e: impl std::fmt::Display) -> EngineError {
 
 impl LlamaModel {
     /// A fresh context (empty KV cache) sized by the model's [`LoadOptions`](crate::LoadOptions).
+    /// Errors for architectures whose state is not a plain KV cache (recurrent, hybrid,
+    /// encoder-decoder): sequence ids cannot express a token tree for them.
     pub fn new_lm(&self) -> Result<LlamaLm<'_>> {
+        // SAFETY: live model pointer, plain getter.
+        let has_encoder = unsafe { llama_cpp_sys_2::llama_model_has_encoder(self.raw_ptr()) };
+        if self.inner.is_recurrent() || self.inner.is_hybrid() || has_encoder {
+            return Err(EngineError::Backend(format!(
+                "{}: architecture '{}' keeps recurrent or encoder state; tree decoding needs a plain KV cache",
+                self.path().display(),
+                self.architecture().unwrap_or_default()
+            )));
+        }
         let o = self.options();
         let n_seq = o.n_seq_max + 2;
         let ctx_size = u32::try_from(o.ctx_size)
@@ -330,6 +341,7 @@ impl CausalLm for LlamaLm<'_> {
         Ok(())
     }
 
+    /// `len` at or beyond the committed length just drops the pending nodes.
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.drop_pending();
         if len < self.committed {

@@ -13,7 +13,10 @@
 //!
 //! Repacking is not the only batch-size dependent path: ggml's "tiled" matmul for K-quants takes
 //! over from 8 rows up. Exact mode also turns that off, through the `GGML_CPU_TILED_MM` environment
-//! variable, which ggml reads once per process (see [`disable_tiled_matmul`]).
+//! variable, which ggml reads once per process (see [`disable_tiled_matmul`]). Measured on
+//! Qwen2.5-Coder-1.5B Q4_K_M, trees of up to 16 nodes vs the same paths as chains: default mode
+//! max |diff| 0.84 (4 argmax flips in 48 nodes); repacking off but tiled on 0.82 (3 flips); exact
+//! mode 0. Exact mode costs about 20% decode speed and 35% on a 32-node tree step there.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -38,7 +41,7 @@ pub struct LoadOptions {
     /// up to a multiple of 256. Default 4096.
     pub ctx_size: usize,
     /// Maximum number of root-to-leaf paths in a pending tree: each path is one llama.cpp
-    /// sequence. At most [`MAX_PATHS`]. Default 64.
+    /// sequence. At most [`MAX_PATHS`]. Default [`MAX_PATHS`] (a dynamic tree can have as many leaves as nodes).
     pub n_seq_max: usize,
     /// Physical batch size: how many tokens llama.cpp computes per graph. A `forward` of more nodes
     /// is still one `llama_decode` call, split internally. Bigger costs compute-buffer memory.
@@ -55,7 +58,7 @@ impl Default for LoadOptions {
         Self {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             ctx_size: 4096,
-            n_seq_max: 64,
+            n_seq_max: MAX_PATHS,
             n_ubatch: 512,
             exact: false,
         }

@@ -20,6 +20,7 @@ fn load_err(path: &Path) -> String {
         Ok(_) => panic!("loading {} should fail", path.display()),
         Err(e) => {
             assert!(matches!(e, EngineError::Backend(_)), "unexpected variant: {e:?}");
+            eprintln!("{e}");
             e.to_string()
         }
     }
