@@ -22,10 +22,27 @@ enum Command {
     Generate(Box<commands::generate::GenerateArgs>),
     /// Print a GGUF model's architecture, sizes, quantization, tokenizer and chat template.
     Inspect(commands::inspect::InspectArgs),
+    /// Measure a model pair's positional acceptance vector (for --method sequoia).
+    Calibrate(Box<commands::calibrate::CalibrateArgs>),
+    /// DISCO stop classifier.
+    Disco(DiscoArgs),
     /// Build n-gram tables for the lookup and staged drafters.
     Ngram(commands::ngram::NgramArgs),
     /// Measure the target-forward cost curve T(n) on this machine.
     Profile(commands::profile::ProfileArgs),
+}
+
+/// `treespec disco …`.
+#[derive(Debug, clap::Args)]
+struct DiscoArgs {
+    #[command(subcommand)]
+    command: DiscoCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum DiscoCommand {
+    /// Train the stop classifier from oracle runs of a model pair.
+    Train(Box<commands::calibrate::DiscoTrainArgs>),
 }
 
 fn main() {
@@ -35,6 +52,10 @@ fn main() {
         Command::Generate(args) => commands::generate::run(*args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Ngram(args) => commands::ngram::run(args),
+        Command::Calibrate(args) => commands::calibrate::calibrate(*args),
+        Command::Disco(DiscoArgs { command: DiscoCommand::Train(args) }) => {
+            commands::calibrate::disco_train(*args)
+        }
         Command::Profile(args) => commands::profile::run(args),
     };
     if let Err(e) = result {

@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the argument groups and model loading they share.
 
 pub mod args;
+pub mod calibrate;
 pub mod demo;
 pub mod generate;
 pub mod inspect;
