@@ -21,3 +21,25 @@ fn smollm2_default_system_prompt_and_generation_prompt() {
         t.render(&[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")], false).unwrap();
     assert_eq!(with_system, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
+
+#[test]
+fn qwen_coder_chatml_with_default_system_and_multi_turn() {
+    let t = ChatTemplate::new(Some(&fixture("qwen2.5-coder.jinja")), "<|endoftext|>", "<|im_end|>").unwrap();
+    let text = t.render(&[ChatMessage::new("user", "Sort a list in Python.")], true).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nSort a list in Python.<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let turns = [
+        ChatMessage::new("system", "Answer tersely."),
+        ChatMessage::new("user", "2+2?"),
+        ChatMessage::new("assistant", "4"),
+        ChatMessage::new("user", "3+3?"),
+    ];
+    assert_eq!(
+        t.render(&turns, true).unwrap(),
+        "<|im_start|>system\nAnswer tersely.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
+         <|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
