@@ -20,6 +20,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Generate text from a GGUF model, speculatively.
     Generate(Box<commands::generate::GenerateArgs>),
+    /// Benchmark methods on a prompt set: speed-up, acceptance, identity with plain decoding.
+    Bench(Box<commands::bench::BenchArgs>),
     /// Print a GGUF model's architecture, sizes, quantization, tokenizer and chat template.
     Inspect(commands::inspect::InspectArgs),
     /// Measure a model pair's positional acceptance vector (for --method sequoia).
@@ -30,6 +32,8 @@ enum Command {
     Ngram(commands::ngram::NgramArgs),
     /// Measure the target-forward cost curve T(n) on this machine.
     Profile(commands::profile::ProfileArgs),
+    /// OpenAI-compatible HTTP server that decodes speculatively.
+    Serve(Box<commands::serve::ServeArgs>),
 }
 
 /// `treespec disco …`.
@@ -50,6 +54,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(args),
         Command::Generate(args) => commands::generate::run(*args),
+        Command::Bench(args) => commands::bench::run(*args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Ngram(args) => commands::ngram::run(args),
         Command::Calibrate(args) => commands::calibrate::calibrate(*args),
@@ -57,6 +62,7 @@ fn main() {
             commands::calibrate::disco_train(*args)
         }
         Command::Profile(args) => commands::profile::run(args),
+        Command::Serve(args) => commands::serve::run(*args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

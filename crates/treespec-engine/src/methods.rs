@@ -87,8 +87,8 @@ impl Method {
         if !self.needs_draft() {
             return Ok(match self {
                 Method::Lookup { config, table } => match table {
-                    Some(t) => Box::new(LookupDrafter::with_table(config.clone(), t.clone())?),
-                    None => Box::new(LookupDrafter::new(config.clone())?),
+                    Some(t) => Box::new(LookupDrafter::with_table(*config, t.clone())?),
+                    None => Box::new(LookupDrafter::new(*config)?),
                 },
                 _ => Box::new(PlainDrafter),
             });
@@ -106,8 +106,8 @@ impl Method {
                 Box::new(TreeDrafter::with_mode(draft, expand.clone(), SampleMode::Iid)?)
             }
             Method::Sequoia(c) => Box::new(SequoiaDrafter::new(draft, c.clone())?),
-            Method::DySpec(c) => Box::new(DySpecDrafter::new(draft, c.clone())?),
-            Method::Eagle2(c) => Box::new(Eagle2Drafter::new(draft, c.clone())?),
+            Method::DySpec(c) => Box::new(DySpecDrafter::new(draft, *c)?),
+            Method::Eagle2(c) => Box::new(Eagle2Drafter::new(draft, *c)?),
             Method::Gsd(c) => Box::new(GsdDrafter::new(draft, *c)?),
             Method::Staged(c) => Box::new(StagedDrafter::new(draft, c.clone())?),
             Method::Disco(c) => Box::new(DiscoDrafter::new(draft, c.clone())?),

@@ -20,7 +20,7 @@
 use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
 
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -108,6 +108,19 @@ impl LlamaModel {
             .with_swa_full(true)
             .with_n_threads(o.threads as i32)
             .with_n_threads_batch(o.threads as i32);
+        // Exact mode: ggml's flash attention over an F16/F32 KV cache takes a split-KV path for a
+        // single-row batch once the cache holds ≥ 512 cells (each thread sums a slice of the KV,
+        // then the partial softmaxes are merged), so a token decoded alone gets different logits
+        // from the same token inside a tree — measured: plain decoding and chain decoding of
+        // SmolLM2 part ways after 23 tokens of a long prompt with 2 threads. A Q8_0 cache goes
+        // through the one generic kernel for every batch shape, which makes attention
+        // batch-invariant (plain decoding in exact mode uses the same cache type, so exact mode
+        // is compared with itself).
+        let params = if o.exact {
+            params.with_type_k(KvCacheType::Q8_0).with_type_v(KvCacheType::Q8_0)
+        } else {
+            params
+        };
         let backend = backend::backend()?;
         backend::clear_captured();
         let ctx = {

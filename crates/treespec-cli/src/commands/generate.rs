@@ -83,6 +83,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut pending = String::new();
     let stdout = std::io::stdout();
     let json = args.json;
+    let stops: Vec<String> = args.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
     let out = generate(&mut target, drafter.as_mut(), &request, Some(&bytes), &mut |tokens| {
         if json {
             return true;
@@ -90,10 +91,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         for &t in tokens {
             pending.push_str(&stream.push(&bytes.token_bytes(t)));
         }
-        // Hold back what could still turn out to be the start of a stop string.
-        let safe = floor_char_boundary(&pending, pending.len().saturating_sub(hold));
+        // A complete stop string ends the visible text at its start; otherwise hold back what
+        // could still turn out to be the start of one.
+        let stop_at = stops.iter().filter_map(|s| pending.find(s.as_str())).min();
+        let safe =
+            stop_at.unwrap_or_else(|| floor_char_boundary(&pending, pending.len().saturating_sub(hold)));
         let mut lock = stdout.lock();
-        let _ = lock.write_all(pending[..safe].as_bytes());
+        let _ = lock.write_all(&pending.as_bytes()[..safe]);
         let _ = lock.flush();
         printed += safe;
         pending.drain(..safe);

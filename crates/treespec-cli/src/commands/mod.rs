@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the argument groups and model loading they share.
 
 pub mod args;
+pub mod bench;
 pub mod calibrate;
 pub mod demo;
 pub mod generate;
@@ -8,3 +9,4 @@ pub mod inspect;
 pub mod models;
 pub mod ngram;
 pub mod profile;
+pub mod serve;

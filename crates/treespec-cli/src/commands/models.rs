@@ -69,7 +69,7 @@ pub fn prompt_tokens(model: &LlamaModel, text: &str, chat: bool) -> Result<Vec<T
     let template = ChatTemplate::new(model.chat_template().as_deref(), &bos, &eos)?;
     let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
     // Templates that print the BOS text themselves must not get a second BOS from the tokenizer.
-    let add_bos = model.add_bos() && !(!bos.is_empty() && rendered.starts_with(&bos));
+    let add_bos = model.add_bos() && (bos.is_empty() || !rendered.starts_with(&bos));
     Ok(model.tokenize(&rendered, add_bos, true)?)
 }
 

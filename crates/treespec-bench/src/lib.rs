@@ -1,0 +1,32 @@
+//! treespec-bench: the benchmark harness behind `treespec bench`.
+//!
+//! - [`prompts`]: Spec-Bench / MT-Bench JSON lines (`question_id`, `category`, `turns`; the first
+//!   turn is used) and plain `{"prompt": ...}` lines; category filters and limits.
+//! - [`runner`]: every method on every prompt, interleaved per prompt (plain, A, B, … then the next
+//!   prompt) after a warm-up pass, with repeats; generic over the model [`runner::Backend`]
+//!   (llama.cpp in the CLI, [`runner::ToyBackend`] in tests). At temperature 0 every run is
+//!   checked token by token against plain's run of the same prompt.
+//! - [`summary`]: medians per (method, category) and over all prompts; speed-up = ratio of the
+//!   method's median tokens/s to plain's over the same runs; each row carries its run count and
+//!   min–max spread. The module docs hold the exact definitions.
+//! - [`report`]: `results.json`, `summary.md`, `speedup.svg`, `acceptance.svg` (plotters' SVG
+//!   backend without a font backend: text is written as SVG `<text>` and drawn by the viewer, so
+//!   no font file is needed to build, run or view).
+//! - [`compare`]: the change between two result sets.
+
+pub mod compare;
+pub mod machine;
+pub mod prompts;
+pub mod report;
+pub mod runner;
+pub mod summary;
+
+pub use compare::compare_text;
+pub use machine::{load_average, MachineInfo, ModelFile};
+pub use prompts::{load_prompts, select, Prompt, Selection};
+pub use report::{write_all, BenchConfig, MethodConfig, Results, RunRecord, SamplingConfig, SCHEMA};
+pub use runner::{
+    check_method_names, run_bench, Backend, LmRef, MethodSpec, ProgressMode, RunConfig, RunOutput, Session,
+    ToyBackend,
+};
+pub use summary::{median, summarize, SummaryRow, ALL};

@@ -1,0 +1,389 @@
+//! `treespec bench`: every method on a prompt set, interleaved, with medians, identity checks
+//! against plain decoding, and a report (results.json, summary.md, speedup.svg, acceptance.svg).
+//! The harness itself lives in the `treespec-bench` crate; this file maps arguments onto it and
+//! puts the llama.cpp models behind its `Backend` seam.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use treespec_bench::{
+    check_method_names, compare_text, load_average, load_prompts, run_bench, select, summarize, write_all,
+    Backend, BenchConfig, LmRef, MachineInfo, MethodConfig, MethodSpec, ModelFile, ProgressMode, Prompt,
+    Results, RunConfig, SamplingConfig, Selection, Session, ToyBackend, SCHEMA,
+};
+use treespec_core::TokenId;
+use treespec_engine::{CausalLm, Method, StopConditions, METHOD_NAMES};
+use treespec_llama::LlamaLm;
+
+use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
+use super::models::Models;
+
+/// The prompt set used when `--prompts` is not given (relative to the repository root).
+pub const DEFAULT_PROMPTS: &str = "../shared/data/spec-bench/question.jsonl";
+/// The `--quick` model (target and draft).
+pub const QUICK_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The `--quick` methods.
+const QUICK_METHODS: &[&str] = &["plain", "chain", "lookup"];
+/// The `--quick` prompts: one from each Spec-Bench task (MT-Bench represented by `writing`).
+const QUICK_CATEGORIES: &[&str] = &["writing", "translation", "summarization", "qa", "math_reasoning", "rag"];
+/// The `--quick` generation length.
+const QUICK_N: usize = 64;
+/// Generation length otherwise.
+const DEFAULT_N: usize = 128;
+
+/// Options of `treespec bench`.
+#[derive(Debug, Args)]
+#[command(mut_arg("method", |a| a.hide(true)))]
+pub struct BenchArgs {
+    /// Target model (GGUF). Not needed with --quick, --toy or --compare.
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Draft model (GGUF) for the methods that need one; may be the target file itself.
+    #[arg(long = "draft", visible_alias = "md")]
+    pub draft: Option<PathBuf>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens.
+    #[arg(long = "ctx", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Batch-invariant kernels (greedy output equals plain decoding token for token; slower).
+    #[arg(long)]
+    pub exact: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Methods to compare, comma-separated (plain is always run, first, as the reference). Default:
+    /// with --quick plain,chain,lookup; with a draft model every method but tree (and sequoia unless
+    /// --acceptance/--calibration is given); without one plain,lookup. The method knobs
+    /// (--draft-max, --budget, --depth, …) apply to every method listed.
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Option<Vec<String>>,
+    /// Prompt file: JSON lines with question_id, category, turns (Spec-Bench / MT-Bench; the first
+    /// turn is used) or plain {"prompt": ...} lines. Default: ../shared/data/spec-bench/question.jsonl.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Only these categories (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub categories: Option<Vec<String>>,
+    /// At most N prompts in all, taken round-robin over the categories.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// At most N prompts per category.
+    #[arg(long = "per-category")]
+    pub per_category: Option<usize>,
+    /// Most new tokens per generation [default: 128; 64 with --quick].
+    #[arg(short = 'n', long = "n-predict")]
+    pub n: Option<usize>,
+    /// Generations per (method, prompt); summaries take medians.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// Skip the warm-up pass (one generation per method before measuring).
+    #[arg(long = "no-warmup")]
+    pub no_warmup: bool,
+    /// Tokenize prompts as raw text instead of a user turn of the model's chat template.
+    #[arg(long = "no-chat")]
+    pub no_chat: bool,
+    /// Output directory [default: bench-out/latest; bench-out/quick with --quick].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Small default run: SmolLM2-135M as target and draft, plain/chain/lookup, 6 prompts, -n 64.
+    #[arg(long)]
+    pub quick: bool,
+    /// Toy models instead of GGUF files: the harness end to end without model files.
+    #[arg(long, conflicts_with_all = ["model", "draft"])]
+    pub toy: bool,
+    /// One log line per run even on a terminal (instead of the progress bar).
+    #[arg(long)]
+    pub log: bool,
+    /// Print the per-method change between two result directories, then exit.
+    #[arg(long, num_args = 2, value_names = ["DIR1", "DIR2"])]
+    pub compare: Option<Vec<PathBuf>>,
+}
+
+/// A path as given if it exists, else relative to the repository this binary was built from.
+fn find(path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.exists() {
+        return p;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path);
+    if repo.exists() {
+        repo.canonicalize().unwrap_or(repo)
+    } else {
+        p
+    }
+}
+
+/// Run `bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(dirs) = &args.compare {
+        let (a, b) = (&dirs[0], &dirs[1]);
+        let ra = Results::load(a)?;
+        let rb = Results::load(b)?;
+        print!("{}", compare_text(&ra, &rb, &a.display().to_string(), &b.display().to_string()));
+        return Ok(());
+    }
+    if args.method.method != "plain" {
+        bail!("bench takes --methods a,b,c (plain is always run as the reference), not --method");
+    }
+    let n = args.n.unwrap_or(if args.quick { QUICK_N } else { DEFAULT_N });
+    if n == 0 {
+        bail!("-n must be at least 1");
+    }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let sampling = args.sampling.params()?;
+
+    // Prompts first: a bad file or selection fails before any model loads.
+    let prompts_file = match &args.prompts {
+        Some(p) => p.clone(),
+        None => find(DEFAULT_PROMPTS),
+    };
+    let all = load_prompts(&prompts_file)?;
+    let quick_selection = args.quick
+        && args.prompts.is_none()
+        && args.categories.is_none()
+        && args.limit.is_none()
+        && args.per_category.is_none();
+    let selection = if quick_selection {
+        Selection {
+            categories: Some(QUICK_CATEGORIES.iter().map(|s| s.to_string()).collect()),
+            per_category: Some(1),
+            limit: None,
+        }
+    } else {
+        Selection {
+            categories: args.categories.clone(),
+            per_category: args.per_category,
+            limit: args.limit.or(if args.quick { Some(6) } else { None }),
+        }
+    };
+    let prompts = select(&all, &selection)?;
+
+    // Models (or toys) and methods.
+    let model_args = if args.toy {
+        None
+    } else {
+        let model = match (&args.model, args.quick) {
+            (Some(m), _) => m.clone(),
+            (None, true) => {
+                let m = find(QUICK_MODEL);
+                if !m.exists() {
+                    bail!(
+                        "--quick runs {QUICK_MODEL}, which is missing: fetch it with \
+                         `bash scripts/fetch-models.sh smollm2`, or give -m MODEL.gguf"
+                    );
+                }
+                m
+            }
+            (None, false) => bail!("give a target model with -m MODEL.gguf (or use --quick or --toy)"),
+        };
+        let draft = args.draft.clone().or_else(|| args.quick.then(|| model.clone()));
+        Some(ModelArgs { model, draft, threads: args.threads, ctx: args.ctx, exact: args.exact })
+    };
+    let has_draft = args.toy || model_args.as_ref().is_some_and(|m| m.draft.is_some());
+    let names = match &args.methods {
+        Some(list) => list.clone(),
+        None if args.quick => QUICK_METHODS.iter().map(|s| s.to_string()).collect(),
+        None if has_draft => {
+            let sequoia = args.method.acceptance.is_some() || args.method.calibration.is_some();
+            METHOD_NAMES
+                .iter()
+                .filter(|m| **m != "tree" && (sequoia || **m != "sequoia"))
+                .map(|s| s.to_string())
+                .collect()
+        }
+        None => vec!["plain".into(), "lookup".into()],
+    };
+    let names = check_method_names(&names)?;
+    if !has_draft {
+        let need: Vec<&str> =
+            names.iter().map(String::as_str).filter(|n| !matches!(*n, "plain" | "lookup")).collect();
+        if !need.is_empty() {
+            bail!(
+                "method(s) {} need a draft model: give --md DRAFT.gguf (it may be the target file itself)",
+                need.join(", ")
+            );
+        }
+    }
+
+    // Method knobs are checked now (an n-gram table needs the loaded tokenizer: checked after).
+    if args.method.ngram.is_none() {
+        specs(&args.method, &names, None)?;
+    }
+
+    let progress = if args.log { ProgressMode::Log } else { ProgressMode::Auto };
+    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(if args.quick { "bench-out/quick" } else { "bench-out/latest" }));
+    let chat = !args.no_chat;
+    let repeat = args.repeat;
+    let warmup = !args.no_warmup;
+    let make_cfg = |methods: Vec<MethodSpec>| RunConfig {
+        methods,
+        max_new_tokens: n,
+        sampling: sampling.clone(),
+        seed: args.sampling.seed,
+        repeat,
+        warmup,
+        progress,
+    };
+    eprintln!(
+        "[bench] {} prompts × {} methods ({}) × {repeat} repeat(s), -n {n}, temperature {}",
+        prompts.len(),
+        names.len(),
+        names.join(", "),
+        args.sampling.temp
+    );
+
+    let (output, mut machine, methods, options) = match &model_args {
+        None => {
+            let methods = specs(&args.method, &names, None)?;
+            let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.ctx);
+            let machine = MachineInfo::collect(1, Vec::new());
+            let out = run_bench(&mut backend, &prompts, &make_cfg(methods.clone()))?;
+            let options = json!({ "toy": { "vocab": 64, "order": 2, "noise": 1.0 }, "ctx": args.ctx });
+            (out, machine, methods, options)
+        }
+        Some(margs) => {
+            let models = Models::load(margs)?;
+            let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
+            let methods = specs(&args.method, &names, tok_id)?;
+            let mut files = vec![ModelFile::new("target", &margs.model)];
+            if let Some(d) = &margs.draft {
+                files.push(ModelFile::new("draft", d));
+            }
+            let threads = models.target.options().threads;
+            let mut backend = LlamaBackend::new(&models, chat)?;
+            let machine = MachineInfo::collect(threads, files);
+            let out = run_bench(&mut backend, &prompts, &make_cfg(methods.clone()))?;
+            let options = json!({ "ctx": args.ctx, "exact": args.exact, "threads": threads });
+            (out, machine, methods, options)
+        }
+    };
+
+    machine.load_average_end = load_average();
+    let summary = summarize(&output.runs);
+    let p = &sampling;
+    let results = Results {
+        schema: SCHEMA.into(),
+        machine,
+        config: BenchConfig {
+            backend: if args.toy { "toy" } else { "llama" }.into(),
+            prompts_file: prompts_file.display().to_string(),
+            categories: selection.categories.clone(),
+            per_category: selection.per_category,
+            limit: selection.limit,
+            n_prompts: prompts.len(),
+            chat: chat && !args.toy,
+            max_new_tokens: n,
+            sampling: SamplingConfig {
+                temperature: p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                repetition_penalty: p.repetition_penalty,
+            },
+            seed: args.sampling.seed,
+            repeat,
+            warmup,
+            methods: methods
+                .iter()
+                .map(|m| MethodConfig { name: m.name.clone(), spec: spec_text(&m.method) })
+                .collect(),
+            options,
+            started_unix_s,
+            elapsed_s: output.elapsed.as_secs_f64(),
+            warmup_s: output.warmup.as_secs_f64(),
+        },
+        runs: output.runs,
+        summary,
+    };
+    let written = write_all(&out_dir, &results)?;
+    print!("{}", treespec_bench::report::summary_markdown(&results));
+    eprintln!("\n[bench] done in {:.1} s; wrote:", output.elapsed.as_secs_f64());
+    for f in written {
+        eprintln!("  {}", f.display());
+    }
+    let differs = results.runs.iter().filter(|r| r.identical_to_plain == Some(false)).count();
+    if differs > 0 {
+        eprintln!(
+            "[bench] warning: {differs} run(s) differ from plain at temperature 0 (see summary.md; without \
+             --exact, llama.cpp's batch-size dependent kernels can flip near-ties)"
+        );
+    }
+    Ok(())
+}
+
+/// The engine methods for `names` with the shared knobs.
+fn specs(
+    knobs: &MethodArgs,
+    names: &[String],
+    tok: Option<treespec_core::ngram::TokenizerId>,
+) -> Result<Vec<MethodSpec>> {
+    names
+        .iter()
+        .map(|n| {
+            let method = knobs.method(n, tok).with_context(|| format!("method {n}"))?;
+            Ok(MethodSpec { name: n.clone(), method })
+        })
+        .collect()
+}
+
+/// A method's knobs for the report (debug form, bounded: a loaded table prints only its header).
+fn spec_text(m: &Method) -> String {
+    let s = format!("{m:?}");
+    if s.chars().count() > 600 {
+        s.chars().take(600).collect::<String>() + "…"
+    } else {
+        s
+    }
+}
+
+/// The llama.cpp models behind the runner's seam: one target context and one draft context,
+/// made once and reused by every run (`generate` and the drafters truncate them at the start).
+struct LlamaBackend<'m> {
+    models: &'m Models,
+    target: LlamaLm<'m>,
+    draft: Option<LlamaLm<'m>>,
+    chat: bool,
+}
+
+impl<'m> LlamaBackend<'m> {
+    fn new(models: &'m Models, chat: bool) -> Result<Self> {
+        let target = models.target.new_lm()?;
+        let draft = models.draft().map(|d| d.new_lm()).transpose()?;
+        Ok(Self { models, target, draft, chat })
+    }
+}
+
+impl Backend for LlamaBackend<'_> {
+    fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>> {
+        self.models.prompt_tokens(&prompt.text, self.chat)
+    }
+    fn context_size(&self) -> usize {
+        self.target.context_size()
+    }
+    fn stop(&self) -> StopConditions {
+        StopConditions { eos: self.models.eos_tokens(), stop_strings: Vec::new() }
+    }
+    fn session(&mut self, method: &Method) -> Result<Session<'_>> {
+        let draft = match (method.needs_draft(), self.draft.as_mut()) {
+            (true, Some(d)) => Some(LmRef(d)),
+            (true, None) => {
+                return Err(anyhow!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name()))
+            }
+            (false, _) => None,
+        };
+        let drafter = method.build(draft)?;
+        Ok(Session { target: Box::new(LmRef(&mut self.target)), drafter })
+    }
+}

@@ -1,0 +1,69 @@
+//! `treespec serve`: an OpenAI-compatible HTTP server (see the treespec-server crate).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use treespec_llama::LlamaModel;
+use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+
+use super::args::{tokenizer_id, MethodArgs, ModelArgs};
+
+/// Options of `treespec serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub models: ModelArgs,
+    /// The default method (a request may pick another with its `treespec` object).
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Generations run at once (each worker thread has its own model contexts).
+    #[arg(long = "max-concurrent", default_value_t = 1)]
+    pub max_concurrent: usize,
+    /// Requests that may wait for a worker; beyond that a 503 with Retry-After.
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/* (or env TREESPEC_API_KEY).
+    #[arg(long = "api-key", env = "TREESPEC_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 1 << 20)]
+    pub max_body: usize,
+}
+
+/// Run `serve` until Ctrl-C.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let options = args.models.load_options();
+    let tok_id = match &args.method.ngram {
+        Some(_) => Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?),
+        None => None,
+    };
+    let method = args.method.method(&args.method.method, tok_id)?;
+    let config =
+        LlamaConfig { model: args.models.model.clone(), draft: args.models.draft.clone(), options, method };
+    let metrics = Arc::new(Metrics::default());
+    let pool = EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?;
+    let app = router(
+        Arc::new(pool),
+        metrics,
+        ServerConfig { api_key: args.api_key, max_body_bytes: args.max_body },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
+        eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        treespec_server::serve(listener, app, shutdown).await?;
+        Ok(())
+    })
+}

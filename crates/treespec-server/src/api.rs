@@ -1,0 +1,326 @@
+//! OpenAI wire types, written by hand. Requests ignore unknown fields (`serde` default); the few
+//! known fields that would change results but are not supported are captured as raw JSON so that
+//! validation can reject them with a clear message instead of silently ignoring them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One chat message as sent by a client. `content` is a string or an array of text parts.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RequestMessage {
+    /// `system`, `user`, `assistant` (or `developer`, treated as `system`).
+    pub role: String,
+    /// String or `[{"type":"text","text":...}]`.
+    pub content: Value,
+    /// Tool calls in an assistant message (unsupported: rejected).
+    pub tool_calls: Option<Value>,
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several stop strings.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// As a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    /// Send a last chunk with the token usage before `[DONE]`.
+    pub include_usage: bool,
+}
+
+/// The per-request `treespec` extension: the decoding method and its knobs (names as in the
+/// CLI's `--method` flags, with `_` for `-`). Absent knobs take the method's defaults.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MethodSpec {
+    /// One of `treespec_engine::METHOD_NAMES`.
+    pub method: Option<String>,
+    /// chain: draft tokens per step (`--draft-max`).
+    #[serde(alias = "draft_max")]
+    pub k: Option<usize>,
+    /// tree: children per node at each depth.
+    pub widths: Option<Vec<usize>>,
+    /// specinfer: expansion vector.
+    pub expand: Option<Vec<usize>>,
+    /// dyspec / sequoia / eagle2 / gsd: drafted nodes per step.
+    pub budget: Option<usize>,
+    /// dyspec / eagle2 / gsd / staged / sequoia: deepest draft.
+    pub depth: Option<usize>,
+    /// eagle2: nodes expanded per depth.
+    pub eagle_top_k: Option<usize>,
+    /// sequoia: positional acceptance vector.
+    pub acceptance: Option<Vec<f32>>,
+    /// lookup: longest n-gram matched.
+    pub lookup_ngram: Option<usize>,
+    /// lookup: most tokens proposed per branch.
+    pub lookup_tokens: Option<usize>,
+    /// lookup: branches.
+    pub lookup_branches: Option<usize>,
+}
+
+impl MethodSpec {
+    /// True when only the method name (or nothing) is given.
+    pub fn has_knobs(&self) -> bool {
+        *self != MethodSpec { method: self.method.clone(), ..Default::default() }
+    }
+}
+
+/// Fields shared by both endpoints.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct CommonParams {
+    /// Model name (informational: the server serves one model).
+    pub model: Option<String>,
+    /// Most new tokens (`max_completion_tokens` is the newer spelling).
+    pub max_tokens: Option<i64>,
+    /// Newer spelling of `max_tokens`.
+    pub max_completion_tokens: Option<i64>,
+    /// Sampling temperature (0 = greedy). Default 1 as in the OpenAI API.
+    pub temperature: Option<f64>,
+    /// Nucleus threshold in (0, 1].
+    pub top_p: Option<f64>,
+    /// Seed for the draft and verifier streams.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Stream with server-sent events.
+    pub stream: bool,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// The treespec extension.
+    pub treespec: Option<Value>,
+    // Fields that change results and are not supported: rejected when set to a non-default.
+    /// Number of choices (only 1).
+    pub n: Option<Value>,
+    /// Log probabilities (unsupported).
+    pub logprobs: Option<Value>,
+    /// Top log probabilities (unsupported).
+    pub top_logprobs: Option<Value>,
+    /// Tools (unsupported).
+    pub tools: Option<Value>,
+    /// Tool choice (unsupported).
+    pub tool_choice: Option<Value>,
+    /// Functions (deprecated, unsupported).
+    pub functions: Option<Value>,
+    /// Response format (only `text`).
+    pub response_format: Option<Value>,
+    /// Logit bias (unsupported).
+    pub logit_bias: Option<Value>,
+    /// Presence penalty (only 0).
+    pub presence_penalty: Option<Value>,
+    /// Frequency penalty (only 0).
+    pub frequency_penalty: Option<Value>,
+    /// best_of (completions; only 1).
+    pub best_of: Option<Value>,
+    /// echo (completions; unsupported).
+    pub echo: Option<Value>,
+    /// suffix (completions; unsupported).
+    pub suffix: Option<Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ChatCompletionRequest {
+    /// The conversation.
+    pub messages: Vec<RequestMessage>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct CompletionRequest {
+    /// A string (or a list holding exactly one string).
+    pub prompt: Value,
+    /// Everything else.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// Token usage.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// From the two counts.
+    pub fn new(prompt: usize, completion: usize) -> Self {
+        Self { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+    }
+}
+
+/// An assistant message in a response.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResponseMessage {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The generated text.
+    pub content: String,
+}
+
+/// One choice of a non-streaming chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The reply.
+    pub message: ResponseMessage,
+    /// Always null (unsupported).
+    pub logprobs: Option<()>,
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+}
+
+/// Non-streaming chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionResponse {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token usage.
+    pub usage: Usage,
+    /// Decoding statistics (extension).
+    pub treespec: TreespecStats,
+}
+
+/// A streamed delta.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Delta {
+    /// Only in the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a chat completion chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// New text.
+    pub delta: Delta,
+    /// Always null.
+    pub logprobs: Option<()>,
+    /// Set in the last content chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A streamed chat completion chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    /// Same for every chunk of one response.
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// Zero (usage chunk) or one choice.
+    pub choices: Vec<ChunkChoice>,
+    /// Only in the usage chunk (`stream_options.include_usage`); null otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One choice of a text completion (streamed or not).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    /// Always 0.
+    pub index: u32,
+    /// Generated text (a delta when streaming).
+    pub text: String,
+    /// Always null.
+    pub logprobs: Option<()>,
+    /// `stop` / `length`; null in streamed chunks before the last.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A text completion or one streamed chunk of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    /// `cmpl-…`.
+    pub id: String,
+    /// `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// Zero (usage chunk) or one choice.
+    pub choices: Vec<CompletionChoice>,
+    /// Token usage (always when not streaming; usage chunk when streaming).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Decoding statistics (extension; non-streaming only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub treespec: Option<TreespecStats>,
+}
+
+/// Decoding statistics returned in the `treespec` field of non-streaming responses.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TreespecStats {
+    /// The method that decoded.
+    pub method: String,
+    /// Target forwards (decode steps).
+    pub target_forwards: u64,
+    /// Mean tokens emitted per target forward.
+    pub mean_accepted: f64,
+}
+
+/// `GET /v1/models` entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    /// Model id.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// `treespec`.
+    pub owned_by: &'static str,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}

@@ -1,0 +1,442 @@
+//! The seam between HTTP and the model: "request in, stream of events out".
+//!
+//! [`GenerationBackend`] is all the HTTP layer sees. [`EnginePool`] implements it with worker OS
+//! threads (one by default) that own the models and pull jobs from one bounded FIFO channel;
+//! each job's events go back over a tokio channel, and a dropped receiver (the client went away)
+//! cancels the generation at its next step. [`Worker`] is what a thread runs per job:
+//! [`ToyWorker`] (pure-Rust toy models, for tests) here, the llama.cpp worker in `llama.rs`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
+use treespec_core::stats::DecodeStats;
+use treespec_core::TokenId;
+use treespec_engine::stop::StopScanner;
+use treespec_engine::toy::{ToyLm, ToyModel};
+use treespec_engine::{
+    generate, CausalLm, Drafter, EngineError, GenerateRequest, Logits, Method, StopConditions, TokenBytes,
+    TreeBatch,
+};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::validate::{check_lengths, JobSpec, Limits, PromptInput};
+
+/// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
+/// `Error`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The prompt was accepted.
+    Started {
+        /// Prompt length in tokens.
+        prompt_tokens: usize,
+        /// The method decoding it.
+        method: String,
+    },
+    /// New text (stop strings already cut away, possible stop-string prefixes held back).
+    Text(String),
+    /// Finished.
+    Done(Finished),
+    /// Failed; nothing more follows.
+    Error(ApiError),
+}
+
+/// The end of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// `stop` (end-of-generation token or stop string) or `length`.
+    pub finish_reason: &'static str,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Target forwards.
+    pub target_forwards: u64,
+    /// The method.
+    pub method: String,
+}
+
+/// One queued request.
+#[derive(Debug)]
+pub struct Job {
+    /// The validated request.
+    pub spec: JobSpec,
+    /// Where its events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the HTTP layer depends on.
+pub trait GenerationBackend: Send + Sync + 'static {
+    /// The served model's id.
+    fn model_id(&self) -> String;
+    /// Request limits (context size, whether a draft is loaded).
+    fn limits(&self) -> Limits;
+    /// Queue a job; a full queue is a 503.
+    fn submit(&self, job: Job) -> Result<(), ApiError>;
+    /// Jobs waiting for a worker.
+    fn queue_depth(&self) -> usize;
+}
+
+/// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the
+/// client is gone).
+pub trait Worker {
+    /// Run `spec`. Returns the statistics and method name, or an error (Cancelled included).
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(String, usize, DecodeStats), RunError>;
+}
+
+/// Why a run ended without finishing.
+#[derive(Debug)]
+pub enum RunError {
+    /// The client disconnected.
+    Cancelled(String),
+    /// Report this to the client.
+    Api(ApiError),
+}
+
+impl From<ApiError> for RunError {
+    fn from(e: ApiError) -> Self {
+        RunError::Api(e)
+    }
+}
+
+/// The job queue's receiving end, shared by the workers (FIFO).
+#[derive(Clone)]
+pub struct JobQueue {
+    rx: Arc<Mutex<Receiver<Job>>>,
+    depth: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+}
+
+impl JobQueue {
+    /// Serve jobs with `worker` until the pool is dropped.
+    pub fn serve(&self, worker: &mut dyn Worker) {
+        loop {
+            let job = {
+                let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            };
+            self.depth.fetch_sub(1, Ordering::SeqCst);
+            if job.events.is_closed() {
+                self.metrics.cancelled("queued");
+                continue;
+            }
+            self.metrics.in_flight(1);
+            let events = job.events.clone();
+            let mut emit = |e: Event| events.send(e).is_ok();
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&job.spec, &mut emit)));
+            self.metrics.in_flight(-1);
+            match result {
+                Ok(Ok((method, prompt_tokens, stats))) => {
+                    self.metrics.generation(&method, prompt_tokens, &stats)
+                }
+                Ok(Err(RunError::Cancelled(method))) => self.metrics.cancelled(&method),
+                Ok(Err(RunError::Api(e))) => {
+                    self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
+                    let _ = job.events.send(Event::Error(e));
+                }
+                Err(_) => {
+                    self.metrics.error("panic");
+                    let _ = job.events.send(Event::Error(ApiError::internal("the generation panicked")));
+                }
+            }
+        }
+    }
+}
+
+/// Worker threads fed by one bounded FIFO channel.
+pub struct EnginePool {
+    tx: SyncSender<Job>,
+    depth: Arc<AtomicUsize>,
+    capacity: usize,
+    model_id: String,
+    limits: Limits,
+}
+
+impl EnginePool {
+    /// A pool whose queue holds at most `queue` waiting jobs; returns the receiving end for the
+    /// worker threads to [`JobQueue::serve`].
+    pub fn new(queue: usize, model_id: String, limits: Limits, metrics: Arc<Metrics>) -> (Self, JobQueue) {
+        let (tx, rx) = sync_channel(queue);
+        let depth = Arc::new(AtomicUsize::new(0));
+        let q = JobQueue { rx: Arc::new(Mutex::new(rx)), depth: depth.clone(), metrics };
+        (Self { tx, depth, capacity: queue, model_id, limits }, q)
+    }
+
+    /// A pool of `workers` toy workers, for tests and demos.
+    pub fn toy(config: ToyConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
+        let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
+        let (pool, q) = Self::new(queue, "toy".into(), limits, metrics);
+        for _ in 0..workers.max(1) {
+            let q = q.clone();
+            let config = config.clone();
+            std::thread::spawn(move || q.serve(&mut ToyWorker::new(config)));
+        }
+        pool
+    }
+}
+
+impl GenerationBackend for EnginePool {
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+    fn limits(&self) -> Limits {
+        self.limits.clone()
+    }
+    fn submit(&self, job: Job) -> Result<(), ApiError> {
+        // Count first so a worker that picks the job up at once never sees the depth below 0.
+        self.depth.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.depth.fetch_sub(1, Ordering::SeqCst);
+                Err(ApiError::overloaded(self.capacity))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.depth.fetch_sub(1, Ordering::SeqCst);
+                Err(ApiError::internal("the model thread has stopped"))
+            }
+        }
+    }
+    fn queue_depth(&self) -> usize {
+        self.depth.load(Ordering::SeqCst)
+    }
+}
+
+/// A mutable borrow of a model usable as a drafter's owned draft model, so one draft context
+/// serves every request.
+pub struct LmRef<'a>(pub &'a mut dyn CausalLm);
+
+impl CausalLm for LmRef<'_> {
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn context_size(&self) -> usize {
+        self.0.context_size()
+    }
+    fn committed_len(&self) -> usize {
+        self.0.committed_len()
+    }
+    fn pending_len(&self) -> usize {
+        self.0.pending_len()
+    }
+    fn prefill(&mut self, tokens: &[TokenId]) -> treespec_engine::Result<()> {
+        self.0.prefill(tokens)
+    }
+    fn forward(&mut self, batch: &TreeBatch) -> treespec_engine::Result<Logits> {
+        self.0.forward(batch)
+    }
+    fn commit(&mut self, path: &[usize]) -> treespec_engine::Result<()> {
+        self.0.commit(path)
+    }
+    fn truncate(&mut self, len: usize) -> treespec_engine::Result<()> {
+        self.0.truncate(len)
+    }
+}
+
+/// Run one tokenized job on a target/drafter pair, streaming text with stop-string hold-back.
+/// Shared by every worker.
+#[allow(clippy::too_many_arguments)] // the model-side inputs of one job, each distinct
+pub fn run_generation(
+    target: &mut dyn CausalLm,
+    drafter: &mut dyn Drafter,
+    method: &str,
+    prompt: Vec<TokenId>,
+    spec: &JobSpec,
+    eos: Vec<TokenId>,
+    bytes: &dyn TokenBytes,
+    emit: &mut dyn FnMut(Event) -> bool,
+) -> Result<(String, usize, DecodeStats), RunError> {
+    let prompt_tokens = prompt.len();
+    let max_new = check_lengths(prompt_tokens, spec.max_tokens, target.context_size())?;
+    if !emit(Event::Started { prompt_tokens, method: method.to_string() }) {
+        return Err(RunError::Cancelled(method.to_string()));
+    }
+    let request = GenerateRequest {
+        prompt,
+        max_new_tokens: max_new,
+        sampling: spec.sampling.clone(),
+        seed: spec.seed,
+        stop: StopConditions { eos, stop_strings: spec.stop.clone() },
+    };
+    // Text goes out as raw bytes [sent..limit) decoded to complete UTF-8; `limit` holds back
+    // what could still turn out to be the start of a stop string, and never passes a match.
+    let hold = spec.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+    let mut scanner = StopScanner::default();
+    let mut sent = 0usize;
+    let result = generate(target, drafter, &request, Some(bytes), &mut |tokens| {
+        for &t in tokens {
+            scanner.push(&bytes.token_bytes(t), &spec.stop);
+        }
+        let all = scanner.bytes();
+        let limit = scanner.cut_at.unwrap_or(all.len().saturating_sub(hold)).max(sent);
+        let end = sent + complete_prefix(&all[sent..limit]);
+        if end > sent {
+            let chunk = String::from_utf8_lossy(&all[sent..end]).into_owned();
+            sent = end;
+            if !emit(Event::Text(chunk)) {
+                return false;
+            }
+        }
+        // An empty step still checks whether the client is there.
+        emit(Event::Text(String::new()))
+    });
+    let out = match result {
+        Ok(o) => o,
+        Err(EngineError::Cancelled) => return Err(RunError::Cancelled(method.to_string())),
+        Err(EngineError::InvalidRequest(m)) | Err(EngineError::Incompatible(m)) => {
+            return Err(ApiError::invalid(None, m).into())
+        }
+        Err(EngineError::PromptTooLong { prompt, context }) => {
+            return Err(check_lengths(prompt, None, context)
+                .err()
+                .unwrap_or_else(|| ApiError::internal("prompt too long"))
+                .into())
+        }
+        Err(e) => return Err(ApiError::internal(format!("generation failed: {e}")).into()),
+    };
+    let all = scanner.bytes();
+    let end = out.text_cut.unwrap_or(all.len()).min(all.len());
+    if end > sent && !emit(Event::Text(String::from_utf8_lossy(&all[sent..end]).into_owned())) {
+        return Err(RunError::Cancelled(method.to_string()));
+    }
+    let finish_reason = match out.finish_reason {
+        treespec_engine::FinishReason::Length => "length",
+        _ => "stop",
+    };
+    emit(Event::Done(Finished {
+        finish_reason,
+        prompt_tokens,
+        completion_tokens: out.tokens.len(),
+        target_forwards: out.stats.target_forwards,
+        method: method.to_string(),
+    }));
+    Ok((method.to_string(), prompt_tokens, out.stats))
+}
+
+/// The length of the longest prefix of `b` that does not end inside an incomplete UTF-8
+/// sequence (invalid bytes in the middle count as complete: they decode to U+FFFD).
+fn complete_prefix(b: &[u8]) -> usize {
+    let mut i = 0;
+    loop {
+        match std::str::from_utf8(&b[i..]) {
+            Ok(_) => return b.len(),
+            Err(e) => match e.error_len() {
+                Some(n) => i += e.valid_up_to() + n,
+                None => return i + e.valid_up_to(),
+            },
+        }
+    }
+}
+
+/// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
+#[derive(Debug, Clone)]
+pub struct ToyConfig {
+    /// Vocabulary size (≤ 26).
+    pub vocab: usize,
+    /// Context window.
+    pub context: usize,
+    /// The default method.
+    pub method: Method,
+    /// Sleep per decode step (to test queueing and cancellation).
+    pub step_delay: Duration,
+}
+
+impl Default for ToyConfig {
+    fn default() -> Self {
+        Self { vocab: 26, context: 256, method: Method::Chain { k: 3 }, step_delay: Duration::ZERO }
+    }
+}
+
+struct Letters;
+
+impl TokenBytes for Letters {
+    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
+        vec![b'a' + (token % 26) as u8]
+    }
+}
+
+/// A worker on toy models (no files, deterministic).
+pub struct ToyWorker {
+    config: ToyConfig,
+    target: ToyLm,
+    draft: ToyLm,
+}
+
+impl ToyWorker {
+    /// Build the toy target and a noisy draft.
+    pub fn new(config: ToyConfig) -> Self {
+        let m = ToyModel::new(config.vocab.min(26), 1, 7);
+        let draft = ToyLm::new(m.draft(0.5, 3), config.context);
+        Self { target: ToyLm::new(m, config.context), draft, config }
+    }
+
+    /// The toy "chat template": `role: content` lines, then `assistant:`.
+    pub fn render(prompt: &PromptInput) -> String {
+        match prompt {
+            PromptInput::Text(t) => t.clone(),
+            PromptInput::Chat(msgs) => {
+                let mut s: String = msgs.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
+                s.push_str("assistant:");
+                s
+            }
+        }
+    }
+}
+
+impl Worker for ToyWorker {
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(String, usize, DecodeStats), RunError> {
+        let vocab = self.config.vocab.min(26) as u32;
+        let prompt: Vec<TokenId> = Self::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
+        let method = spec.method.clone().unwrap_or_else(|| self.config.method.clone());
+        let mut drafter = method
+            .build(Some(LmRef(&mut self.draft)))
+            .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let delay = self.config.step_delay;
+        let mut slow_emit = |e: Event| {
+            if !delay.is_zero() && matches!(e, Event::Text(ref t) if t.is_empty()) {
+                std::thread::sleep(delay);
+            }
+            emit(e)
+        };
+        run_generation(
+            &mut self.target,
+            drafter.as_mut(),
+            method.name(),
+            prompt,
+            spec,
+            Vec::new(),
+            &Letters,
+            &mut slow_emit,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_prefix;
+
+    #[test]
+    fn complete_prefix_stops_before_a_split_character() {
+        let e = "é".as_bytes();
+        assert_eq!(complete_prefix(b"abc"), 3);
+        assert_eq!(complete_prefix(&[b'a', e[0]]), 1);
+        assert_eq!(complete_prefix(&[b'a', e[0], e[1]]), 3);
+        assert_eq!(complete_prefix(&[b'a', 0xff, b'b']), 3);
+        assert_eq!(complete_prefix(&[0xff, e[0]]), 1);
+    }
+}

@@ -1,0 +1,191 @@
+//! The llama.cpp worker: owns one target context (and one draft context) on its thread, reused
+//! by every request (the generation loop starts each request from an empty cache).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use treespec_core::stats::DecodeStats;
+use treespec_core::TokenId;
+use treespec_engine::{Method, TokenBytes};
+use treespec_llama::{check_compatible, LlamaLm, LlamaModel, LoadOptions};
+use treespec_text::{ChatMessage, ChatTemplate};
+
+use crate::engine_thread::{run_generation, EnginePool, Event, LmRef, RunError, Worker};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::validate::{JobSpec, Limits, PromptInput};
+
+/// What to load.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    /// Target GGUF.
+    pub model: PathBuf,
+    /// Draft GGUF (may be the target file: then the weights are shared).
+    pub draft: Option<PathBuf>,
+    /// Load options for both.
+    pub options: LoadOptions,
+    /// The method used when a request names none.
+    pub method: Method,
+}
+
+/// The loaded models, shared by the worker threads (each makes its own contexts).
+pub struct LoadedModels {
+    target: LlamaModel,
+    draft: Option<LlamaModel>,
+    has_draft: bool,
+    template: ChatTemplate,
+    eos: Vec<TokenId>,
+}
+
+impl LoadedModels {
+    /// Load the target (and draft), check they are compatible, read the chat template.
+    pub fn load(config: &LlamaConfig) -> Result<Self> {
+        let target = LlamaModel::load(&config.model, config.options.clone())
+            .with_context(|| format!("loading target model {}", config.model.display()))?;
+        let mut draft = None;
+        if let Some(path) = &config.draft {
+            if !same_file(path, &config.model) {
+                let d = LlamaModel::load(path, config.options.clone())
+                    .with_context(|| format!("loading draft model {}", path.display()))?;
+                check_compatible(&d, &target)?;
+                draft = Some(d);
+            }
+        }
+        let bos = target.bos().map(|t| target.token_text(t)).transpose()?.unwrap_or_default();
+        let eos_text = target.eos().map(|t| target.token_text(t)).transpose()?.unwrap_or_default();
+        let template = ChatTemplate::new(target.chat_template().as_deref(), &bos, &eos_text)?;
+        let mut eos: Vec<TokenId> = [target.eos(), target.eot()].into_iter().flatten().collect();
+        eos.dedup();
+        Ok(Self { target, draft, has_draft: config.draft.is_some(), template, eos })
+    }
+
+    fn draft(&self) -> Option<&LlamaModel> {
+        self.has_draft.then(|| self.draft.as_ref().unwrap_or(&self.target))
+    }
+
+    /// The target and the draft (the target itself when the draft is the same file).
+    pub fn models(&self) -> (&LlamaModel, Option<&LlamaModel>) {
+        (&self.target, self.draft())
+    }
+
+    /// End-of-generation tokens of the target.
+    pub fn eos_tokens(&self) -> Vec<TokenId> {
+        self.eos.clone()
+    }
+
+    /// Tokenize a prompt: chat messages through the model's template (special tokens parsed in
+    /// the template, as in `treespec generate --chat`), raw text as is.
+    pub fn prompt_tokens(&self, prompt: &PromptInput) -> std::result::Result<Vec<TokenId>, ApiError> {
+        let m = &self.target;
+        let internal = |e: String| ApiError::internal(e);
+        match prompt {
+            PromptInput::Text(t) => m.tokenize(t, m.add_bos(), false).map_err(|e| internal(e.to_string())),
+            PromptInput::Chat(msgs) => {
+                let msgs: Vec<ChatMessage> =
+                    msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect();
+                let rendered = self.template.render(&msgs, true).map_err(|e| {
+                    ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
+                })?;
+                let bos = m.bos().and_then(|t| m.token_text(t).ok()).unwrap_or_default();
+                let add_bos = m.add_bos() && (bos.is_empty() || !rendered.starts_with(&bos));
+                m.tokenize(&rendered, add_bos, true).map_err(|e| internal(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Token → bytes through the model's vocabulary (special tokens render as nothing).
+pub struct ModelBytes<'a>(pub &'a LlamaModel);
+
+impl TokenBytes for ModelBytes<'_> {
+    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
+        self.0.token_to_bytes(token, false).unwrap_or_default()
+    }
+}
+
+/// One worker's contexts.
+pub struct LlamaWorker<'m> {
+    models: &'m LoadedModels,
+    target: LlamaLm<'m>,
+    draft: Option<LlamaLm<'m>>,
+    method: Method,
+}
+
+impl<'m> LlamaWorker<'m> {
+    /// Make the contexts.
+    pub fn new(models: &'m LoadedModels, method: Method) -> Result<Self> {
+        let target = models.target.new_lm()?;
+        let draft = models.draft().map(|d| d.new_lm()).transpose()?;
+        Ok(Self { models, target, draft, method })
+    }
+}
+
+impl Worker for LlamaWorker<'_> {
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(String, usize, DecodeStats), RunError> {
+        let prompt = self.models.prompt_tokens(&spec.prompt)?;
+        let method = spec.method.as_ref().unwrap_or(&self.method);
+        let draft = match (method.needs_draft(), self.draft.as_mut()) {
+            (true, Some(d)) => Some(LmRef(d)),
+            _ => None,
+        };
+        let mut drafter = method.build(draft).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let bytes = ModelBytes(&self.models.target);
+        let eos = self.models.eos.clone();
+        run_generation(&mut self.target, drafter.as_mut(), method.name(), prompt, spec, eos, &bytes, emit)
+    }
+}
+
+impl EnginePool {
+    /// Load the models and start `workers` threads (each with its own contexts) behind a queue of
+    /// `queue` waiting jobs.
+    pub fn llama(config: LlamaConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Result<Self> {
+        if config.method.needs_draft() && config.draft.is_none() {
+            anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", config.method.name());
+        }
+        let models = Arc::new(LoadedModels::load(&config)?);
+        let limits =
+            Limits { context: config.options.ctx_size, has_draft: models.has_draft, ..Limits::default() };
+        let id = model_id(&config.model);
+        let (pool, q) = EnginePool::new(queue, id, limits, metrics);
+        // Make every worker's contexts before answering anything, so a failure shows at start.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        for i in 0..workers.max(1) {
+            let (q, models, method, ready) =
+                (q.clone(), models.clone(), config.method.clone(), ready_tx.clone());
+            std::thread::Builder::new().name(format!("treespec-engine-{i}")).spawn(move || {
+                match LlamaWorker::new(&models, method) {
+                    Ok(mut w) => {
+                        let _ = ready.send(Ok(()));
+                        drop(ready);
+                        q.serve(&mut w);
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                }
+            })?;
+        }
+        drop(ready_tx);
+        for _ in 0..workers.max(1) {
+            ready_rx.recv().context("an engine thread died while starting")??;
+        }
+        Ok(pool)
+    }
+}
+
+/// The id served for a model file: its file stem.
+pub fn model_id(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}

@@ -1,0 +1,348 @@
+//! HTTP handlers: parse → validate → queue → answer (JSON, or server-sent events ending with
+//! `data: [DONE]`). No tensors here: everything model-side is behind [`GenerationBackend`].
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::api::*;
+use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::validate::{self, JobSpec};
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// The model side.
+    pub backend: Arc<dyn GenerationBackend>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Required bearer token, if any.
+    pub api_key: Option<String>,
+    /// Server start (Unix seconds), the models' `created`.
+    pub started: u64,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Server start time for [`AppState::started`].
+pub fn unix_now() -> u64 {
+    now()
+}
+
+fn new_id(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("{prefix}-{n:x}{nanos:08x}")
+}
+
+/// `GET /health`.
+pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "model": s.backend.model_id(), "queue_depth": s.backend.queue_depth()}))
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(s): State<AppState>) -> Response {
+    let text = s.metrics.render(s.backend.queue_depth());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: s.backend.model_id(),
+            object: "model",
+            created: s.started,
+            owned_by: "treespec",
+        }],
+    })
+}
+
+/// Unknown routes.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(req.uri().path())
+}
+
+/// Counts every answered request by route and status.
+pub async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let endpoint = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
+    let r = next.run(req).await;
+    s.metrics.request(&endpoint, r.status().as_u16());
+    r
+}
+
+/// With an API key: `Authorization: Bearer KEY` or 401.
+pub async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body as bytes, with limit and content-type errors in OpenAI form.
+fn body_bytes(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    validate::check_content_type(headers)?;
+    body.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::invalid(None, "the request body is too large")
+                .with_status(status)
+                .with_code("body_too_large")
+        } else {
+            ApiError::invalid(None, format!("could not read the request body: {r}")).with_status(status)
+        }
+    })
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = body_bytes(&headers, body)?;
+    let spec = validate::chat(validate::parse_json(&bytes)?, &s.backend.limits())?;
+    respond(s, spec, Kind::Chat).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = body_bytes(&headers, body)?;
+    let spec = validate::completion(validate::parse_json(&bytes)?, &s.backend.limits())?;
+    respond(s, spec, Kind::Completion).await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn respond(s: AppState, spec: JobSpec, kind: Kind) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (spec.stream, spec.include_usage);
+    let (tx, mut rx) = unbounded_channel();
+    s.backend.submit(Job { spec, events: tx })?;
+    // The first event tells whether the prompt was accepted: errors before any output are
+    // plain HTTP errors, also for streaming requests.
+    let _started = match rx.recv().await {
+        Some(Event::Started { prompt_tokens, method }) => (prompt_tokens, method),
+        Some(Event::Error(e)) => return Err(e),
+        _ => return Err(ApiError::internal("the model thread stopped")),
+    };
+    let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+    let meta = Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage };
+    if stream {
+        let events = sse_events(rx, meta);
+        return Ok(Sse::new(events).into_response());
+    }
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(f)) => return Ok(Json(meta.full(text, &f)).into_response()),
+            Some(Event::Error(e)) => return Err(e),
+            Some(Event::Started { .. }) => {}
+            None => return Err(ApiError::internal("the generation ended without a result")),
+        }
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+    include_usage: bool,
+}
+
+impl Meta {
+    fn full(&self, text: String, f: &Finished) -> serde_json::Value {
+        let usage = Usage::new(f.prompt_tokens, f.completion_tokens);
+        let stats = TreespecStats {
+            method: f.method.clone(),
+            target_forwards: f.target_forwards,
+            mean_accepted: if f.target_forwards > 0 {
+                f.completion_tokens as f64 / f.target_forwards as f64
+            } else {
+                0.0
+            },
+        };
+        match self.kind {
+            Kind::Chat => to_json(&ChatCompletionResponse {
+                id: self.id.clone(),
+                object: "chat.completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: ResponseMessage { role: "assistant", content: text },
+                    logprobs: None,
+                    finish_reason: f.finish_reason,
+                }],
+                usage,
+                treespec: stats,
+            }),
+            Kind::Completion => to_json(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: Some(f.finish_reason),
+                }],
+                usage: Some(usage),
+                treespec: Some(stats),
+            }),
+        }
+    }
+
+    /// One streamed chunk: text and/or finish reason, or (with `usage`) the usage chunk.
+    fn chunk(
+        &self,
+        role: bool,
+        text: Option<String>,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> SseEvent {
+        let value = match self.kind {
+            Kind::Chat => to_json(&ChatCompletionChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: if usage.is_some() {
+                    vec![]
+                } else {
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta { role: role.then_some("assistant"), content: text },
+                        logprobs: None,
+                        finish_reason: finish,
+                    }]
+                },
+                usage,
+            }),
+            Kind::Completion => to_json(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: if usage.is_some() {
+                    vec![]
+                } else {
+                    vec![CompletionChoice {
+                        index: 0,
+                        text: text.unwrap_or_default(),
+                        logprobs: None,
+                        finish_reason: finish,
+                    }]
+                },
+                usage,
+                treespec: None,
+            }),
+        };
+        SseEvent::default().data(value.to_string())
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+enum Phase {
+    First,
+    Streaming,
+    Finished,
+}
+
+/// The SSE body: a role chunk (chat), text chunks, a finish chunk, the usage chunk if asked,
+/// `[DONE]`. Dropping this stream (client gone) drops the receiver, which cancels the job.
+fn sse_events(rx: UnboundedReceiver<Event>, meta: Meta) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::unfold((rx, meta, Phase::First), |(mut rx, meta, phase)| async move {
+        match phase {
+            Phase::First if meta.kind == Kind::Chat => {
+                let e = meta.chunk(true, Some(String::new()), None, None);
+                Some((vec![e], (rx, meta, Phase::Streaming)))
+            }
+            Phase::First | Phase::Streaming => loop {
+                match rx.recv().await {
+                    Some(Event::Text(t)) if t.is_empty() => continue,
+                    Some(Event::Text(t)) => {
+                        let e = meta.chunk(false, Some(t), None, None);
+                        break Some((vec![e], (rx, meta, Phase::Streaming)));
+                    }
+                    Some(Event::Started { .. }) => continue,
+                    Some(Event::Done(f)) => {
+                        let mut out = vec![meta.chunk(false, None, Some(f.finish_reason), None)];
+                        if meta.include_usage {
+                            out.push(meta.chunk(
+                                false,
+                                None,
+                                None,
+                                Some(Usage::new(f.prompt_tokens, f.completion_tokens)),
+                            ));
+                        }
+                        out.push(SseEvent::default().data("[DONE]"));
+                        break Some((out, (rx, meta, Phase::Finished)));
+                    }
+                    Some(Event::Error(e)) => {
+                        let out = vec![
+                            SseEvent::default().data(e.body().to_string()),
+                            SseEvent::default().data("[DONE]"),
+                        ];
+                        break Some((out, (rx, meta, Phase::Finished)));
+                    }
+                    None => {
+                        let e = ApiError::internal("the generation ended without a result");
+                        let out = vec![
+                            SseEvent::default().data(e.body().to_string()),
+                            SseEvent::default().data("[DONE]"),
+                        ];
+                        break Some((out, (rx, meta, Phase::Finished)));
+                    }
+                }
+            },
+            Phase::Finished => None,
+        }
+    })
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}

@@ -1,0 +1,557 @@
+//! Every request check in one place: body → validated [`JobSpec`], or an [`ApiError`] (4xx).
+//! Nothing here touches a model: the only check that needs the tokenizer (prompt length against
+//! the context) is [`check_lengths`], which the engine thread calls after tokenizing.
+
+use axum::http::{header, HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use treespec_core::sampling::SamplingParams;
+use treespec_engine::drafters::{
+    DySpecConfig, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig, StagedConfig,
+};
+use treespec_engine::{Method, METHOD_NAMES};
+
+use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, MethodSpec};
+use crate::error::ApiError;
+
+/// A chat message after validation (role normalised).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Text content.
+    pub content: String,
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptInput {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<Message>),
+    /// Raw text.
+    Text(String),
+}
+
+/// A validated generation request, independent of the model.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// The prompt.
+    pub prompt: PromptInput,
+    /// Most new tokens (None: fill the context).
+    pub max_tokens: Option<usize>,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Seed.
+    pub seed: u64,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// The method (None: the server's default).
+    pub method: Option<Method>,
+    /// Stream the answer.
+    pub stream: bool,
+    /// Send a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+}
+
+/// Limits known to the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The model's context size in tokens.
+    pub context: usize,
+    /// Whether a draft model is loaded.
+    pub has_draft: bool,
+    /// Most stop strings.
+    pub max_stop: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { context: 4096, has_draft: false, max_stop: 4 }
+    }
+}
+
+/// `Content-Type` must be JSON.
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(None, format!("expected `Content-Type: application/json`, got `{ct}`"))
+            .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+            .with_code("unsupported_media_type"))
+    }
+}
+
+/// Parse a JSON body into `T`, with an OpenAI-style error for malformed JSON or wrong types.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(None, format!("malformed JSON body: {e}")).with_code("invalid_json")
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(None, "the request body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(None, format!("invalid request: {e}")))
+}
+
+/// Validate a chat completion request.
+pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" | "function" => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("messages[{i}]: role '{}' (tools) is not supported", m.role),
+                ))
+            }
+            "" => return Err(ApiError::invalid("messages", format!("messages[{i}]: missing `role`"))),
+            other => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("messages[{i}]: unknown role '{other}' (system, user, assistant)"),
+                ))
+            }
+        };
+        if m.tool_calls.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("messages[{i}]: tool_calls are not supported"),
+            ));
+        }
+        let content = content_text(&m.content).ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                format!("messages[{i}]: `content` must be a string or a list of text parts"),
+            )
+        })?;
+        messages.push(Message { role: role.to_string(), content });
+    }
+    common(PromptInput::Chat(messages), req.common, limits)
+}
+
+/// Validate a text completion request.
+pub fn completion(req: CompletionRequest, limits: &Limits) -> Result<JobSpec, ApiError> {
+    let prompt = match &req.prompt {
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        Value::Array(a) if a.len() > 1 => {
+            return Err(ApiError::invalid("prompt", "only one prompt per request is supported"))
+        }
+        Value::Null => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
+    }
+    common(PromptInput::Text(prompt), req.common, limits)
+}
+
+fn content_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => Some(String::new()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                if p.get("type").and_then(Value::as_str) != Some("text") {
+                    return None;
+                }
+                out.push_str(p.get("text")?.as_str()?);
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+fn unsupported(v: &Option<Value>, ok: impl Fn(&Value) -> bool) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_null() && !ok(v))
+}
+
+fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
+    // Fields that would change the result and are not implemented.
+    let checks: [(&'static str, bool, &str); 13] = [
+        ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
+        ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
+        ("logprobs", unsupported(&c.logprobs, |v| v == &Value::Bool(false)), "logprobs are not supported"),
+        (
+            "top_logprobs",
+            unsupported(&c.top_logprobs, |v| v.as_i64() == Some(0)),
+            "top_logprobs are not supported",
+        ),
+        (
+            "tools",
+            unsupported(&c.tools, |v| v.as_array().is_some_and(|a| a.is_empty())),
+            "tools are not supported",
+        ),
+        ("tool_choice", unsupported(&c.tool_choice, |v| v == "none"), "tool_choice is not supported"),
+        ("functions", unsupported(&c.functions, |_| false), "functions are not supported"),
+        (
+            "response_format",
+            unsupported(&c.response_format, |v| v.get("type").and_then(Value::as_str) == Some("text")),
+            "only response_format {\"type\": \"text\"} is supported",
+        ),
+        (
+            "logit_bias",
+            unsupported(&c.logit_bias, |v| v.as_object().is_some_and(|o| o.is_empty())),
+            "logit_bias is not supported",
+        ),
+        (
+            "presence_penalty",
+            unsupported(&c.presence_penalty, |v| v.as_f64() == Some(0.0)),
+            "presence_penalty is not supported (only 0)",
+        ),
+        (
+            "frequency_penalty",
+            unsupported(&c.frequency_penalty, |v| v.as_f64() == Some(0.0)),
+            "frequency_penalty is not supported (only 0)",
+        ),
+        ("echo", unsupported(&c.echo, |v| v == &Value::Bool(false)), "echo is not supported"),
+        ("suffix", unsupported(&c.suffix, |v| v.as_str() == Some("")), "suffix is not supported"),
+    ];
+    if let Some((param, _, msg)) = checks.iter().find(|(_, bad, _)| *bad) {
+        return Err(ApiError::invalid(*param, *msg).with_code("unsupported_parameter"));
+    }
+
+    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
+        None => None,
+        Some(n) if n <= 0 => {
+            return Err(ApiError::invalid("max_tokens", format!("max_tokens must be ≥ 1, got {n}")))
+        }
+        Some(n) if n as u64 >= limits.context as u64 => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("max_tokens = {n} does not fit the context of {} tokens", limits.context),
+            )
+            .with_code("context_length_exceeded"))
+        }
+        Some(n) => Some(n as usize),
+    };
+    let temperature = c.temperature.unwrap_or(1.0);
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(ApiError::invalid("temperature", format!("temperature must be ≥ 0, got {temperature}")));
+    }
+    if temperature > 2.0 {
+        return Err(ApiError::invalid("temperature", format!("temperature must be ≤ 2, got {temperature}")));
+    }
+    let top_p = c.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], got {top_p}")));
+    }
+    let seed = c.seed.unwrap_or(0) as u64;
+    let stop = c.stop.map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > limits.max_stop {
+        return Err(ApiError::invalid("stop", format!("at most {} stop strings", limits.max_stop)));
+    }
+    if stop.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    let sampling =
+        SamplingParams { temperature: temperature as f32, top_p: top_p as f32, ..SamplingParams::default() };
+    sampling.validate().map_err(|e| ApiError::invalid(None, e.to_string()))?;
+    let method = match c.treespec {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let spec: MethodSpec = serde_json::from_value(v)
+                .map_err(|e| ApiError::invalid("treespec", format!("invalid `treespec` object: {e}")))?;
+            method_from_spec(&spec, limits.has_draft)?
+        }
+    };
+    Ok(JobSpec {
+        prompt,
+        max_tokens,
+        sampling,
+        seed,
+        stop,
+        method,
+        stream: c.stream,
+        include_usage: c.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+/// The method named by a `treespec` extension object (None: no method named and no knobs, use
+/// the server's default).
+pub fn method_from_spec(spec: &MethodSpec, has_draft: bool) -> Result<Option<Method>, ApiError> {
+    let Some(name) = spec.method.as_deref() else {
+        if spec.has_knobs() {
+            return Err(ApiError::invalid("treespec.method", "knobs need a `method` to apply to"));
+        }
+        return Ok(None);
+    };
+    let bad = |m: String| ApiError::invalid("treespec", m);
+    let method = match name {
+        "plain" => Method::Plain,
+        "chain" => Method::Chain { k: spec.k.unwrap_or(4) },
+        "tree" => Method::Tree { widths: spec.widths.clone().unwrap_or_else(|| vec![2, 2, 1, 1]) },
+        "specinfer" => Method::SpecInfer { expand: spec.expand.clone().unwrap_or_else(|| vec![2, 2, 1, 1]) },
+        "sequoia" => {
+            let d = SequoiaConfig::default();
+            let acceptance = spec
+                .acceptance
+                .clone()
+                .ok_or_else(|| bad("sequoia needs `acceptance`, e.g. [0.6, 0.2, 0.05]".into()))?;
+            Method::Sequoia(SequoiaConfig {
+                budget: spec.budget.unwrap_or(d.budget),
+                max_depth: spec.depth.or(d.max_depth),
+                acceptance,
+            })
+        }
+        "dyspec" => {
+            let d = DySpecConfig::default();
+            Method::DySpec(DySpecConfig {
+                budget: spec.budget.unwrap_or(d.budget),
+                max_depth: spec.depth.unwrap_or(d.max_depth),
+                ..d
+            })
+        }
+        "eagle2" => {
+            let d = Eagle2Config::default();
+            Method::Eagle2(Eagle2Config {
+                top_k: spec.eagle_top_k.unwrap_or(d.top_k),
+                depth: spec.depth.unwrap_or(d.depth),
+                total: spec.budget.unwrap_or(d.total),
+            })
+        }
+        "gsd" => {
+            let d = GsdConfig::default();
+            Method::Gsd(GsdConfig {
+                max_depth: spec.depth.unwrap_or(d.max_depth),
+                budget: spec.budget.unwrap_or(d.budget),
+                ..d
+            })
+        }
+        "staged" => {
+            let d = StagedConfig::default();
+            Method::Staged(StagedConfig { depth: spec.depth.unwrap_or(d.depth), ..d })
+        }
+        "lookup" => {
+            let d = LookupConfig::default();
+            Method::Lookup {
+                config: LookupConfig {
+                    max_ngram: spec.lookup_ngram.unwrap_or(d.max_ngram),
+                    max_tokens: spec.lookup_tokens.unwrap_or(d.max_tokens),
+                    branches: spec.lookup_branches.unwrap_or(d.branches),
+                    ..d
+                },
+                table: None,
+            }
+        }
+        "disco" => Method::Disco(Default::default()),
+        other => {
+            return Err(ApiError::invalid(
+                "treespec.method",
+                format!("unknown method '{other}' (one of {})", METHOD_NAMES.join(", ")),
+            ))
+        }
+    };
+    if method.needs_draft() && !has_draft {
+        return Err(ApiError::invalid(
+            "treespec.method",
+            format!(
+                "method '{name}' needs a draft model and the server runs without one (start it with --md)"
+            ),
+        ));
+    }
+    Ok(Some(method))
+}
+
+/// The check that needs the tokenized prompt: prompt and answer must fit the context. Returns
+/// the number of new tokens to generate.
+pub fn check_lengths(
+    prompt_tokens: usize,
+    max_tokens: Option<usize>,
+    context: usize,
+) -> Result<usize, ApiError> {
+    if prompt_tokens == 0 {
+        return Err(ApiError::invalid("messages", "the prompt is empty after tokenization"));
+    }
+    if prompt_tokens >= context {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("the prompt is {prompt_tokens} tokens long but the context holds {context}"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = context - prompt_tokens;
+    match max_tokens {
+        None => Ok(room),
+        Some(n) if n > room => Err(ApiError::invalid(
+            "max_tokens",
+            format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({n}) exceeds the context of {context} tokens"),
+        )
+        .with_code("context_length_exceeded")),
+        Some(n) => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use serde_json::json;
+
+    fn chat_json(v: Value) -> Result<JobSpec, ApiError> {
+        chat(parse_json(v.to_string().as_bytes())?, &Limits { context: 128, has_draft: true, max_stop: 4 })
+    }
+
+    fn msg() -> Value {
+        json!([{"role": "user", "content": "hi"}])
+    }
+
+    #[test]
+    fn a_minimal_chat_request_gets_openai_defaults() {
+        let j = chat_json(json!({"model": "x", "messages": msg(), "unknown_field": {"a": 1}})).unwrap();
+        assert_eq!(j.prompt, PromptInput::Chat(vec![Message { role: "user".into(), content: "hi".into() }]));
+        assert_eq!(j.sampling.temperature, 1.0);
+        assert_eq!(j.max_tokens, None);
+        assert!(j.method.is_none() && !j.stream && !j.include_usage);
+    }
+
+    #[test]
+    fn content_parts_and_developer_role() {
+        let j = chat_json(json!({"messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+        ]}))
+        .unwrap();
+        let PromptInput::Chat(m) = j.prompt else { panic!() };
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "ab");
+    }
+
+    #[test]
+    fn rejects_bad_messages() {
+        assert_eq!(chat_json(json!({"messages": []})).unwrap_err().param.as_deref(), Some("messages"));
+        assert_eq!(chat_json(json!({})).unwrap_err().param.as_deref(), Some("messages"));
+        let e = chat_json(json!({"messages": [{"role": "wizard", "content": "x"}]})).unwrap_err();
+        assert!(e.message.contains("unknown role 'wizard'"), "{}", e.message);
+        assert!(chat_json(json!({"messages": [{"role": "tool", "content": "x"}]})).is_err());
+        assert!(chat_json(json!({"messages": [{"role": "user", "content": 5}]})).is_err());
+        assert!(
+            chat_json(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})).is_err()
+        );
+    }
+
+    #[test]
+    fn rejects_bad_sampling_and_lengths() {
+        for (field, v) in [
+            ("max_tokens", json!(0)),
+            ("max_tokens", json!(-3)),
+            ("max_tokens", json!(128)),
+            ("max_completion_tokens", json!(0)),
+            ("temperature", json!(-0.1)),
+            ("temperature", json!(2.5)),
+            ("top_p", json!(0.0)),
+            ("top_p", json!(1.5)),
+            ("top_p", json!(-1)),
+        ] {
+            let e = chat_json(json!({"messages": msg(), field: v})).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{field}={v}");
+            assert!(e.param.as_deref().unwrap().starts_with(&field[..3]), "{field}: {e:?}");
+        }
+        let ok =
+            chat_json(json!({"messages": msg(), "max_tokens": 127, "temperature": 0, "top_p": 1, "seed": 7}))
+                .unwrap();
+        assert_eq!((ok.max_tokens, ok.sampling.temperature, ok.seed), (Some(127), 0.0, 7));
+    }
+
+    #[test]
+    fn rejects_unsupported_fields_that_change_results_but_accepts_their_defaults() {
+        for (field, bad, good) in [
+            ("n", json!(2), json!(1)),
+            ("logprobs", json!(true), json!(false)),
+            ("top_logprobs", json!(3), json!(0)),
+            ("tools", json!([{"type": "function"}]), json!([])),
+            ("tool_choice", json!("auto"), json!("none")),
+            ("response_format", json!({"type": "json_object"}), json!({"type": "text"})),
+            ("logit_bias", json!({"5": 10}), json!({})),
+            ("presence_penalty", json!(0.5), json!(0)),
+            ("frequency_penalty", json!(0.5), json!(0.0)),
+        ] {
+            let e = chat_json(json!({"messages": msg(), field: bad})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+            assert_eq!(e.code, Some("unsupported_parameter"));
+            chat_json(json!({"messages": msg(), field: good})).unwrap();
+            chat_json(json!({"messages": msg(), field: null})).unwrap();
+        }
+    }
+
+    #[test]
+    fn stop_strings_and_stream_options() {
+        let j = chat_json(json!({"messages": msg(), "stop": "\n", "stream": true, "stream_options": {"include_usage": true}}))
+            .unwrap();
+        assert_eq!(j.stop, vec!["\n"]);
+        assert!(j.stream && j.include_usage);
+        assert_eq!(chat_json(json!({"messages": msg(), "stop": ["a", "b"]})).unwrap().stop.len(), 2);
+        assert!(chat_json(json!({"messages": msg(), "stop": ["a", "b", "c", "d", "e"]})).is_err());
+        assert!(chat_json(json!({"messages": msg(), "stop": [""]})).is_err());
+        assert!(chat_json(json!({"messages": msg(), "stop": 3})).is_err());
+    }
+
+    #[test]
+    fn treespec_extension() {
+        let j = chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "k": 3}})).unwrap();
+        assert!(matches!(j.method, Some(Method::Chain { k: 3 })));
+        let j =
+            chat_json(json!({"messages": msg(), "treespec": {"method": "tree", "widths": [3, 1]}})).unwrap();
+        assert!(matches!(j.method, Some(Method::Tree { ref widths }) if widths == &[3, 1]));
+        assert!(chat_json(json!({"messages": msg(), "treespec": {}})).unwrap().method.is_none());
+        let e = chat_json(json!({"messages": msg(), "treespec": {"method": "magic"}})).unwrap_err();
+        assert!(e.message.contains("unknown method 'magic'"));
+        assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "kk": 3}})).is_err());
+        assert!(chat_json(json!({"messages": msg(), "treespec": {"k": 3}})).is_err());
+        assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "sequoia"}})).is_err());
+        for name in METHOD_NAMES.iter().filter(|n| **n != "sequoia") {
+            chat_json(json!({"messages": msg(), "treespec": {"method": name}})).unwrap();
+        }
+        let spec = MethodSpec { method: Some("chain".into()), ..Default::default() };
+        assert!(method_from_spec(&spec, false).unwrap_err().message.contains("needs a draft"));
+        let spec = MethodSpec { method: Some("lookup".into()), ..Default::default() };
+        assert!(method_from_spec(&spec, false).is_ok());
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let l = Limits::default();
+        let p = |v: Value| completion(parse_json(v.to_string().as_bytes())?, &l);
+        assert_eq!(p(json!({"prompt": "abc"})).unwrap().prompt, PromptInput::Text("abc".into()));
+        assert_eq!(p(json!({"prompt": ["abc"]})).unwrap().prompt, PromptInput::Text("abc".into()));
+        assert!(p(json!({"prompt": ["a", "b"]})).is_err());
+        assert!(p(json!({"prompt": ""})).is_err());
+        assert!(p(json!({})).is_err());
+        assert!(p(json!({"prompt": [1, 2]})).is_err());
+        assert!(p(json!({"prompt": "a", "echo": true})).is_err());
+    }
+
+    #[test]
+    fn malformed_json_and_content_type() {
+        assert_eq!(
+            parse_json::<ChatCompletionRequest>(b"{\"messages\": [").unwrap_err().code,
+            Some("invalid_json")
+        );
+        assert!(parse_json::<ChatCompletionRequest>(b"[1]").is_err());
+        assert!(parse_json::<ChatCompletionRequest>(b"{\"messages\": 5}").is_err());
+        let mut h = HeaderMap::new();
+        assert_eq!(check_content_type(&h).unwrap_err().status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(check_content_type(&h).is_err());
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        assert!(check_content_type(&h).is_ok());
+    }
+
+    #[test]
+    fn lengths_against_the_context() {
+        assert_eq!(check_lengths(10, None, 100).unwrap(), 90);
+        assert_eq!(check_lengths(10, Some(90), 100).unwrap(), 90);
+        assert_eq!(check_lengths(10, Some(91), 100).unwrap_err().code, Some("context_length_exceeded"));
+        assert_eq!(check_lengths(100, None, 100).unwrap_err().code, Some("context_length_exceeded"));
+        assert!(check_lengths(0, None, 100).is_err());
+    }
+}

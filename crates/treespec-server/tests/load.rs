@@ -1,0 +1,113 @@
+//! Bounded load test on loopback (ignored by default; run with
+//! `cargo test --release -p treespec-server --test load -- --ignored --nocapture`):
+//! 16 concurrent streaming clients on SmolLM2, 4 of them disconnecting midway. Prints throughput
+//! and p50/p99 latency; asserts that every non-cancelling client got a complete answer and that
+//! the server is still healthy afterwards.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_openai::config::OpenAIConfig;
+use async_openai::types::{ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs};
+use async_openai::Client;
+use futures_util::StreamExt;
+use treespec_engine::Method;
+use treespec_llama::LoadOptions;
+use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+
+const CLIENTS: usize = 16;
+const CANCELLING: usize = 4;
+const MAX_TOKENS: u32 = 48;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "load test: run explicitly with --ignored"]
+async fn sixteen_streaming_clients() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/fetch-models.sh", path.display());
+    let threads = std::env::var("TREESPEC_LOAD_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(2);
+    let method = match std::env::var("TREESPEC_LOAD_METHOD").as_deref() {
+        Ok("plain") => Method::Plain,
+        _ => Method::Chain { k: 3 },
+    };
+    let options = LoadOptions { threads, ctx_size: 1024, ..LoadOptions::default() };
+    let config = LlamaConfig { model: path.clone(), draft: Some(path), options, method };
+    let metrics = Arc::new(Metrics::default());
+    let pool = Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap());
+    let app = router(pool, metrics.clone(), ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(treespec_server::serve(listener, app, std::future::pending()));
+    let client = Client::with_config(OpenAIConfig::new().with_api_base(format!("http://{addr}/v1")));
+
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = CreateChatCompletionRequestArgs::default()
+                .model("m")
+                .messages([ChatCompletionRequestUserMessageArgs::default()
+                    .content(format!("Write a short story about robot number {i}."))
+                    .build()
+                    .unwrap()
+                    .into()])
+                .temperature(0.0)
+                .max_tokens(MAX_TOKENS)
+                .build()
+                .unwrap();
+            let t = Instant::now();
+            let mut s = client.chat().create_stream(req).await.unwrap();
+            let mut first = None;
+            let mut chunks = 0usize;
+            let mut finished = false;
+            while let Some(c) = s.next().await {
+                let c = c.unwrap();
+                if first.is_none() {
+                    first = Some(t.elapsed());
+                }
+                chunks += 1;
+                if c.choices.iter().any(|x| x.finish_reason.is_some()) {
+                    finished = true;
+                }
+                if i < CANCELLING && chunks == 3 {
+                    break; // disconnect midway
+                }
+            }
+            (i, t.elapsed(), first.unwrap_or_default(), finished)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut ttft = Vec::new();
+    for t in tasks {
+        let (i, total, first, finished) =
+            tokio::time::timeout(Duration::from_secs(300), t).await.unwrap().unwrap();
+        if i >= CANCELLING {
+            assert!(finished, "client {i} got no finish_reason");
+            latencies.push(total);
+            ttft.push(first);
+        }
+    }
+    let wall = start.elapsed();
+    let text = metrics.render(0);
+    let tokens: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("treespec_completion_tokens_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    latencies.sort();
+    ttft.sort();
+    let pct = |v: &[Duration], p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
+    println!(
+        "load: {CLIENTS} clients ({CANCELLING} cancelling), wall {:.2}s, {tokens} tokens from finished generations, \
+         {:.1} tok/s; latency p50 {:.2}s p99 {:.2}s; time to first chunk p50 {:.2}s p99 {:.2}s",
+        wall.as_secs_f64(),
+        tokens / wall.as_secs_f64(),
+        pct(&latencies, 0.5).as_secs_f64(),
+        pct(&latencies, 0.99).as_secs_f64(),
+        pct(&ttft, 0.5).as_secs_f64(),
+        pct(&ttft, 0.99).as_secs_f64(),
+    );
+    println!("{}", text.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n"));
+    assert!(text.contains("treespec_generations_total"));
+}
