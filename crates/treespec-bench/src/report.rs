@@ -304,13 +304,14 @@ pub fn summary_markdown(r: &Results) -> String {
         if m.simd.is_empty() { "no SIMD flags found".to_string() } else { m.simd.join(" ") },
         m.os
     );
-    if let (Some(a), Some(b)) = (m.load_average_start, m.load_average_end) {
-        let busy = if a.max(b) > m.logical_cpus as f64 * 0.5 + 0.5 {
-            " — the machine was busy: expect noise"
-        } else {
-            ""
-        };
-        let _ = writeln!(s, "- load average (1 min) {a:.2} before, {b:.2} after{busy}");
+    if let Some(a) = m.load_average_start {
+        // The end value includes this benchmark's own threads; the start value is other work.
+        let busy =
+            if a > m.logical_cpus as f64 * 0.5 { " — other work was running: expect noise" } else { "" };
+        let end = m
+            .load_average_end
+            .map_or(String::new(), |b| format!(" ({b:.2} at the end, this benchmark included)"));
+        let _ = writeln!(s, "- load average (1 min) {a:.2} at the start{end}{busy}");
     }
     let commit = m.git_commit.as_deref().map_or("unknown".to_string(), |h| {
         format!("{}{}", &h[..h.len().min(12)], if m.git_dirty == Some(true) { " (dirty)" } else { "" })
