@@ -1,5 +1,5 @@
-//! Bounded load test on loopback (ignored by default; run with
-//! `cargo test --release -p treespec-server --test load -- --ignored --nocapture`):
+//! Bounded load test on loopback, part of the CI run (see the numbers with
+//! `cargo test --release -p treespec-server --test load -- --nocapture`):
 //! 16 concurrent streaming clients on SmolLM2, 4 of them disconnecting midway. Prints throughput
 //! and p50/p99 latency; asserts that every non-cancelling client got a complete answer and that
 //! the server is still healthy afterwards.
@@ -21,7 +21,6 @@ const CANCELLING: usize = 4;
 const MAX_TOKENS: u32 = 48;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "load test: run explicitly with --ignored"]
 async fn sixteen_streaming_clients() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(path.exists(), "{} is missing: run scripts/fetch-models.sh", path.display());
