@@ -14,5 +14,5 @@ prompt=${1:-"Write a short poem about the sea."}
 for method in plain chain dyspec; do
     echo
     echo "=== --method $method ==="
-    ./target/release/treespec generate -m "$model" -md "$model" --chat --method "$method" -n 128 -p "$prompt"
+    ./target/release/treespec generate -m "$model" --draft "$model" --chat --method "$method" -n 128 -p "$prompt"
 done
