@@ -14,9 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_core::sampling::SamplingParams;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{
-    generate, CausalLm, Drafter, GenerateRequest, Logits, Method, StopConditions, TreeBatch, METHOD_NAMES,
-};
+use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, Method, StopConditions, METHOD_NAMES};
 
 use crate::prompts::Prompt;
 use crate::report::RunRecord;
@@ -39,37 +37,6 @@ pub trait Backend {
     fn stop(&self) -> StopConditions;
     /// The target and the drafter for one run of `method`.
     fn session(&mut self, method: &Method) -> Result<Session<'_>>;
-}
-
-/// A mutable borrow of a model as a [`CausalLm`] by value, so a drafter (which owns its draft
-/// model) can run on a context that outlives it and is reused by the next run.
-pub struct LmRef<'a, M: CausalLm + ?Sized>(pub &'a mut M);
-
-impl<M: CausalLm + ?Sized> CausalLm for LmRef<'_, M> {
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        self.0.context_size()
-    }
-    fn committed_len(&self) -> usize {
-        self.0.committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        self.0.pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> treespec_engine::Result<()> {
-        self.0.prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> treespec_engine::Result<Logits> {
-        self.0.forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> treespec_engine::Result<()> {
-        self.0.commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> treespec_engine::Result<()> {
-        self.0.truncate(len)
-    }
 }
 
 /// Toy models behind the [`Backend`] seam: the harness end to end with no model files. Prompt
@@ -103,8 +70,8 @@ impl Backend for ToyBackend {
         StopConditions::default()
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
-        let drafter = method.build(Some(LmRef(&mut self.draft)))?;
-        Ok(Session { target: Box::new(LmRef(&mut self.target)), drafter })
+        let drafter = method.build(Some(&mut self.draft))?;
+        Ok(Session { target: Box::new(&mut self.target), drafter })
     }
 }
 

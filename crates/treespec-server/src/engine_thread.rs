@@ -17,8 +17,7 @@ use treespec_core::TokenId;
 use treespec_engine::stop::StopScanner;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
-    generate, CausalLm, Drafter, EngineError, GenerateRequest, Logits, Method, StopConditions, TokenBytes,
-    TreeBatch,
+    generate, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions, TokenBytes,
 };
 
 use crate::error::ApiError;
@@ -213,37 +212,6 @@ impl GenerationBackend for EnginePool {
     }
 }
 
-/// A mutable borrow of a model usable as a drafter's owned draft model, so one draft context
-/// serves every request.
-pub struct LmRef<'a>(pub &'a mut dyn CausalLm);
-
-impl CausalLm for LmRef<'_> {
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        self.0.context_size()
-    }
-    fn committed_len(&self) -> usize {
-        self.0.committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        self.0.pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> treespec_engine::Result<()> {
-        self.0.prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> treespec_engine::Result<Logits> {
-        self.0.forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> treespec_engine::Result<()> {
-        self.0.commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> treespec_engine::Result<()> {
-        self.0.truncate(len)
-    }
-}
-
 /// Run one tokenized job on a target/drafter pair, streaming text with stop-string hold-back.
 /// Shared by every worker.
 #[allow(clippy::too_many_arguments)] // the model-side inputs of one job, each distinct
@@ -403,9 +371,8 @@ impl Worker for ToyWorker {
         let vocab = self.config.vocab.min(26) as u32;
         let prompt: Vec<TokenId> = Self::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
         let method = spec.method.clone().unwrap_or_else(|| self.config.method.clone());
-        let mut drafter = method
-            .build(Some(LmRef(&mut self.draft)))
-            .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let mut drafter =
+            method.build(Some(&mut self.draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let delay = self.config.step_delay;
         let mut slow_emit = |e: Event| {
             if !delay.is_zero() && matches!(e, Event::Text(ref t) if t.is_empty()) {

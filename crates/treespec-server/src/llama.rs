@@ -11,7 +11,7 @@ use treespec_engine::{Method, TokenBytes};
 use treespec_llama::{check_compatible, LlamaLm, LlamaModel, LoadOptions};
 use treespec_text::{ChatMessage, ChatTemplate};
 
-use crate::engine_thread::{run_generation, EnginePool, Event, LmRef, RunError, Worker};
+use crate::engine_thread::{run_generation, EnginePool, Event, RunError, Worker};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::validate::{JobSpec, Limits, PromptInput};
@@ -130,7 +130,7 @@ impl Worker for LlamaWorker<'_> {
         let prompt = self.models.prompt_tokens(&spec.prompt)?;
         let method = spec.method.as_ref().unwrap_or(&self.method);
         let draft = match (method.needs_draft(), self.draft.as_mut()) {
-            (true, Some(d)) => Some(LmRef(d)),
+            (true, Some(d)) => Some(d),
             _ => None,
         };
         let mut drafter = method.build(draft).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;

@@ -18,7 +18,6 @@ use futures_util::StreamExt;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TokenBytes};
 use treespec_llama::LoadOptions;
-use treespec_server::engine_thread::LmRef;
 use treespec_server::llama::{LoadedModels, ModelBytes};
 use treespec_server::validate::{Message, PromptInput};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
@@ -48,7 +47,7 @@ fn direct(config: &LlamaConfig, prompt: &PromptInput, method: &Method, n: usize,
     let (target_model, draft_model) = models.models();
     let mut target = target_model.new_lm().unwrap();
     let mut draft = draft_model.unwrap().new_lm().unwrap();
-    let mut drafter = method.build(Some(LmRef(&mut draft))).unwrap();
+    let mut drafter = method.build(Some(&mut draft)).unwrap();
     let request = GenerateRequest {
         prompt: tokens,
         max_new_tokens: n,

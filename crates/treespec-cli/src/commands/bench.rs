@@ -11,8 +11,8 @@ use clap::Args;
 use serde_json::json;
 use treespec_bench::{
     check_method_names, compare_text, load_average, load_prompts, run_bench, select, summarize, write_all,
-    Backend, BenchConfig, LmRef, MachineInfo, MethodConfig, MethodSpec, ModelFile, ProgressMode, Prompt,
-    Results, RunConfig, SamplingConfig, Selection, Session, ToyBackend, SCHEMA,
+    Backend, BenchConfig, MachineInfo, MethodConfig, MethodSpec, ModelFile, ProgressMode, Prompt, Results,
+    RunConfig, SamplingConfig, Selection, Session, ToyBackend, SCHEMA,
 };
 use treespec_core::TokenId;
 use treespec_engine::{CausalLm, Method, StopConditions, METHOD_NAMES};
@@ -377,13 +377,13 @@ impl Backend for LlamaBackend<'_> {
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
         let draft = match (method.needs_draft(), self.draft.as_mut()) {
-            (true, Some(d)) => Some(LmRef(d)),
+            (true, Some(d)) => Some(d),
             (true, None) => {
                 return Err(anyhow!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name()))
             }
             (false, _) => None,
         };
         let drafter = method.build(draft)?;
-        Ok(Session { target: Box::new(LmRef(&mut self.target)), drafter })
+        Ok(Session { target: Box::new(&mut self.target), drafter })
     }
 }
