@@ -39,6 +39,7 @@ async fn sixteen_streaming_clients() {
     tokio::spawn(treespec_server::serve(listener, app, std::future::pending()));
     let client = Client::with_config(OpenAIConfig::new().with_api_base(format!("http://{addr}/v1")));
 
+    let rss_start = rss_kib();
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
@@ -109,4 +110,17 @@ async fn sixteen_streaming_clients() {
     );
     println!("{}", text.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n"));
     assert!(text.contains("treespec_generations_total"));
+    // Memory: the contexts are allocated when the worker starts; serving 16 requests (4 of them
+    // cancelled) must not grow the process by more than scratch buffers.
+    let rss_end = rss_kib();
+    println!("load: resident memory {} MiB before, {} MiB after", rss_start / 1024, rss_end / 1024);
+    assert!(rss_end < rss_start + 256 * 1024, "resident memory grew from {rss_start} KiB to {rss_end} KiB");
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
