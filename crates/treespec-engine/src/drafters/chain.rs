@@ -41,33 +41,7 @@ impl<M: CausalLm> Drafter for ChainDrafter<M> {
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
-        let mut tree = TokenTree::new(ctx.root());
-        let k = self.k.min(ctx.max_nodes).min(ctx.max_depth);
-        if k == 0 {
-            return Ok(tree);
-        }
-        let mut logits = self.draft.start_step()?;
-        let mut context = ctx.history.to_vec();
-        let mut at = ROOT;
-        for i in 0..k {
-            if i > 0 {
-                logits = self.draft.feed(&tree, &[at])?.row(0).to_vec();
-            }
-            let kids = draw_children(
-                &mut tree,
-                at,
-                &logits,
-                &context,
-                1,
-                SampleMode::WithoutReplacement,
-                ctx.sampler,
-                &mut self.rng,
-            )?;
-            let Some(&child) = kids.first() else { break };
-            context.push(tree.node(child).token);
-            at = child;
-        }
-        Ok(tree)
+        draft_chain(&mut self.draft, ctx, self.k, &mut self.rng, |_, _, _| Ok(true))
     }
 
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
@@ -77,4 +51,47 @@ impl<M: CausalLm> Drafter for ChainDrafter<M> {
     fn draft_forwards(&self) -> u64 {
         self.draft.forwards()
     }
+}
+
+/// Draft a chain of at most `k` tokens, one draft forward per token after the first. After each
+/// drafted token, `keep_going(logits, token, index)` — seeing only the draft's own values, never
+/// the verifier's — decides whether to draft another (DISCO's stop rule; always true for `chain`).
+pub(crate) fn draft_chain<M: CausalLm>(
+    draft: &mut DraftModel<M>,
+    ctx: &ProposeContext,
+    k: usize,
+    rng: &mut StreamRng,
+    mut keep_going: impl FnMut(&[f32], TokenId, usize) -> Result<bool>,
+) -> Result<TokenTree> {
+    let mut tree = TokenTree::new(ctx.root());
+    let k = k.min(ctx.max_nodes).min(ctx.max_depth);
+    if k == 0 {
+        return Ok(tree);
+    }
+    let mut logits = draft.start_step()?;
+    let mut context = ctx.history.to_vec();
+    let mut at = ROOT;
+    for i in 0..k {
+        if i > 0 {
+            logits = draft.feed(&tree, &[at])?.row(0).to_vec();
+        }
+        let kids = draw_children(
+            &mut tree,
+            at,
+            &logits,
+            &context,
+            1,
+            SampleMode::WithoutReplacement,
+            ctx.sampler,
+            rng,
+        )?;
+        let Some(&child) = kids.first() else { break };
+        let token = tree.node(child).token;
+        context.push(token);
+        at = child;
+        if !keep_going(&logits, token, i)? {
+            break;
+        }
+    }
+    Ok(tree)
 }

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use treespec_core::disco::{features, ConfidenceThreshold, DiscoModel};
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{softmax, Sampler};
-use treespec_core::tree::{TokenTree, ROOT};
+use treespec_core::tree::TokenTree;
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::sample::{draw_children, SampleMode};
+use super::chain::draft_chain;
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
@@ -113,19 +113,24 @@ impl<M: CausalLm> DiscoDrafter<M> {
     pub fn confidence(&self) -> &ConfidenceThreshold {
         &self.confidence
     }
+}
 
-    /// Whether to draft another token after one with temperature-1 draft probabilities `probs`,
-    /// token `token` at chain index `index` (0-based).
-    fn keep_going(&self, probs: &[f32], token: TokenId, index: usize) -> bool {
-        if index + 1 >= self.config.max_tokens {
-            return false;
-        }
-        match &self.config.mode {
-            DiscoMode::Threshold => self.confidence.should_continue(probs[token as usize], index + 1),
-            DiscoMode::Classifier(model) => {
-                model.predict(&features(probs, token, index)) >= self.config.stop_prob
-            }
-        }
+/// DISCO's stop rule: whether to draft another token after `token` (temperature-1 draft
+/// probabilities `probs`) at chain index `index` (0-based) — the confidence threshold or the
+/// trained classifier. Uses only the draft's own values.
+fn keep_going(
+    config: &DiscoConfig,
+    confidence: &ConfidenceThreshold,
+    probs: &[f32],
+    token: TokenId,
+    index: usize,
+) -> bool {
+    if index + 1 >= config.max_tokens {
+        return false;
+    }
+    match &config.mode {
+        DiscoMode::Threshold => confidence.should_continue(probs[token as usize], index + 1),
+        DiscoMode::Classifier(model) => model.predict(&features(probs, token, index)) >= config.stop_prob,
     }
 }
 
@@ -141,40 +146,13 @@ impl<M: CausalLm> Drafter for DiscoDrafter<M> {
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
-        self.step_probs.clear();
-        let mut tree = TokenTree::new(ctx.root());
-        let k = self.config.max_tokens.min(ctx.max_nodes).min(ctx.max_depth);
-        if k == 0 {
-            return Ok(tree);
-        }
-        let mut logits = self.draft.start_step()?;
-        let mut context = ctx.history.to_vec();
-        let mut at = ROOT;
-        for i in 0..k {
-            if i > 0 {
-                logits = self.draft.feed(&tree, &[at])?.row(0).to_vec();
-            }
-            let kids = draw_children(
-                &mut tree,
-                at,
-                &logits,
-                &context,
-                1,
-                SampleMode::WithoutReplacement,
-                ctx.sampler,
-                &mut self.rng,
-            )?;
-            let Some(&child) = kids.first() else { break };
-            let token = tree.node(child).token;
-            let probs = softmax(&logits)?;
-            self.step_probs.push(probs[token as usize]);
-            context.push(token);
-            at = child;
-            if !self.keep_going(&probs, token, i) {
-                break;
-            }
-        }
-        Ok(tree)
+        let Self { draft, config, rng, confidence, step_probs } = self;
+        step_probs.clear();
+        draft_chain(draft, ctx, config.max_tokens, rng, |logits, token, i| {
+            let probs = softmax(logits)?;
+            step_probs.push(probs[token as usize]);
+            Ok(keep_going(config, confidence, &probs, token, i))
+        })
     }
 
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
