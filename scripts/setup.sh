@@ -129,9 +129,12 @@ tmp="$(mktemp)"
         echo "[build]"
         echo "rustflags = [\"-C\", \"target-feature=$joined\"]"
     fi
+    echo
+    echo "[env]"
+    echo "# The release profile keeps debug info (debug = 1), which makes llama-cpp-sys-2 build llama.cpp as"
+    echo "# RelWithDebInfo (-O2); llama.cpp's own builds use Release (-O3). Measured: see README (build)."
+    echo "LLAMA_LIB_PROFILE = \"Release\""
     if ((avx512_tier)); then
-        echo
-        echo "[env]"
         echo "# llama-cpp-sys-2 maps Rust target features to ggml flags except avx512f; GGML_* vars go to cmake."
         echo "GGML_AVX512 = \"ON\""
     fi

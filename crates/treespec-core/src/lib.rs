@@ -11,6 +11,9 @@
 //! * [`rng`] — seeded, reproducible random streams;
 //! * [`stats`] — per-step acceptance records and their aggregation.
 
+pub mod budget;
+pub mod calibration;
+pub mod cost;
 pub mod dag;
 pub mod disco;
 pub mod dist;

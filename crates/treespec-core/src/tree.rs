@@ -169,6 +169,46 @@ impl TokenTree {
         (0..self.nodes.len()).filter(|&i| self.children[i].is_empty()).collect()
     }
 
+    /// The subtree made of the root and the drafted nodes in `keep` (any order; the root is always
+    /// kept), in arena order, plus the old → new id map. Every kept node's parent must be kept.
+    ///
+    /// Dropping nodes after they were drafted is only exact for deterministic candidates: a sampled
+    /// node's presence must not depend on draws made after it (see ALGORITHMS.md §2), so pruning
+    /// a tree that holds sampled nodes is refused.
+    pub fn retain(&self, keep: &[NodeId]) -> Result<(TokenTree, Vec<Option<NodeId>>)> {
+        let mut kept = vec![false; self.nodes.len()];
+        kept[ROOT] = true;
+        for &k in keep {
+            if k >= self.nodes.len() {
+                return Err(Error::Invalid(format!(
+                    "cannot keep node {k} of a {}-node tree",
+                    self.nodes.len()
+                )));
+            }
+            kept[k] = true;
+        }
+        let mut map = vec![None; self.nodes.len()];
+        map[ROOT] = Some(ROOT);
+        let mut out = TokenTree::new(self.nodes[ROOT].token);
+        for (id, node) in self.nodes.iter().enumerate().skip(1) {
+            if !matches!(node.draw, Draw::Deterministic) && kept.iter().any(|k| !k) {
+                return Err(Error::BadDraftNode {
+                    node: id,
+                    reason: "a tree with sampled nodes cannot be pruned after drafting".into(),
+                });
+            }
+            if !kept[id] {
+                continue;
+            }
+            let parent = node
+                .parent
+                .and_then(|p| map[p])
+                .ok_or(Error::Invalid(format!("kept node {id} has a parent that is not kept")))?;
+            map[id] = Some(out.add(parent, node.token, node.draw.clone(), node.draft_prob)?);
+        }
+        Ok((out, map))
+    }
+
     /// Build a tree from raw parent indices (`parents[0]` must be `None`), e.g. from a wire
     /// format or a test; every non-root node is a deterministic candidate.
     pub fn from_parents(tokens: &[TokenId], parents: &[Option<usize>]) -> Result<Self> {
@@ -215,6 +255,29 @@ mod tests {
         assert!(TokenTree::from_parents(&[0, 1], &[None, Some(1)]).is_err());
         assert!(TokenTree::from_parents(&[0, 1], &[None, Some(3)]).is_err());
         assert!(TokenTree::from_parents(&[0, 1], &[Some(0), Some(0)]).is_err());
+    }
+
+    #[test]
+    fn retain_keeps_an_ancestor_closed_subtree() {
+        let mut t = TokenTree::new(9);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 0.5).unwrap();
+        let b = t.add(ROOT, 2, Draw::Deterministic, 0.3).unwrap();
+        let c = t.add(a, 3, Draw::Deterministic, 0.4).unwrap();
+        let d = t.add(b, 4, Draw::Deterministic, 0.1).unwrap();
+        let (r, map) = t.retain(&[c, a, b]).unwrap();
+        assert_eq!(r.len(), 4);
+        assert_eq!(map, vec![Some(0), Some(1), Some(2), Some(3), None]);
+        assert_eq!(r.path_tokens(map[c].unwrap()), vec![1, 3]);
+        assert_eq!(r.node(map[b].unwrap()).draft_prob, 0.3);
+        assert!(t.retain(&[c]).is_err(), "c's parent a is dropped");
+        assert!(t.retain(&[d + 1]).is_err());
+        assert_eq!(t.retain(&[a, b, c, d]).unwrap().0, t);
+        let q = Arc::new(Dist::from_weights(vec![1.0; 8]).unwrap());
+        let mut s = TokenTree::new(0);
+        let x = s.add(ROOT, 1, Draw::WithoutReplacement { q: q.clone() }, 0.5).unwrap();
+        s.add(ROOT, 2, Draw::WithoutReplacement { q }, 0.5).unwrap();
+        assert!(s.retain(&[x]).is_err(), "sampled trees cannot be pruned");
+        assert!(s.retain(&[1, 2]).is_ok(), "keeping everything is not pruning");
     }
 
     #[test]

@@ -19,12 +19,14 @@ pub struct DraftModel<M: CausalLm> {
     /// For each node of the tree being drafted: its pending index in the draft model, if fed.
     fed: Vec<Option<usize>>,
     forwards: u64,
+    /// (rows, ms) of every forward since the last `take_timings`, for cost-aware drafters.
+    timings: Vec<(usize, f64)>,
 }
 
 impl<M: CausalLm> DraftModel<M> {
     /// Wrap a draft model.
     pub fn new(model: M) -> Self {
-        Self { model, unfed: Vec::new(), fed: Vec::new(), forwards: 0 }
+        Self { model, unfed: Vec::new(), fed: Vec::new(), forwards: 0, timings: Vec::new() }
     }
 
     /// The wrapped model.
@@ -45,6 +47,7 @@ impl<M: CausalLm> DraftModel<M> {
         self.unfed = vec![*last];
         self.fed.clear();
         self.forwards = 0;
+        self.timings.clear();
         Ok(())
     }
 
@@ -114,9 +117,37 @@ impl<M: CausalLm> DraftModel<M> {
         Ok(())
     }
 
+    /// Rows and milliseconds of the forwards made since the last call.
+    pub fn take_timings(&mut self) -> Vec<(usize, f64)> {
+        std::mem::take(&mut self.timings)
+    }
+
+    /// Tokens waiting to be fed at the start of the next step (accepted leaves and the bonus).
+    pub fn unfed_len(&self) -> usize {
+        self.unfed.len()
+    }
+
+    /// Follow a pruning of the tree being drafted: `map[old] = new` node id (`None` = dropped).
+    /// Dropped nodes' draft cells are discarded at the next `observe`, as every unaccepted one is.
+    pub fn remap(&mut self, map: &[Option<NodeId>]) {
+        let mut fed = vec![None; map.iter().flatten().count()];
+        for (old, new) in map.iter().enumerate() {
+            if let (Some(new), Some(f)) = (new, self.fed.get(old).copied().flatten()) {
+                fed[*new] = Some(f);
+            }
+        }
+        self.fed = fed;
+    }
+
     fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
         self.forwards += 1;
-        self.model.forward(batch)
+        let t = std::time::Instant::now();
+        let out = self.model.forward(batch);
+        if self.timings.len() < 256 {
+            // Bounded: drafters that never read timings must not grow this without limit.
+            self.timings.push((batch.len(), t.elapsed().as_secs_f64() * 1e3));
+        }
+        out
     }
 }
 

@@ -46,6 +46,10 @@ pub trait Drafter {
     /// (accepted + bonus). The bonus token is the next root.
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()>;
 
+    /// The time the target took to score the last proposed tree (`target_rows` rows, root
+    /// included), reported before `observe`. Cost-aware drafters refine their cost curve with it.
+    fn observe_cost(&mut self, _target_rows: usize, _target_ms: f64) {}
+
     /// Forward calls made on a draft model so far in this generation (0 if model-free).
     fn draft_forwards(&self) -> u64 {
         0

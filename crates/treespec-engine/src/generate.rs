@@ -95,7 +95,9 @@ pub fn generate(
         let t = Instant::now();
         let flat = FlatTree::new(&tree, target.committed_len());
         let logits = target.forward(&TreeBatch::from_flat(&flat, 0))?;
-        stats.times.target += t.elapsed();
+        let target_time = t.elapsed();
+        stats.times.target += target_time;
+        drafter.observe_cost(tree.len(), target_time.as_secs_f64() * 1e3);
         if logits.rows() != tree.len() || logits.vocab() != target.vocab_size() {
             return Err(EngineError::State(format!(
                 "target returned {} rows of {} logits for a tree of {} nodes",

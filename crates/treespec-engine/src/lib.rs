@@ -1,6 +1,7 @@
 //! treespec-engine: the model seam ([`CausalLm`]), drafters over models, the speculative
 //! generation loop, and pure-Rust toy models for tests and demos.
 
+pub mod auto_budget;
 pub mod calibrate;
 pub mod draft_state;
 pub mod drafter;

@@ -9,9 +9,9 @@ use treespec_core::ngram::NgramTable;
 
 use crate::drafter::{Drafter, PlainDrafter};
 use crate::drafters::{
-    ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter, Eagle2Config, Eagle2Drafter,
-    GsdConfig, GsdDrafter, LookupConfig, LookupDrafter, SampleMode, SequoiaConfig, SequoiaDrafter,
-    StagedConfig, StagedDrafter, TreeDrafter,
+    AutoConfig, AutoDrafter, ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter,
+    Eagle2Config, Eagle2Drafter, GsdConfig, GsdDrafter, LookupConfig, LookupDrafter, SampleMode,
+    SequoiaConfig, SequoiaDrafter, StagedConfig, StagedDrafter, TreeDrafter,
 };
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -29,6 +29,7 @@ pub const METHOD_NAMES: &[&str] = &[
     "staged",
     "lookup",
     "disco",
+    "auto",
 ];
 
 /// A decoding method and its knobs.
@@ -56,6 +57,9 @@ pub enum Method {
     Lookup { config: LookupConfig, table: Option<Arc<NgramTable>> },
     /// Dynamic speculation lookahead.
     Disco(DiscoConfig),
+    /// Per step, the best of prompt lookup, cost-aware DySpec (with a draft model) and plain
+    /// decoding on the measured cost curves.
+    Auto(AutoConfig),
 }
 
 impl Method {
@@ -73,17 +77,21 @@ impl Method {
             Method::Staged(_) => "staged",
             Method::Lookup { .. } => "lookup",
             Method::Disco(_) => "disco",
+            Method::Auto(_) => "auto",
         }
     }
 
     /// Whether the method runs a draft model.
     pub fn needs_draft(&self) -> bool {
-        !matches!(self, Method::Plain | Method::Lookup { .. })
+        !matches!(self, Method::Plain | Method::Lookup { .. } | Method::Auto(_))
     }
 
     /// Build the drafter. `draft` is the draft model for methods that need one (ignored by the
     /// others); a method that needs one and gets none is an error.
     pub fn build<'a, M: CausalLm + 'a>(&self, draft: Option<M>) -> Result<Box<dyn Drafter + 'a>> {
+        if let Method::Auto(c) = self {
+            return Ok(Box::new(AutoDrafter::new(draft, c.clone())?));
+        }
         if !self.needs_draft() {
             return Ok(match self {
                 Method::Lookup { config, table } => match table {
@@ -106,12 +114,12 @@ impl Method {
                 Box::new(TreeDrafter::with_mode(draft, expand.clone(), SampleMode::Iid)?)
             }
             Method::Sequoia(c) => Box::new(SequoiaDrafter::new(draft, c.clone())?),
-            Method::DySpec(c) => Box::new(DySpecDrafter::new(draft, *c)?),
+            Method::DySpec(c) => Box::new(DySpecDrafter::new(draft, c.clone())?),
             Method::Eagle2(c) => Box::new(Eagle2Drafter::new(draft, *c)?),
             Method::Gsd(c) => Box::new(GsdDrafter::new(draft, *c)?),
             Method::Staged(c) => Box::new(StagedDrafter::new(draft, c.clone())?),
             Method::Disco(c) => Box::new(DiscoDrafter::new(draft, c.clone())?),
-            Method::Plain | Method::Lookup { .. } => unreachable!("handled above"),
+            Method::Plain | Method::Lookup { .. } | Method::Auto(_) => unreachable!("handled above"),
         })
     }
 }
@@ -136,6 +144,15 @@ mod tests {
             Method::Staged(StagedConfig::default()),
             Method::Lookup { config: LookupConfig::default(), table: None },
             Method::Disco(DiscoConfig::default()),
+            Method::Auto(AutoConfig {
+                costs: std::sync::Arc::new(crate::auto_budget::CostModel::new(
+                    treespec_core::cost::CostCurve::linear(20.0, 10.0, 8).unwrap(),
+                    Some(treespec_core::cost::CostCurve::linear(2.0, 1.0, 8).unwrap()),
+                )),
+                lookup: LookupConfig::default(),
+                table: None,
+                dyspec: DySpecConfig::default(),
+            }),
         ];
         assert_eq!(methods.len(), METHOD_NAMES.len());
         for (method, name) in methods.iter().zip(METHOD_NAMES) {

@@ -40,7 +40,7 @@ fn dyspec(
     budget: usize,
     max_depth: usize,
 ) -> DySpecDrafter<ToyLm> {
-    let cfg = DySpecConfig { budget, max_depth, mode, threshold: None };
+    let cfg = DySpecConfig { budget, max_depth, mode, ..Default::default() };
     DySpecDrafter::new(ToyLm::new(draft.clone(), ctx), cfg).unwrap()
 }
 

@@ -27,6 +27,11 @@ pub struct ProfileArgs {
     /// Timed repetitions per n (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
+    /// Request logits for the last row only (a prompt-processing batch, as llama-bench's ppN
+    /// measures it) instead of every row (a verify batch). The difference is the output layer's
+    /// cost per row.
+    #[arg(long)]
+    pub last_only: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -52,7 +57,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     }
     let model = LlamaModel::load(&args.models.model, args.models.load_options())
         .with_context(|| format!("loading {}", args.models.model.display()))?;
-    let points = measure(&model, args.prefix, args.max_n, args.repeat)?;
+    let points = measure(&model, args.prefix, args.max_n, args.repeat, args.last_only)?;
     let threads = model.options().threads;
     if args.json {
         let rows: Vec<_> = points.iter().map(|p| json!({"n": p.n, "ms": p.ms, "min_ms": p.min_ms})).collect();
@@ -78,7 +83,13 @@ pub fn run(args: ProfileArgs) -> Result<()> {
 }
 
 /// Measure T(n) for n = 1..=max_n as a chain of n tokens on top of `prefix` committed tokens.
-pub fn measure(model: &LlamaModel, prefix: usize, max_n: usize, repeat: usize) -> Result<Vec<Point>> {
+pub fn measure(
+    model: &LlamaModel,
+    prefix: usize,
+    max_n: usize,
+    repeat: usize,
+    last_only: bool,
+) -> Result<Vec<Point>> {
     let mut lm = model.new_lm()?;
     let vocab = model.vocab_size() as u32;
     // Ordinary text-like ids; the values do not change the cost.
@@ -93,7 +104,7 @@ pub fn measure(model: &LlamaModel, prefix: usize, max_n: usize, repeat: usize) -
     for n in 1..=max_n {
         let mut times = Vec::with_capacity(repeat);
         for _ in 0..repeat {
-            let batch = TreeBatch::chain(&tokens[prefix..prefix + n], None, 0, false);
+            let batch = TreeBatch::chain(&tokens[prefix..prefix + n], None, 0, last_only);
             let t = Instant::now();
             lm.forward(&batch)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);

@@ -46,6 +46,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::top_tokens;
+use crate::auto_budget::{AutoBudget, CostModel};
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
@@ -64,9 +65,10 @@ pub enum DySpecMode {
 }
 
 /// DySpec knobs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DySpecConfig {
-    /// Drafted nodes per step (capped by the context room the loop offers). Default 16.
+    /// Drafted nodes per step (capped by the context room the loop offers). Default 16. With
+    /// `costs` set this is only the cap: the step's size is chosen by the cost model.
     pub budget: usize,
     /// Deepest drafted node (capped by the tokens still wanted). Default 8.
     pub max_depth: usize,
@@ -75,11 +77,15 @@ pub struct DySpecConfig {
     /// `Layer` mode's expansion threshold on event values, in (0, 1]. `None` = 1/budget: an event
     /// below it cannot be among the budget best of a depth whose values sum to at most 1.
     pub threshold: Option<f32>,
+    /// `--budget auto`: the measured cost curves. Each step then grows the tree only while the
+    /// calibrated expected tokens pay for the target and draft time they cost, prunes it to the
+    /// best size (greedy), and drafts nothing where plain decoding is faster (see [`auto`]).
+    pub costs: Option<Arc<CostModel>>,
 }
 
 impl Default for DySpecConfig {
     fn default() -> Self {
-        Self { budget: 16, max_depth: 8, mode: DySpecMode::Layer, threshold: None }
+        Self { budget: 16, max_depth: 8, mode: DySpecMode::Layer, threshold: None, costs: None }
     }
 }
 
@@ -128,17 +134,27 @@ pub struct DySpecDrafter<M: CausalLm> {
     config: DySpecConfig,
     rng: StreamRng,
     stats: DySpecStats,
+    auto: Option<AutoBudget>,
+    /// `--budget auto`: the gain a step's tree must beat to be drafted (0 = plain decoding; the
+    /// `auto` method raises it to what a model-free proposal already offers).
+    bar: f64,
+    /// `--budget auto`: the estimated gain of the last proposed tree (0 for plain decoding).
+    last_gain: f64,
 }
 
 impl<M: CausalLm> DySpecDrafter<M> {
     /// A DySpec drafter; errors on an invalid config.
     pub fn new(draft: M, config: DySpecConfig) -> Result<Self> {
         config.validate()?;
+        let auto = config.costs.as_ref().map(|c| AutoBudget::new((**c).clone()));
         Ok(Self {
             draft: DraftModel::new(draft),
             config,
             rng: StreamRng::new(0, Stream::Draft),
             stats: DySpecStats::default(),
+            auto,
+            bar: 0.0,
+            last_gain: 0.0,
         })
     }
 
@@ -161,11 +177,17 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
         self.rng = StreamRng::new(seed, Stream::Draft);
         self.stats = DySpecStats::default();
+        if let Some(a) = self.auto.as_mut() {
+            a.begin();
+        }
         self.draft.begin(prompt)
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         self.stats.steps += 1;
+        if self.auto.is_some() {
+            return self.propose_auto(ctx);
+        }
         let budget = self.config.budget.min(ctx.max_nodes);
         let depth = self.config.max_depth.min(ctx.max_depth);
         if budget == 0 || depth == 0 {
@@ -197,14 +219,29 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
         Ok(g.tree)
     }
 
+    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
+        if let Some(a) = self.auto.as_mut() {
+            a.observe_target(target_rows, target_ms);
+        }
+    }
+
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        if let Some(a) = self.auto.as_mut() {
+            a.observe(tree, outcome);
+        }
         self.draft.observe(tree, outcome)
     }
 
     fn draft_forwards(&self) -> u64 {
         self.draft.forwards()
     }
+
+    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+        self.auto.as_ref().map(|a| a.report()).unwrap_or_default()
+    }
 }
+
+mod auto;
 
 /// Where the next child of an event's parent comes from.
 enum Source {
@@ -471,7 +508,7 @@ mod tests {
         let model = ToyModel::new(6, 1, 4).with_sharpness(0.5);
         let sampler = Sampler::new(SamplingParams::with_temperature(1.0)).unwrap();
         for mode in [DySpecMode::Heap, DySpecMode::Layer] {
-            let cfg = DySpecConfig { budget: 20, max_depth: 3, mode, threshold: None };
+            let cfg = DySpecConfig { budget: 20, max_depth: 3, mode, ..Default::default() };
             let mut d = DySpecDrafter::new(ToyLm::new(model.clone(), 64), cfg).unwrap();
             d.begin(&[1, 2], &sampler, 9).unwrap();
             let tree = d.propose(&ctx(&[1, 2], &sampler, 100, 100)).unwrap();

@@ -1,6 +1,7 @@
 //! Drafters that run a draft model (the model-free and policy-driven ones live beside them as
 //! the methods grow).
 
+mod auto;
 mod chain;
 mod disco;
 mod dyspec;
@@ -12,6 +13,7 @@ mod sequoia;
 mod staged;
 mod tree;
 
+pub use auto::{AutoConfig, AutoDrafter};
 pub use chain::ChainDrafter;
 pub use disco::{DiscoConfig, DiscoDrafter, DiscoMode};
 pub use dyspec::{DySpecConfig, DySpecDrafter, DySpecMode, DySpecStats};

@@ -1,0 +1,172 @@
+//! Cost-aware budgeting: how many drafted nodes a step should verify, and whether drafting more
+//! can still pay.
+//!
+//! A step that verifies `n` drafted nodes emits `1 + Σ a_i` tokens on average (`a_i` the
+//! calibrated probability that node i is accepted) and costs `T_target(n + 1)` plus the drafting
+//! time. Decoding runs many steps, so the quantity to maximise is the long-run rate (tokens per
+//! millisecond), a ratio of expectations. The standard way to optimise a ratio step by step
+//! (Dinkelbach) is to maximise the *gain* `E[tokens] − ρ · E[ms]` for the best known rate `ρ`:
+//! a node is worth verifying iff it adds more expected tokens than the time it costs is worth at
+//! `ρ`. With `ρ` at least the plain-decoding rate `1 / T(1)`, plain decoding has gain 0, so a step
+//! drafts only if that beats plain decoding, and the cheap steps of a measured curve (T(4) ≈ T(3)
+//! on some CPUs) are found because the whole prefix range is scanned, not just the next node.
+//! Time already spent drafting is sunk and does not enter the choice of `n`; it enters the
+//! decision to spend it.
+
+use crate::cost::CostCurve;
+use crate::tree::{NodeId, TokenTree, ROOT};
+
+/// The rate a step has to beat and the target's cost curve.
+#[derive(Debug, Clone, Copy)]
+pub struct Economics<'a> {
+    /// The target's forward cost T(n).
+    pub target: &'a CostCurve,
+    /// Tokens per millisecond to beat (≥ plain decoding's `1 / T(1)`).
+    pub rate: f64,
+}
+
+impl<'a> Economics<'a> {
+    /// Economics that beat `rate`, or plain decoding, whichever is faster.
+    pub fn new(target: &'a CostCurve, rate: f64) -> Self {
+        let plain = 1.0 / target.ms(1);
+        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain } }
+    }
+
+    /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
+    pub fn gain(&self, n: usize, accepted: f64) -> f64 {
+        1.0 + accepted - self.rate * self.target.ms(n + 1)
+    }
+
+    /// The best number of nodes to verify out of `values` (acceptance probabilities in the order
+    /// they would be taken) and its gain. 0 nodes — plain decoding — is always a candidate.
+    pub fn best_prefix(&self, values: &[f64]) -> (usize, f64) {
+        let mut best = (0, self.gain(0, 0.0));
+        let mut sum = 0.0;
+        for (i, v) in values.iter().enumerate() {
+            sum += v;
+            let g = self.gain(i + 1, sum);
+            if g > best.1 {
+                best = (i + 1, g);
+            }
+        }
+        best
+    }
+
+    /// An optimistic bound on the gain reachable by drafting `levels` more depths below a frontier
+    /// whose best node has acceptance `frontier_best`, each new depth accepted with probability at
+    /// most `c_best`, on top of the nodes already drafted (`values`, sorted non-increasing).
+    /// `forward_ms[l]` is the drafting cost of level l (the first one may feed several nodes).
+    /// Only one node per new level is assumed: under greedy decoding siblings are exclusive, so a
+    /// level adds at most its best path's value.
+    pub fn lookahead_gain(
+        &self,
+        values: &[f64],
+        frontier_best: f64,
+        c_best: f64,
+        forward_ms: &[f64],
+        room: usize,
+    ) -> f64 {
+        let mut best = f64::NEG_INFINITY;
+        let mut extra = Vec::new();
+        let mut v = frontier_best;
+        let mut spent = 0.0;
+        for &ms in forward_ms.iter().take(room) {
+            v *= c_best;
+            extra.push(v);
+            spent += ms;
+            let merged = merge_sorted(values, &extra);
+            let (_, g) = self.best_prefix(&merged);
+            best = best.max(g - self.rate * spent);
+        }
+        best
+    }
+}
+
+fn merge_sorted(a: &[f64], b: &[f64]) -> Vec<f64> {
+    let mut out: Vec<f64> = a.iter().chain(b).copied().collect();
+    out.sort_by(|x, y| y.total_cmp(x));
+    out
+}
+
+/// The drafted nodes of `tree` in the order a verifier budget should take them: by expected
+/// acceptance `value[node]` (non-increasing along every path), ties to the shallower then older
+/// node, so that every prefix of the order is ancestor-closed and can be cut out with
+/// [`TokenTree::retain`].
+pub fn value_order(tree: &TokenTree, value: &[f64]) -> Vec<NodeId> {
+    let mut ids: Vec<NodeId> = (0..tree.len()).filter(|&i| i != ROOT).collect();
+    ids.sort_by(|&a, &b| {
+        value[b].total_cmp(&value[a]).then(tree.node(a).depth.cmp(&tree.node(b).depth)).then(a.cmp(&b))
+    });
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Draw;
+
+    fn curve() -> CostCurve {
+        // The shape measured on the 1.5B target: 3 and 4 tokens cost about the same.
+        CostCurve::from_points(&[(1, 33.0), (2, 45.0), (3, 61.0), (4, 62.0), (5, 89.0), (6, 104.0)]).unwrap()
+    }
+
+    #[test]
+    fn plain_decoding_has_zero_gain_and_is_kept_when_nothing_pays() {
+        let c = curve();
+        let e = Economics::new(&c, 0.0);
+        assert!((e.rate - 1.0 / 33.0).abs() < 1e-12);
+        assert_eq!(e.best_prefix(&[]), (0, 0.0));
+        // 12 ms for 0.3 expected tokens: a token costs 40 ms > 33 ms.
+        assert_eq!(e.best_prefix(&[0.3]).0, 0);
+    }
+
+    #[test]
+    fn finds_the_cheap_step_of_the_curve() {
+        let c = curve();
+        let e = Economics::new(&c, 0.0);
+        // Node 2 costs 16 ms, node 3 then only 1 ms, node 4 another 27 ms for 0.3 tokens: take 3.
+        let values = [0.9, 0.6, 0.45, 0.3, 0.2];
+        let (n, g) = e.best_prefix(&values);
+        assert_eq!(n, 3, "gain {g}");
+        assert!((g - (1.0 + 1.95 - 62.0 / 33.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_higher_rate_to_beat_verifies_less() {
+        // 13 ms per node: worth 0.39 tokens at plain's rate, 0.59 at 1.5× plain's.
+        let c = CostCurve::linear(20.0, 13.0, 8).unwrap();
+        let values = [0.9, 0.6, 0.45, 0.3, 0.2];
+        assert_eq!(Economics::new(&c, 0.0).best_prefix(&values).0, 3);
+        assert_eq!(Economics::new(&c, 1.5 / 33.0).best_prefix(&values).0, 2);
+    }
+
+    #[test]
+    fn lookahead_sees_that_two_depths_pay_where_one_does_not() {
+        let c = CostCurve::from_points(&[(1, 33.0), (2, 60.0), (3, 62.0)]).unwrap();
+        let e = Economics::new(&c, 0.0);
+        // One more depth: 0.9 tokens for 27 + 5 ms = 0.97 tokens' worth: a loss.
+        let one = e.lookahead_gain(&[], 1.0, 0.9, &[5.0], 8);
+        assert!(one < 0.0, "{one}");
+        // Two: 1.71 tokens for 29 + 10 ms: a win.
+        let two = e.lookahead_gain(&[], 1.0, 0.9, &[5.0, 5.0], 8);
+        assert!(two > 0.0, "{two}");
+        // No room, no gain.
+        assert_eq!(e.lookahead_gain(&[], 1.0, 0.9, &[5.0, 5.0], 0), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn value_order_prefixes_are_ancestor_closed() {
+        let mut t = TokenTree::new(0);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 1.0).unwrap();
+        let b = t.add(a, 2, Draw::Deterministic, 1.0).unwrap();
+        let c = t.add(ROOT, 3, Draw::Deterministic, 1.0).unwrap();
+        let d = t.add(b, 4, Draw::Deterministic, 1.0).unwrap();
+        // Ties (acceptance 1 all the way down) must still put parents first.
+        let value = vec![1.0, 1.0, 1.0, 0.5, 1.0];
+        let order = value_order(&t, &value);
+        assert_eq!(order, vec![a, b, d, c]);
+        for k in 0..=order.len() {
+            assert!(t.retain(&order[..k]).is_ok());
+        }
+    }
+}

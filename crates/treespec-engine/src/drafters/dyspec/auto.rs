@@ -1,0 +1,227 @@
+//! `--budget auto`: DySpec's tree grown only as far as it pays on the measured cost curves.
+//!
+//! The schedule is the layer one (one batched draft forward per depth). Every node carries two
+//! numbers: its raw conditional confidence `r` (its draft probability given the parent) and its
+//! calibrated value `a` = the product, along its path, of the calibrated acceptance of each `r`
+//! at its depth — the estimated probability that the target accepts it. Decisions, all made from
+//! what is already drafted (so under sampling they are stopping rules, and exactness holds by the
+//! same argument as DySpec's own dynamic growth):
+//!
+//! 1. *Draft at all?* Only if an optimistic lookahead (every future depth accepted at the best
+//!    calibrated rate) beats plain decoding after paying the draft forwards; otherwise the step
+//!    verifies the root alone, and the draft model is not run (a probe every few skipped steps
+//!    keeps the estimates honest).
+//! 2. *Add the next node of a depth?* While its calibrated value is worth more than the target
+//!    time it adds, at the rate to beat (the marginal cost looks a few nodes ahead, so the cheap
+//!    steps of the curve are used).
+//! 3. *Go one depth deeper?* Only if the lookahead from the new frontier beats the best gain of
+//!    the tree as it stands, after paying the draft forwards.
+//! 4. Under greedy decoding, every node is a deterministic candidate, so the finished tree is cut
+//!    to its best prefix in value order (possibly nothing). Sampled trees are never cut.
+
+use treespec_core::budget::{value_order, Economics};
+use treespec_core::tree::{NodeId, TokenTree, ROOT};
+
+use super::{scoring_sampler, DySpecDrafter, Event, Growth};
+use crate::auto_budget::AutoBudget;
+use crate::drafter::ProposeContext;
+use crate::error::Result;
+use crate::model::CausalLm;
+
+/// Most frontier nodes fed in one draft forward.
+const MAX_FEED: usize = 4;
+/// Frontier nodes worth less than this fraction of the best one are not fed.
+const FEED_FRACTION: f64 = 0.3;
+/// Nodes the marginal-cost rule looks ahead over (a cheap step within this many nodes counts).
+const LOOKAHEAD_NODES: usize = 4;
+
+impl<M: CausalLm> DySpecDrafter<M> {
+    pub(super) fn propose_auto(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
+        let budget = self.config.budget.min(ctx.max_nodes);
+        let depth = self.config.max_depth.min(ctx.max_depth);
+        let root_only = TokenTree::new(ctx.root());
+        if budget == 0 || depth == 0 {
+            return Ok(root_only);
+        }
+        // 1. Draft at all?
+        let econ = auto.economics();
+        let start_ms = auto.draft_cost(self.draft.unfed_len().max(1));
+        let forwards: Vec<f64> =
+            (0..depth).map(|d| if d == 0 { start_ms } else { auto.draft_cost(1) }).collect();
+        let look = econ.lookahead_gain(&[], 1.0, auto.best_acceptance(1), &forwards, depth);
+        let draft = look > self.bar || auto.probe_due();
+        auto.note_drafting(draft);
+        self.last_gain = 0.0;
+        if !draft {
+            auto.set_raw(vec![1.0]);
+            return Ok(root_only);
+        }
+
+        let root_logits = self.draft.start_step()?;
+        let mut g = Growth {
+            ctx,
+            scorer: scoring_sampler(ctx.sampler)?,
+            draft: &mut self.draft,
+            rng: &mut self.rng,
+            tree: TokenTree::new(ctx.root()),
+            values: vec![1.0],
+            budget,
+            depth,
+            seq: 0,
+            fed: 0,
+            filled: 0,
+        };
+        let mut cal = Calibrated { raw: vec![1.0], value: vec![1.0] };
+        if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
+            g.grow_auto(root, auto, &mut cal)?;
+        }
+        let (mut tree, fed) = (g.tree, g.fed);
+        for (rows, ms) in self.draft.take_timings() {
+            auto.observe_draft(rows, ms);
+        }
+        self.stats.drafted += tree.drafted() as u64;
+        self.stats.fed += fed;
+
+        // 4. Greedy: cut to the best prefix in value order.
+        if ctx.sampler.is_greedy() {
+            let order = value_order(&tree, &cal.value);
+            let values: Vec<f64> = order.iter().map(|&n| cal.value[n]).collect();
+            let (n, gain) = auto.economics().best_prefix(&values);
+            self.last_gain = gain;
+            if n < order.len() {
+                let (cut, map) = tree.retain(&order[..n])?;
+                self.draft.remap(&map);
+                let mut raw = vec![1.0; cut.len()];
+                for (old, new) in map.iter().enumerate() {
+                    if let Some(new) = new {
+                        raw[*new] = cal.raw[old];
+                    }
+                }
+                auto.stats.pruned += (tree.drafted() - cut.drafted()) as u64;
+                cal.raw = raw;
+                tree = cut;
+            }
+        } else {
+            let sorted = cal.sorted_values();
+            self.last_gain = auto.economics().gain(sorted.len(), sorted.iter().sum());
+        }
+        auto.set_raw(cal.raw);
+        Ok(tree)
+    }
+
+    /// Set the gain a proposal must beat before the draft model runs (see [`Self::last_gain`]).
+    pub(crate) fn set_bar(&mut self, bar: f64) {
+        self.bar = bar;
+    }
+
+    /// The estimated gain of the last proposed tree.
+    pub(crate) fn last_gain(&self) -> f64 {
+        self.last_gain
+    }
+
+    /// Forget the last proposal because another tree is verified instead: the draft keeps only
+    /// its root, and the verified tree is not a calibration trial for this drafter.
+    pub(crate) fn discard_proposal(&mut self, tree_len: usize) {
+        let mut map = vec![None; tree_len.max(1)];
+        map[0] = Some(ROOT);
+        self.draft.remap(&map);
+        if let Some(a) = self.auto.as_mut() {
+            a.set_raw(Vec::new());
+        }
+    }
+}
+
+/// Per-node raw confidence and calibrated value (index = node id).
+struct Calibrated {
+    raw: Vec<f64>,
+    value: Vec<f64>,
+}
+
+impl Calibrated {
+    /// Record a new node (ids are dense, so it is always the next index).
+    fn push(&mut self, tree: &TokenTree, values: &[f64], auto: &AutoBudget, node: NodeId) {
+        let parent = tree.node(node).parent.unwrap_or(ROOT);
+        let r = if values[parent] > 0.0 { (values[node] / values[parent]).clamp(0.0, 1.0) } else { 0.0 };
+        self.raw.push(r);
+        self.value.push(self.value[parent] * auto.acceptance(tree.node(node).depth, r));
+    }
+
+    fn sorted_values(&self) -> Vec<f64> {
+        let mut v: Vec<f64> = self.value[1..].to_vec();
+        v.sort_by(|a, b| b.total_cmp(a));
+        v
+    }
+}
+
+/// The target time one more node costs after `n` drafted nodes: the cheapest average over the
+/// next few nodes, so a flat step of the curve is seen as cheap.
+fn marginal_ms(econ: &Economics, n: usize) -> f64 {
+    let now = econ.target.ms(n + 1);
+    (1..=LOOKAHEAD_NODES).map(|k| (econ.target.ms(n + 1 + k) - now) / k as f64).fold(f64::INFINITY, f64::min)
+}
+
+impl<M: CausalLm> Growth<'_, '_, M> {
+    fn grow_auto(&mut self, root: Event, auto: &AutoBudget, cal: &mut Calibrated) -> Result<()> {
+        let econ = auto.economics();
+        let mut layer = vec![root];
+        for d in 1..=self.depth {
+            // 2. Expand this depth's events best first while a node pays for itself.
+            let mut new_nodes = Vec::new();
+            while !self.full() {
+                let Some(best) = best_event(&layer) else { break };
+                let ev = &layer[best];
+                let parent_raw = self.values[ev.parent];
+                let r = if parent_raw > 0.0 { ev.value / parent_raw } else { 0.0 };
+                let worth = cal.value[ev.parent] * auto.acceptance(d, r);
+                if worth <= econ.rate * marginal_ms(&econ, self.tree.drafted()) {
+                    break;
+                }
+                let ev = layer.swap_remove(best);
+                let (child, sibling) = self.expand(ev)?;
+                cal.push(&self.tree, &self.values, auto, child);
+                new_nodes.push(child);
+                layer.extend(sibling);
+            }
+            if self.full() || new_nodes.is_empty() || d == self.depth {
+                break;
+            }
+            // 3. One depth deeper?
+            new_nodes.sort_by(|&a, &b| cal.value[b].total_cmp(&cal.value[a]));
+            let frontier_best = cal.value[new_nodes[0]];
+            let feed: Vec<NodeId> = new_nodes
+                .iter()
+                .copied()
+                .take(MAX_FEED)
+                .filter(|&n| cal.value[n] >= FEED_FRACTION * frontier_best)
+                .collect();
+            let sorted = cal.sorted_values();
+            let now = if self.ctx.sampler.is_greedy() {
+                econ.best_prefix(&sorted).1
+            } else {
+                econ.gain(sorted.len(), sorted.iter().sum())
+            };
+            let forwards: Vec<f64> = (0..self.depth - d)
+                .map(|l| if l == 0 { auto.draft_cost(feed.len()) } else { auto.draft_cost(1) })
+                .collect();
+            let room = self.budget - self.tree.drafted();
+            let look =
+                econ.lookahead_gain(&sorted, frontier_best, auto.best_acceptance(d + 1), &forwards, room);
+            if look <= now {
+                break;
+            }
+            let logits = self.draft.feed(&self.tree, &feed)?;
+            self.fed += feed.len() as u64;
+            layer.clear();
+            for (i, &n) in feed.iter().enumerate() {
+                layer.extend(self.first_child_event(n, logits.row(i))?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Index of the most valuable event (ties to the older one), if any.
+fn best_event(layer: &[Event]) -> Option<usize> {
+    (0..layer.len()).max_by(|&a, &b| layer[a].cmp(&layer[b]))
+}

@@ -1,0 +1,224 @@
+//! Cost-aware budgeting (`--budget auto`, `--method auto`) on toy models: greedy output equal to
+//! plain decoding, the sampled joint distribution equal to the target's (χ²), and the decisions
+//! the cost model must make — draft where verification is cheap, fall back to plain decoding
+//! where it is not.
+//!
+//! The cost curves are given and frozen (`refine: false`): toy forwards take microseconds, and
+//! the decisions should follow the curves under test, not this machine's timings.
+
+#[path = "../../treespec-core/tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+
+use common::{chi_square, FAMILY_ALPHA};
+use treespec_core::cost::CostCurve;
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::TokenId;
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::drafters::{AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, LookupConfig};
+use treespec_engine::toy::{Support, ToyLm, ToyModel};
+use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
+
+const CTX: usize = 512;
+
+/// A CPU-like curve with a cheap batch: T(n) = 30 + 2n ms, and a draft at 3 ms per forward.
+fn cheap_verify() -> Arc<CostModel> {
+    Arc::new(CostModel {
+        target: CostCurve::linear(30.0, 2.0, 32).unwrap(),
+        draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
+        refine: false,
+    })
+}
+
+/// Verification as expensive per token as decoding (T(n) = 30n): no tree can pay.
+fn linear_verify() -> Arc<CostModel> {
+    Arc::new(CostModel {
+        target: CostCurve::linear(0.0, 30.0, 32).unwrap(),
+        draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
+        refine: false,
+    })
+}
+
+fn dyspec(draft: &ToyModel, costs: Arc<CostModel>) -> DySpecDrafter<ToyLm> {
+    let cfg = DySpecConfig { budget: 12, max_depth: 6, costs: Some(costs), ..Default::default() };
+    DySpecDrafter::new(ToyLm::new(draft.clone(), CTX), cfg).unwrap()
+}
+
+fn auto(draft: Option<&ToyModel>, costs: Arc<CostModel>) -> AutoDrafter<ToyLm> {
+    let config = AutoConfig {
+        costs,
+        lookup: LookupConfig { max_tokens: 6, branches: 2, ..Default::default() },
+        table: None,
+        dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
+    };
+    AutoDrafter::new(draft.map(|d| ToyLm::new(d.clone(), CTX)), config).unwrap()
+}
+
+fn run(
+    target: &ToyModel,
+    drafter: &mut dyn Drafter,
+    prompt: &[TokenId],
+    n: usize,
+    sampling: &SamplingParams,
+    seed: u64,
+) -> GenerateOutput {
+    let mut lm = ToyLm::new(target.clone(), CTX);
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_new_tokens: n,
+        sampling: sampling.clone(),
+        seed,
+        stop: StopConditions::default(),
+    };
+    generate(&mut lm, drafter, &req, None, &mut |_| true).unwrap()
+}
+
+#[test]
+fn greedy_output_equals_plain_decoding() {
+    let greedy = SamplingParams::greedy();
+    for seed in 0..8u64 {
+        let vocab = [8, 16, 64, 5][seed as usize % 4];
+        let target = ToyModel::new(vocab, 1 + seed as usize % 2, seed);
+        // Repetitive prompts give the lookup something to find.
+        let prompt: Vec<TokenId> = (0..12).map(|i| ((seed + i % 4) % vocab as u64) as TokenId).collect();
+        let plain = run(&target, &mut PlainDrafter, &prompt, 48, &greedy, 0).tokens;
+        for noise in [0.0, 1.0, 3.0] {
+            let draft = target.draft(noise, seed + 100);
+            for costs in [cheap_verify(), linear_verify()] {
+                let mut drafters: Vec<Box<dyn Drafter>> = vec![
+                    Box::new(dyspec(&draft, costs.clone())),
+                    Box::new(auto(Some(&draft), costs.clone())),
+                    Box::new(auto(None, costs.clone())),
+                ];
+                for d in drafters.iter_mut() {
+                    // Twice: the second generation starts from the first one's calibration.
+                    for round in 0..2 {
+                        let out = run(&target, d.as_mut(), &prompt, 48, &greedy, round);
+                        assert_eq!(out.tokens, plain, "seed {seed} noise {noise} {} round {round}", d.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
+    let greedy = SamplingParams::greedy();
+    let target = ToyModel::new(16, 1, 7);
+    let draft = target.draft(0.0, 7);
+    let prompt: Vec<TokenId> = vec![1, 2, 3];
+
+    let mut cheap = dyspec(&draft, cheap_verify());
+    let out = run(&target, &mut cheap, &prompt, 64, &greedy, 0);
+    assert!(out.stats.mean_accepted() > 2.0, "identical draft, cheap verify: {}", out.stats.mean_accepted());
+
+    // T(n) = 30n: verifying n nodes costs exactly what decoding them would, so every step is
+    // plain decoding; the draft model runs only for the periodic probes (and their trees are cut).
+    let mut dear = dyspec(&draft, linear_verify());
+    let out = run(&target, &mut dear, &prompt, 64, &greedy, 0);
+    assert_eq!(out.stats.drafted, 0);
+    assert_eq!(out.stats.target_forwards, 64);
+    assert!(dear.draft_forwards() <= 64 / 16 + 1, "draft forwards {}", dear.draft_forwards());
+
+    let mut lookup_only = auto(None, linear_verify());
+    let out = run(&target, &mut lookup_only, &prompt, 64, &greedy, 0);
+    assert_eq!(out.stats.drafted, 0);
+
+    // With a cheap verify and a perfect draft, `auto` drafts with the model; with no draft model
+    // it still takes lookup matches in a repetitive context.
+    let mut both = auto(Some(&draft), cheap_verify());
+    let out = run(&target, &mut both, &prompt, 64, &greedy, 0);
+    let model_steps = both.extra_stats().iter().find(|(k, _)| *k == "auto_model_steps").unwrap().1;
+    assert!(model_steps > 0.0 && out.stats.mean_accepted() > 2.0, "{:?}", both.extra_stats());
+    let repetitive: Vec<TokenId> = (0..40).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
+    let cyclic = ToyModel::new(8, 2, 3);
+    let mut lookup = auto(None, cheap_verify());
+    let out = run(&cyclic, &mut lookup, &repetitive, 64, &greedy, 0);
+    let lookup_steps = lookup.extra_stats().iter().find(|(k, _)| *k == "auto_lookup_steps").unwrap().1;
+    assert!(lookup_steps > 0.0, "{:?}", lookup.extra_stats());
+    assert!(out.stats.drafted > 0);
+}
+
+/// Exact probability of every 3-token continuation.
+fn exact_joint(target: &ToyModel, params: &SamplingParams, prompt: &[TokenId]) -> Vec<f64> {
+    let sampler = Sampler::new(params.clone()).unwrap();
+    let v = target.vocab;
+    let dist = |ctx: &[TokenId]| sampler.distribution(&target.logits(ctx), ctx).unwrap();
+    let mut out = vec![0f64; v * v * v];
+    let mut ctx = prompt.to_vec();
+    let d1 = dist(&ctx);
+    for x1 in 0..v as TokenId {
+        ctx.push(x1);
+        let d2 = dist(&ctx);
+        for x2 in 0..v as TokenId {
+            ctx.push(x2);
+            let d3 = dist(&ctx);
+            for x3 in 0..v as TokenId {
+                out[(x1 as usize * v + x2 as usize) * v + x3 as usize] =
+                    d1.prob(x1) as f64 * d2.prob(x2) as f64 * d3.prob(x3) as f64;
+            }
+            ctx.pop();
+        }
+        ctx.pop();
+    }
+    out
+}
+
+const RUNS: u64 = 20_000;
+
+#[test]
+fn sampled_joint_distribution_is_the_targets() {
+    type Make = Box<dyn Fn(&ToyModel) -> Box<dyn Drafter>>;
+    let pairs = [
+        ("v5 noisy", ToyModel::new(5, 2, 51).with_sharpness(2.0), 1.0, Support::All, vec![1u32, 3, 1, 3]),
+        ("v6 disjoint", ToyModel::new(6, 1, 52).with_sharpness(1.5), 0.5, Support::Odd, vec![2u32, 4, 2]),
+        ("v4 equal", ToyModel::new(4, 2, 53), 0.0, Support::All, vec![0u32, 1, 0, 1]),
+    ];
+    let settings = [
+        ("T=1", SamplingParams::with_temperature(1.0)),
+        ("top-p 0.9", SamplingParams { temperature: 1.0, top_p: 0.9, ..Default::default() }),
+    ];
+    let makers: Vec<(&str, Make)> = vec![
+        ("dyspec-auto", Box::new(|d| Box::new(dyspec(d, cheap_verify())))),
+        ("auto", Box::new(|d| Box::new(auto(Some(d), cheap_verify())))),
+        ("auto-lookup", Box::new(|_| Box::new(auto(None, cheap_verify())))),
+    ];
+    let configs = pairs.len() * settings.len() * makers.len();
+    let alpha = FAMILY_ALPHA / configs as f64;
+    let mut failures = Vec::new();
+    for (pname, target, noise, support, prompt) in &pairs {
+        let draft = target.draft(*noise, 1000 + target.seed).with_support(*support);
+        for (sname, params) in &settings {
+            let exact = exact_joint(target, params, prompt);
+            for (dname, make) in &makers {
+                let mut d = make(&draft);
+                let v = target.vocab;
+                let mut counts = vec![0u64; v * v * v];
+                let mut drafted = 0u64;
+                for r in 0..RUNS {
+                    let out = run(target, d.as_mut(), prompt, 3, params, r);
+                    let t = &out.tokens;
+                    counts[(t[0] as usize * v + t[1] as usize) * v + t[2] as usize] += 1;
+                    drafted += out.stats.drafted;
+                }
+                let what = format!("{pname} {sname} {dname}");
+                let gof = chi_square(&counts, &exact).unwrap_or_else(|e| panic!("{what}: {e}"));
+                println!(
+                    "χ² {what:>32}: p = {:.4}, df {} (drafted {:.2} nodes/run)",
+                    gof.p_value,
+                    gof.df,
+                    drafted as f64 / RUNS as f64
+                );
+                if dname != &"auto-lookup" {
+                    assert!(drafted > 0, "{what}: the cheap curve should make the model draft");
+                }
+                if gof.p_value <= alpha {
+                    failures.push(format!("{what}: p = {:.3e} ≤ {alpha:.1e}", gof.p_value));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "joint distribution differs from the target's:\n{}", failures.join("\n"));
+}
