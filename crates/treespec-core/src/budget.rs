@@ -82,6 +82,30 @@ impl<'a> Economics<'a> {
     }
 }
 
+/// The best a chain of k drafted tokens can do on given curves: for each k, the expected tokens
+/// per step `1 + Σ_{i≤k} Π_{j≤i} a_j` (`a_j` the acceptance at depth j, the last one repeated)
+/// over the step time `T_target(k + 1) + k · draft_ms` — the bound the README quotes. Returns
+/// `(k, expected tokens, ms, tokens per ms)` for k = 0 (plain) ..= `max_k`.
+pub fn chain_bound(
+    target: &CostCurve,
+    draft_ms: f64,
+    acceptance: &[f64],
+    max_k: usize,
+) -> Vec<(usize, f64, f64, f64)> {
+    let mut out = Vec::with_capacity(max_k + 1);
+    let (mut tokens, mut reach) = (1.0, 1.0);
+    for k in 0..=max_k {
+        if k > 0 {
+            let a = acceptance.get(k - 1).or(acceptance.last()).copied().unwrap_or(0.0);
+            reach *= a.clamp(0.0, 1.0);
+            tokens += reach;
+        }
+        let ms = target.ms(k + 1) + k as f64 * draft_ms;
+        out.push((k, tokens, ms, tokens / ms));
+    }
+    out
+}
+
 fn merge_sorted(a: &[f64], b: &[f64]) -> Vec<f64> {
     let mut out: Vec<f64> = a.iter().chain(b).copied().collect();
     out.sort_by(|x, y| y.total_cmp(x));
@@ -152,6 +176,17 @@ mod tests {
         assert!(two > 0.0, "{two}");
         // No room, no gain.
         assert_eq!(e.lookahead_gain(&[], 1.0, 0.9, &[5.0, 5.0], 0), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn chain_bound_adds_reached_acceptance_and_draft_time() {
+        let c = CostCurve::linear(20.0, 10.0, 8).unwrap();
+        let b = chain_bound(&c, 5.0, &[0.5], 2);
+        assert_eq!(b.len(), 3);
+        assert_eq!((b[0].1, b[0].2), (1.0, 30.0));
+        assert_eq!((b[1].1, b[1].2), (1.5, 45.0));
+        assert_eq!((b[2].1, b[2].2), (1.75, 60.0));
+        assert!((b[2].3 - 1.75 / 60.0).abs() < 1e-12);
     }
 
     #[test]

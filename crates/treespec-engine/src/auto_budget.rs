@@ -4,6 +4,10 @@
 //! The decisions themselves are pure functions in `treespec_core::budget`; this module feeds them
 //! with what the engine measures (forward times, verify outcomes) and keeps the running estimates.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 use serde::{Deserialize, Serialize};
 use treespec_core::budget::Economics;
 use treespec_core::calibration::AcceptanceCalibrator;
@@ -11,11 +15,17 @@ use treespec_core::cost::CostCurve;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, TreeBatch};
+
 /// Decay per step of the running token and time sums behind the achieved rate.
 const RATE_DECAY: f64 = 0.95;
 /// A step that decided not to draft drafts anyway after this many such steps, so acceptance
-/// estimates that were too pessimistic (or text that got easier) are noticed.
-const PROBE_EVERY: u32 = 16;
+/// estimates that were too pessimistic (or text that got easier) are noticed. A probe is not
+/// cheap (the draft model first catches up on every token it skipped), so each probe that does
+/// not lead to drafting doubles the interval, up to `PROBE_MAX`.
+const PROBE_FIRST: u32 = 16;
+const PROBE_MAX: u32 = 256;
 
 /// Measured forward costs of the target and (if any) the draft model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +51,57 @@ impl CostModel {
     }
 }
 
+/// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
+/// extrapolated): every size up to 8, where the kernels change most, then a sparser grid.
+pub const PROFILE_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24];
+
+/// Committed tokens under the timed batches (a realistic, short KV length).
+const PROFILE_PREFIX: usize = 64;
+
+/// Time one forward of `n` new tokens with logits on every row (a verify batch) for each `n` in
+/// `sizes`, on top of a short committed prefix; the median of `repeat` runs per size. The model's
+/// cache is left empty.
+pub fn measure_curve(lm: &mut dyn CausalLm, sizes: &[usize], repeat: usize) -> Result<CostCurve> {
+    let max_n = sizes.iter().copied().max().unwrap_or(0);
+    if sizes.is_empty() || repeat == 0 || sizes.contains(&0) {
+        return Err(EngineError::InvalidRequest(
+            "a cost profile needs batch sizes ≥ 1 and repeat ≥ 1".into(),
+        ));
+    }
+    if PROFILE_PREFIX + max_n >= lm.context_size() {
+        return Err(EngineError::InvalidRequest(format!(
+            "a cost profile up to {max_n} tokens needs a context above {}",
+            PROFILE_PREFIX + max_n
+        )));
+    }
+    let vocab = lm.vocab_size() as u32;
+    // Ordinary ids spread over the vocabulary; their values do not change the cost.
+    let tokens: Vec<u32> = (0..(PROFILE_PREFIX + max_n) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    lm.truncate(0)?;
+    lm.prefill(&tokens[..PROFILE_PREFIX])?;
+    let chain = |n: usize| TreeBatch::chain(&tokens[PROFILE_PREFIX..PROFILE_PREFIX + n], None, 0, false);
+    // Warm-up: the first decodes of a shape allocate buffers.
+    for n in [1, max_n] {
+        lm.forward(&chain(n))?;
+        lm.commit(&[])?;
+    }
+    let mut points = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let mut times = Vec::with_capacity(repeat);
+        for _ in 0..repeat {
+            let batch = chain(n);
+            let t = Instant::now();
+            lm.forward(&batch)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            lm.commit(&[])?;
+        }
+        times.sort_by(f64::total_cmp);
+        points.push((n, times[times.len() / 2].max(1e-6)));
+    }
+    lm.truncate(0)?;
+    Ok(CostCurve::from_points(&points)?)
+}
+
 /// Counters of a cost-aware drafter, for reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AutoStats {
@@ -54,14 +115,61 @@ pub struct AutoStats {
     pub pruned: u64,
 }
 
+/// What a cost-aware drafter has learned: refined curves, calibration, achieved rate.
+#[derive(Debug, Clone)]
+struct Learned {
+    costs: CostModel,
+    calib: AcceptanceCalibrator,
+    tokens: f64,
+    ms: f64,
+}
+
+/// The measured curves of one method, plus what its drafters have learned so far, shared by
+/// every drafter built from that method: a server's requests and a benchmark's prompts each
+/// start from the calibration and refined curves the previous ones left, instead of relearning.
+#[derive(Debug)]
+pub struct SharedCosts {
+    initial: CostModel,
+    learned: Mutex<HashMap<&'static str, Learned>>,
+}
+
+impl SharedCosts {
+    /// Shared state starting from measured curves.
+    pub fn new(costs: CostModel) -> Arc<Self> {
+        Arc::new(Self { initial: costs, learned: Mutex::new(HashMap::new()) })
+    }
+
+    /// The curves as measured.
+    pub fn initial(&self) -> &CostModel {
+        &self.initial
+    }
+
+    fn load(&self, role: &'static str) -> Option<Learned> {
+        self.learned.lock().unwrap_or_else(|p| p.into_inner()).get(role).cloned()
+    }
+
+    fn store(&self, role: &'static str, learned: Learned) {
+        self.learned.lock().unwrap_or_else(|p| p.into_inner()).insert(role, learned);
+    }
+}
+
+/// Two handles are equal when they share the same state.
+impl PartialEq for SharedCosts {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
 /// Cost model + calibration + achieved rate.
 #[derive(Debug, Clone)]
 pub struct AutoBudget {
+    shared: Option<(Arc<SharedCosts>, &'static str)>,
     costs: CostModel,
     calib: AcceptanceCalibrator,
     tokens: f64,
     ms: f64,
     since_draft: u32,
+    probe_every: u32,
     /// Raw conditional confidence of each node of the tree last proposed (root: 1).
     raw: Vec<f64>,
     draft_ms: f64,
@@ -70,15 +178,35 @@ pub struct AutoBudget {
 }
 
 impl AutoBudget {
+    /// A budget for the drafter role `role` (e.g. "model", "lookup") of a method: it starts from
+    /// what earlier drafters of the same role learned, and leaves its own learning there.
+    pub fn shared(shared: Arc<SharedCosts>, role: &'static str, draft: bool) -> Self {
+        let mut costs = shared.initial().clone();
+        if !draft {
+            costs.draft = None;
+        }
+        let mut b = Self::new(costs);
+        if let Some(l) = shared.load(role) {
+            b.costs = l.costs;
+            b.calib = l.calib;
+            b.tokens = l.tokens;
+            b.ms = l.ms;
+        }
+        b.shared = Some((shared, role));
+        b
+    }
+
     /// Start from measured curves; the calibration starts empty (raw confidences) and persists
     /// across generations, as the curves do.
     pub fn new(costs: CostModel) -> Self {
         Self {
+            shared: None,
             costs,
             calib: AcceptanceCalibrator::new(),
             tokens: 0.0,
             ms: 0.0,
             since_draft: 0,
+            probe_every: PROBE_FIRST,
             raw: Vec::new(),
             draft_ms: 0.0,
             stats: AutoStats::default(),
@@ -129,11 +257,17 @@ impl AutoBudget {
 
     /// Whether this step should draft although the estimates say it will not pay (a probe).
     pub fn probe_due(&self) -> bool {
-        self.since_draft >= PROBE_EVERY
+        self.since_draft >= self.probe_every
     }
 
-    /// Note the step's decision: drafted (with the draft model) or skipped it.
-    pub fn note_drafting(&mut self, drafted: bool) {
+    /// Note the step's decision: `paid` = the estimates said drafting pays, `drafted` = the
+    /// draft model ran (because it pays, or as a probe).
+    pub fn note_drafting(&mut self, paid: bool, drafted: bool) {
+        if paid {
+            self.probe_every = PROBE_FIRST;
+        } else if drafted {
+            self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
+        }
         if drafted {
             self.since_draft = 0;
         } else {
@@ -191,6 +325,15 @@ impl AutoBudget {
         self.raw.clear();
         self.tokens = self.tokens * RATE_DECAY + outcome.tokens.len() as f64;
         self.ms *= RATE_DECAY;
+        if let Some((shared, role)) = &self.shared {
+            let learned = Learned {
+                costs: self.costs.clone(),
+                calib: self.calib.clone(),
+                tokens: self.tokens,
+                ms: self.ms,
+            };
+            shared.store(role, learned);
+        }
     }
 
     /// Report lines for `extra_stats`.
@@ -221,6 +364,17 @@ mod tests {
     }
 
     #[test]
+    fn measures_a_curve_on_a_model() {
+        let mut lm = crate::toy::ToyLm::new(crate::toy::ToyModel::new(8, 1, 1), 256);
+        let c = measure_curve(&mut lm, &[1, 2, 4], 3).unwrap();
+        assert_eq!(c.max_n(), 4);
+        assert!(c.ms(3) > 0.0);
+        assert_eq!(lm.committed_len(), 0);
+        assert!(measure_curve(&mut lm, &[1, 300], 1).is_err(), "past the context");
+        assert!(measure_curve(&mut lm, &[], 1).is_err());
+    }
+
+    #[test]
     fn trials_are_nodes_whose_parent_was_accepted() {
         let mut b = budget();
         let mut t = TokenTree::new(0);
@@ -238,6 +392,20 @@ mod tests {
         assert!((d[0].unwrap() - 0.5).abs() < 1e-3, "{d:?}");
         assert_eq!(d[1], Some(0.0));
         assert_eq!(b.calibrator().per_depth()[2], None);
+    }
+
+    #[test]
+    fn shared_state_carries_calibration_to_the_next_drafter() {
+        let shared = SharedCosts::new(CostModel::new(CostCurve::linear(20.0, 13.0, 16).unwrap(), None));
+        let mut first = AutoBudget::shared(shared.clone(), "model", true);
+        let mut t = TokenTree::new(0);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 0.9).unwrap();
+        first.set_raw(vec![1.0, 0.9]);
+        first.observe(&t, &VerifyOutcome { accepted: vec![a], tokens: vec![1, 2], depths: vec![] });
+        let second = AutoBudget::shared(shared.clone(), "model", true);
+        assert_eq!(second.calibrator().total_trials(), 1);
+        let other_role = AutoBudget::shared(shared, "lookup", false);
+        assert_eq!(other_role.calibrator().total_trials(), 0);
     }
 
     #[test]

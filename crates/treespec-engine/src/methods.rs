@@ -86,6 +86,11 @@ impl Method {
         !matches!(self, Method::Plain | Method::Lookup { .. } | Method::Auto(_))
     }
 
+    /// Whether the method runs a draft model when one is given (`auto` uses one if offered).
+    pub fn uses_draft(&self) -> bool {
+        self.needs_draft() || matches!(self, Method::Auto(_))
+    }
+
     /// Build the drafter. `draft` is the draft model for methods that need one (ignored by the
     /// others); a method that needs one and gets none is an error.
     pub fn build<'a, M: CausalLm + 'a>(&self, draft: Option<M>) -> Result<Box<dyn Drafter + 'a>> {
@@ -145,7 +150,7 @@ mod tests {
             Method::Lookup { config: LookupConfig::default(), table: None },
             Method::Disco(DiscoConfig::default()),
             Method::Auto(AutoConfig {
-                costs: std::sync::Arc::new(crate::auto_budget::CostModel::new(
+                costs: crate::auto_budget::SharedCosts::new(crate::auto_budget::CostModel::new(
                     treespec_core::cost::CostCurve::linear(20.0, 10.0, 8).unwrap(),
                     Some(treespec_core::cost::CostCurve::linear(2.0, 1.0, 8).unwrap()),
                 )),

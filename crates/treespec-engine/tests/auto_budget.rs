@@ -15,7 +15,7 @@ use common::{chi_square, FAMILY_ALPHA};
 use treespec_core::cost::CostCurve;
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
-use treespec_engine::auto_budget::CostModel;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, LookupConfig};
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
@@ -23,8 +23,8 @@ use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainD
 const CTX: usize = 512;
 
 /// A CPU-like curve with a cheap batch: T(n) = 30 + 2n ms, and a draft at 3 ms per forward.
-fn cheap_verify() -> Arc<CostModel> {
-    Arc::new(CostModel {
+fn cheap_verify() -> Arc<SharedCosts> {
+    SharedCosts::new(CostModel {
         target: CostCurve::linear(30.0, 2.0, 32).unwrap(),
         draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
         refine: false,
@@ -32,20 +32,20 @@ fn cheap_verify() -> Arc<CostModel> {
 }
 
 /// Verification as expensive per token as decoding (T(n) = 30n): no tree can pay.
-fn linear_verify() -> Arc<CostModel> {
-    Arc::new(CostModel {
+fn linear_verify() -> Arc<SharedCosts> {
+    SharedCosts::new(CostModel {
         target: CostCurve::linear(0.0, 30.0, 32).unwrap(),
         draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
         refine: false,
     })
 }
 
-fn dyspec(draft: &ToyModel, costs: Arc<CostModel>) -> DySpecDrafter<ToyLm> {
+fn dyspec(draft: &ToyModel, costs: Arc<SharedCosts>) -> DySpecDrafter<ToyLm> {
     let cfg = DySpecConfig { budget: 12, max_depth: 6, costs: Some(costs), ..Default::default() };
     DySpecDrafter::new(ToyLm::new(draft.clone(), CTX), cfg).unwrap()
 }
 
-fn auto(draft: Option<&ToyModel>, costs: Arc<CostModel>) -> AutoDrafter<ToyLm> {
+fn auto(draft: Option<&ToyModel>, costs: Arc<SharedCosts>) -> AutoDrafter<ToyLm> {
     let config = AutoConfig {
         costs,
         lookup: LookupConfig { max_tokens: 6, branches: 2, ..Default::default() },

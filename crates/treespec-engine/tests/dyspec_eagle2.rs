@@ -311,7 +311,10 @@ fn bad_configs_are_errors() {
     ];
     for cfg in bad_dyspec {
         assert!(cfg.validate().is_err(), "{cfg:?}");
-        assert!(matches!(DySpecDrafter::new(lm(), cfg), Err(EngineError::InvalidRequest(_))), "{cfg:?}");
+        assert!(
+            matches!(DySpecDrafter::new(lm(), cfg.clone()), Err(EngineError::InvalidRequest(_))),
+            "{cfg:?}"
+        );
     }
     assert!(DySpecConfig::default().validate().is_ok());
     assert!(DySpecConfig { threshold: Some(1.0), ..Default::default() }.validate().is_ok());

@@ -16,6 +16,7 @@ mod lm;
 mod load;
 mod meta;
 mod precheck;
+mod quantize;
 mod vocab;
 
 pub use backend::LOG_ENV;
@@ -24,3 +25,4 @@ pub use lm::LlamaLm;
 pub use load::{LlamaModel, LoadOptions, MAX_PATHS};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};
+pub use quantize::{write_draft, DraftType};

@@ -129,7 +129,7 @@ impl Worker for LlamaWorker<'_> {
     ) -> Result<(String, usize, DecodeStats), RunError> {
         let prompt = self.models.prompt_tokens(&spec.prompt)?;
         let method = spec.method.as_ref().unwrap_or(&self.method);
-        let draft = match (method.needs_draft(), self.draft.as_mut()) {
+        let draft = match (method.uses_draft(), self.draft.as_mut()) {
             (true, Some(d)) => Some(d),
             _ => None,
         };

@@ -8,10 +8,11 @@ use clap::{Args, ValueEnum};
 use treespec_core::disco::DiscoModel;
 use treespec_core::ngram::{NgramTable, TokenizerId};
 use treespec_core::sampling::SamplingParams;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::calibrate::AcceptanceVector;
 use treespec_engine::drafters::{
-    DiscoConfig, DiscoMode, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
-    StagedConfig,
+    AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig,
+    SequoiaConfig, StagedConfig,
 };
 use treespec_engine::{Method, METHOD_NAMES};
 use treespec_llama::{LlamaModel, LoadOptions};
@@ -111,9 +112,17 @@ pub struct MethodArgs {
     /// specinfer: expansion vector <k1,…,km>.
     #[arg(long, value_delimiter = ',', default_value = "2,2,1,1")]
     pub expand: Vec<usize>,
-    /// dyspec / sequoia / eagle2 (nodes kept) / gsd (DAG nodes): drafted nodes per step.
+    /// dyspec / sequoia / eagle2 (nodes kept) / gsd (DAG nodes): drafted nodes per step. `auto`
+    /// (dyspec's default): sized every step from the measured cost curves and calibrated
+    /// acceptance, down to nothing (plain decoding) where drafting does not pay.
     #[arg(long)]
-    pub budget: Option<usize>,
+    pub budget: Option<BudgetArg>,
+    /// dyspec / auto with `--budget auto`: most drafted nodes a step may hold.
+    #[arg(long = "budget-max", default_value_t = 16)]
+    pub budget_max: usize,
+    /// Re-measure the cost curves instead of reading the cache.
+    #[arg(long)]
+    pub reprofile: bool,
     /// dyspec / eagle2 / gsd / staged / sequoia: deepest draft.
     #[arg(long)]
     pub depth: Option<usize>,
@@ -179,10 +188,57 @@ pub struct MethodArgs {
     pub disco_stop_prob: Option<f32>,
 }
 
+/// `--budget`: a fixed number of drafted nodes, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetArg {
+    /// Sized from the cost model every step.
+    Auto,
+    /// This many drafted nodes.
+    Nodes(usize),
+}
+
+impl std::str::FromStr for BudgetArg {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(BudgetArg::Auto);
+        }
+        s.parse::<usize>()
+            .map(BudgetArg::Nodes)
+            .map_err(|_| format!("'{s}' is neither `auto` nor a number of drafted nodes"))
+    }
+}
+
 impl MethodArgs {
+    /// Whether method `name` needs the measured cost curves (`auto`, and dyspec unless given a
+    /// numeric budget).
+    pub fn needs_costs(&self, name: &str) -> bool {
+        name == "auto" || (name == "dyspec" && !matches!(self.budget, Some(BudgetArg::Nodes(_))))
+    }
+
+    /// A numeric budget; `auto` is refused for the methods that have no cost-aware sizing.
+    fn nodes(&self, method: &str, default: usize) -> Result<usize> {
+        match self.budget {
+            None => Ok(default),
+            Some(BudgetArg::Nodes(n)) => Ok(n),
+            Some(BudgetArg::Auto) => {
+                bail!("--budget auto applies to dyspec and auto; give {method} a number of nodes")
+            }
+        }
+    }
+
     /// The method with its knobs, for `name` (this struct's `--method` unless overridden, as the
-    /// benchmark does). `tokenizer` identifies the target's tokenizer for n-gram files.
-    pub fn method(&self, name: &str, tokenizer: Option<TokenizerId>) -> Result<Method> {
+    /// benchmark does). `tokenizer` identifies the target's tokenizer for n-gram files; `costs`
+    /// are the measured curves, required where [`Self::needs_costs`] says so.
+    pub fn method(
+        &self,
+        name: &str,
+        tokenizer: Option<TokenizerId>,
+        costs: Option<&CostModel>,
+    ) -> Result<Method> {
+        // Each method gets its own shared state: its drafters learn across requests, apart from
+        // the other methods'.
+        let costs = costs.map(|c| SharedCosts::new(c.clone()));
         let table = match (&self.ngram, tokenizer) {
             (Some(path), Some(id)) => Some(Arc::new(NgramTable::load(path, id)?)),
             (Some(_), None) => bail!("--ngram needs the target model's tokenizer"),
@@ -204,21 +260,28 @@ impl MethodArgs {
                 };
                 let d = SequoiaConfig::default();
                 Method::Sequoia(SequoiaConfig {
-                    budget: self.budget.unwrap_or(d.budget),
+                    budget: self.nodes(name, d.budget)?,
                     max_depth: self.depth.or(d.max_depth),
                     acceptance,
                 })
             }
             "dyspec" => {
                 let d = DySpecConfig::default();
+                let auto = self.needs_costs(name);
+                let costs = match (auto, costs) {
+                    (true, Some(c)) => Some(c),
+                    (true, None) => bail!("dyspec --budget auto needs the measured cost curves"),
+                    (false, _) => None,
+                };
                 Method::DySpec(DySpecConfig {
-                    budget: self.budget.unwrap_or(d.budget),
+                    budget: if auto { self.budget_max } else { self.nodes(name, d.budget)? },
                     max_depth: self.depth.unwrap_or(d.max_depth),
                     mode: match self.dyspec_mode {
                         DySpecModeArg::Heap => DySpecMode::Heap,
                         DySpecModeArg::Layer => DySpecMode::Layer,
                     },
                     threshold: self.dyspec_threshold.or(d.threshold),
+                    costs,
                 })
             }
             "eagle2" => {
@@ -226,7 +289,7 @@ impl MethodArgs {
                 Method::Eagle2(Eagle2Config {
                     top_k: self.eagle_top_k.unwrap_or(d.top_k),
                     depth: self.depth.unwrap_or(d.depth),
-                    total: self.budget.unwrap_or(d.total),
+                    total: self.nodes(name, d.total)?,
                 })
             }
             "gsd" => {
@@ -237,7 +300,7 @@ impl MethodArgs {
                     parent_min: self.gsd_parent_min.unwrap_or(d.parent_min),
                     r: self.gsd_r.unwrap_or(d.r),
                     max_depth: self.depth.unwrap_or(d.max_depth),
-                    budget: self.budget.unwrap_or(d.budget),
+                    budget: self.nodes(name, d.budget)?,
                     ..d
                 })
             }
@@ -277,6 +340,26 @@ impl MethodArgs {
                     max_tokens: self.disco_max.unwrap_or(d.max_tokens),
                     threshold: self.disco_threshold.unwrap_or(d.threshold),
                     stop_prob: self.disco_stop_prob.unwrap_or(d.stop_prob),
+                })
+            }
+            "auto" => {
+                let Some(costs) = costs else { bail!("the auto method needs the measured cost curves") };
+                let l = LookupConfig::default();
+                let d = DySpecConfig::default();
+                Method::Auto(AutoConfig {
+                    costs,
+                    lookup: LookupConfig {
+                        max_ngram: self.lookup_ngram.unwrap_or(l.max_ngram),
+                        max_tokens: self.lookup_tokens.unwrap_or(l.max_tokens),
+                        branches: self.lookup_branches.unwrap_or(2),
+                        ..l
+                    },
+                    table,
+                    dyspec: DySpecConfig {
+                        budget: self.budget_max,
+                        max_depth: self.depth.unwrap_or(d.max_depth),
+                        ..d
+                    },
                 })
             }
             other => bail!("unknown method '{other}' (one of {})", METHOD_NAMES.join(", ")),

@@ -14,11 +14,14 @@ use treespec_bench::{
     Backend, BenchConfig, MachineInfo, MethodConfig, MethodSpec, ModelFile, ProgressMode, Prompt, Results,
     RunConfig, SamplingConfig, Selection, Session, ToyBackend, SCHEMA,
 };
+use treespec_core::cost::CostCurve;
 use treespec_core::TokenId;
+use treespec_engine::auto_budget::CostModel;
 use treespec_engine::{CausalLm, Method, StopConditions, METHOD_NAMES};
 use treespec_llama::LlamaLm;
 
 use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
+use super::costs::cost_model;
 use super::models::Models;
 
 /// The prompt set used when `--prompts` is not given (relative to the repository root).
@@ -215,7 +218,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     // Method knobs are checked now (an n-gram table needs the loaded tokenizer: checked after).
     if args.method.ngram.is_none() {
-        specs(&args.method, &names, None)?;
+        specs(&args.method, &names, None, Some(&toy_costs()))?;
     }
 
     let progress = if args.log { ProgressMode::Log } else { ProgressMode::Auto };
@@ -246,7 +249,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let (output, mut machine, methods, options) = match &model_args {
         None => {
-            let methods = specs(&args.method, &names, None)?;
+            let methods = specs(&args.method, &names, None, Some(&toy_costs()))?;
             let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.ctx);
             let machine = MachineInfo::collect(1, Vec::new());
             let out = run_bench(&mut backend, &prompts, &make_cfg(methods.clone()))?;
@@ -256,7 +259,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(margs) => {
             let models = Models::load(margs)?;
             let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
-            let methods = specs(&args.method, &names, tok_id)?;
+            let costs = if names.iter().any(|n| args.method.needs_costs(n)) {
+                let with_draft = margs.draft.is_some();
+                Some(cost_model(margs, &models, with_draft, args.method.reprofile)?)
+            } else {
+                None
+            };
+            let methods = specs(&args.method, &names, tok_id, costs.as_ref())?;
             let mut files = vec![ModelFile::new("target", &margs.model)];
             if let Some(d) = &margs.draft {
                 files.push(ModelFile::new("draft", d));
@@ -328,14 +337,22 @@ fn specs(
     knobs: &MethodArgs,
     names: &[String],
     tok: Option<treespec_core::ngram::TokenizerId>,
+    costs: Option<&CostModel>,
 ) -> Result<Vec<MethodSpec>> {
     names
         .iter()
         .map(|n| {
-            let method = knobs.method(n, tok).with_context(|| format!("method {n}"))?;
+            let method = knobs.method(n, tok, costs).with_context(|| format!("method {n}"))?;
             Ok(MethodSpec { name: n.clone(), method })
         })
         .collect()
+}
+
+/// Cost curves for the toy backend (and for checking knobs before the models load): a cheap
+/// verify, refined online from the toy's own timings.
+fn toy_costs() -> CostModel {
+    let curve = |base, per| CostCurve::linear(base, per, 32).expect("valid linear curve");
+    CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))
 }
 
 /// A method's knobs for the report (debug form, bounded: a loaded table prints only its header).
@@ -376,7 +393,7 @@ impl Backend for LlamaBackend<'_> {
         StopConditions { eos: self.models.eos_tokens(), stop_strings: Vec::new() }
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
-        let draft = match (method.needs_draft(), self.draft.as_mut()) {
+        let draft = match (method.uses_draft(), self.draft.as_mut()) {
             (true, Some(d)) => Some(d),
             (true, None) => {
                 return Err(anyhow!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name()))

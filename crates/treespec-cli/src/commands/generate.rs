@@ -10,6 +10,7 @@ use treespec_engine::{generate, GenerateRequest, StopConditions, TokenBytes};
 use treespec_text::Utf8Stream;
 
 use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
+use super::costs::cost_model;
 use super::models::{ModelBytes, Models};
 
 /// Options of `treespec generate`.
@@ -56,7 +57,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let sampling = args.sampling.params()?;
     let models = Models::load(&args.models)?;
     let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
-    let method = args.method.method(&args.method.method, tok_id)?;
+    let costs = if args.method.needs_costs(&args.method.method) {
+        let with_draft = args.models.draft.is_some();
+        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
+    } else {
+        None
+    };
+    let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
     let prompt = models.prompt_tokens(&text, args.chat)?;
     let ctx = models.target.options().ctx_size;
     if prompt.len() >= ctx {
@@ -64,7 +71,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
 
     let mut target = models.target.new_lm()?;
-    let draft = match (method.needs_draft(), models.draft()) {
+    let draft = match (method.uses_draft(), models.draft()) {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
     };

@@ -3,7 +3,9 @@
 pub mod args;
 pub mod bench;
 pub mod calibrate;
+pub mod costs;
 pub mod demo;
+pub mod draft;
 pub mod generate;
 pub mod inspect;
 pub mod models;

@@ -8,6 +8,8 @@ use treespec_llama::LlamaModel;
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
 use super::args::{tokenizer_id, MethodArgs, ModelArgs};
+use super::costs::cost_model;
+use super::models::Models;
 
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
@@ -44,7 +46,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(_) => Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?),
         None => None,
     };
-    let method = args.method.method(&args.method.method, tok_id)?;
+    let costs = if args.method.needs_costs(&args.method.method) {
+        let models = Models::load(&args.models)?;
+        let with_draft = args.models.draft.is_some();
+        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
+    } else {
+        None
+    };
+    let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
     let config =
         LlamaConfig { model: args.models.model.clone(), draft: args.models.draft.clone(), options, method };
     let metrics = Arc::new(Metrics::default());

@@ -20,7 +20,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::{DySpecConfig, DySpecDrafter, LookupConfig, LookupDrafter};
-use crate::auto_budget::{AutoBudget, CostModel};
+use crate::auto_budget::{AutoBudget, SharedCosts};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -28,8 +28,8 @@ use crate::model::CausalLm;
 /// Knobs of the `auto` method.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AutoConfig {
-    /// The measured cost curves (required).
-    pub costs: Arc<CostModel>,
+    /// The measured cost curves (required), shared with every drafter of this method.
+    pub costs: Arc<SharedCosts>,
     /// The lookup proposal's knobs.
     pub lookup: LookupConfig,
     /// Static n-gram table for the lookup, if any.
@@ -64,7 +64,7 @@ impl<M: CausalLm> AutoDrafter<M> {
         };
         let model = match draft {
             Some(d) => {
-                if config.costs.draft.is_none() {
+                if config.costs.initial().draft.is_none() {
                     return Err(EngineError::InvalidRequest(
                         "auto: a draft model needs its measured cost curve".into(),
                     ));
@@ -74,10 +74,9 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             None => None,
         };
-        let lookup_costs = CostModel { draft: None, ..(*config.costs).clone() };
         Ok(Self {
             lookup,
-            lookup_budget: AutoBudget::new(lookup_costs),
+            lookup_budget: AutoBudget::shared(config.costs.clone(), "lookup", false),
             model,
             choice: Choice::Plain,
             counts: [0; 3],
@@ -87,10 +86,12 @@ impl<M: CausalLm> AutoDrafter<M> {
     /// The lookup's proposal cut to its best prefix, its gain, and each kept node's raw score.
     fn priced_lookup(&mut self, ctx: &ProposeContext) -> Result<(TokenTree, f64)> {
         let tree = self.lookup.propose(ctx)?;
+        // A lookup node's score is its match's confidence (see `LookupDrafter`), the same for
+        // every node of a continuation: it is what the calibration bins, per depth.
         let mut value = vec![1.0; tree.len()];
         for (id, node) in tree.nodes().iter().enumerate().skip(1) {
             let parent = node.parent.unwrap_or(ROOT);
-            value[id] = value[parent] * self.lookup_budget.acceptance(node.depth, 1.0);
+            value[id] = value[parent] * self.lookup_budget.acceptance(node.depth, node.draft_prob as f64);
         }
         let order = value_order(&tree, &value);
         let values: Vec<f64> = order.iter().map(|&n| value[n]).collect();
@@ -138,7 +139,11 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         }
         self.counts[self.choice as usize] += 1;
         // Only the lookup's own trees are calibration trials for the lookup.
-        let raw = if self.choice == Choice::Lookup { vec![1.0; best.0.len()] } else { Vec::new() };
+        let raw = if self.choice == Choice::Lookup {
+            best.0.nodes().iter().map(|n| n.draft_prob as f64).collect()
+        } else {
+            Vec::new()
+        };
         self.lookup_budget.set_raw(raw);
         Ok(best.0)
     }

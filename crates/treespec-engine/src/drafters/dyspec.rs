@@ -46,7 +46,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::top_tokens;
-use crate::auto_budget::{AutoBudget, CostModel};
+use crate::auto_budget::{AutoBudget, SharedCosts};
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
@@ -80,7 +80,7 @@ pub struct DySpecConfig {
     /// `--budget auto`: the measured cost curves. Each step then grows the tree only while the
     /// calibrated expected tokens pay for the target and draft time they cost, prunes it to the
     /// best size (greedy), and drafts nothing where plain decoding is faster (see [`auto`]).
-    pub costs: Option<Arc<CostModel>>,
+    pub costs: Option<Arc<SharedCosts>>,
 }
 
 impl Default for DySpecConfig {
@@ -146,7 +146,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
     /// A DySpec drafter; errors on an invalid config.
     pub fn new(draft: M, config: DySpecConfig) -> Result<Self> {
         config.validate()?;
-        let auto = config.costs.as_ref().map(|c| AutoBudget::new((**c).clone()));
+        let auto = config.costs.as_ref().map(|c| AutoBudget::shared(c.clone(), "model", true));
         Ok(Self {
             draft: DraftModel::new(draft),
             config,

@@ -114,17 +114,19 @@ impl LookupDrafter {
         &self.stats
     }
 
-    /// The continuations to propose, best first, each at most `len` tokens; whether the history
-    /// had a match; whether the table contributed.
-    fn continuations(&self, history: &[TokenId], len: usize) -> (Vec<Vec<TokenId>>, bool, bool) {
+    /// The continuations to propose, best first, each at most `len` tokens with a confidence in
+    /// (0, 1) (how long a match it came from: `n / (max_ngram + 1)`, table guesses lowest);
+    /// whether the history had a match; whether the table contributed.
+    fn continuations(&self, history: &[TokenId], len: usize) -> (Vec<(Vec<TokenId>, f32)>, bool, bool) {
         let want = self.config.branches;
-        let mut chains: Vec<Vec<TokenId>> =
-            self.index.lookup(len, want).into_iter().map(|c| c.tokens).collect();
+        let scale = (self.config.max_ngram + 1) as f32;
+        let mut chains: Vec<(Vec<TokenId>, f32)> =
+            self.index.lookup(len, want).into_iter().map(|c| (c.tokens, c.n as f32 / scale)).collect();
         let hit = !chains.is_empty();
         let Some(table) = &self.table else { return (chains, hit, false) };
         let mut used_table = false;
         // Continuations cut short by the end of the history: let the table finish them.
-        for chain in &mut chains {
+        for (chain, _) in &mut chains {
             if chain.len() < len {
                 let mut ctx = history[history.len().saturating_sub(2)..].to_vec();
                 ctx.extend_from_slice(chain);
@@ -138,20 +140,23 @@ impl LookupDrafter {
                 if chains.len() == want {
                     break;
                 }
-                if chains.iter().any(|c| c.first() == Some(&w)) {
+                if chains.iter().any(|(c, _)| c.first() == Some(&w)) {
                     continue;
                 }
                 let mut ctx = history[history.len().saturating_sub(1)..].to_vec();
                 ctx.push(w);
                 let mut chain = vec![w];
                 chain.extend(table.greedy_chain(&ctx, len - 1));
-                chains.push(chain);
+                chains.push((chain, TABLE_CONFIDENCE));
                 used_table = true;
             }
         }
         (chains, hit, used_table)
     }
 }
+
+/// Confidence score of a continuation guessed by the static table (below any context match).
+const TABLE_CONFIDENCE: f32 = 0.1;
 
 impl Drafter for LookupDrafter {
     fn name(&self) -> &str {
@@ -178,7 +183,7 @@ impl Drafter for LookupDrafter {
         self.stats.context_hits += hit as u64;
         self.stats.table_steps += used_table as u64;
         // Insert as a trie: a shared prefix is one set of nodes, verified once.
-        'chains: for chain in chains {
+        'chains: for (chain, confidence) in chains {
             let mut at = ROOT;
             for &t in &chain {
                 if let Some(&c) = tree.children(at).iter().find(|&&c| tree.node(c).token == t) {
@@ -188,7 +193,7 @@ impl Drafter for LookupDrafter {
                 if tree.drafted() >= ctx.max_nodes {
                     break 'chains;
                 }
-                at = tree.add(at, t, Draw::Deterministic, 1.0)?;
+                at = tree.add(at, t, Draw::Deterministic, confidence)?;
             }
         }
         self.stats.proposed += tree.drafted() as u64;

@@ -10,7 +10,8 @@
 //! 1. *Draft at all?* Only if an optimistic lookahead (every future depth accepted at the best
 //!    calibrated rate) beats plain decoding after paying the draft forwards; otherwise the step
 //!    verifies the root alone, and the draft model is not run (a probe every few skipped steps
-//!    keeps the estimates honest).
+//!    keeps the estimates honest, unless even perfect acceptance could not pay: then probing
+//!    cannot change the answer and the draft model stays idle).
 //! 2. *Add the next node of a depth?* While its calibrated value is worth more than the target
 //!    time it adds, at the rate to beat (the marginal cost looks a few nodes ahead, so the cheap
 //!    steps of the curve are used).
@@ -50,8 +51,11 @@ impl<M: CausalLm> DySpecDrafter<M> {
         let forwards: Vec<f64> =
             (0..depth).map(|d| if d == 0 { start_ms } else { auto.draft_cost(1) }).collect();
         let look = econ.lookahead_gain(&[], 1.0, auto.best_acceptance(1), &forwards, depth);
-        let draft = look > self.bar || auto.probe_due();
-        auto.note_drafting(draft);
+        let pays = look > self.bar;
+        // A probe can only change the answer if drafting would pay at perfect acceptance.
+        let could_pay = econ.lookahead_gain(&[], 1.0, 1.0, &forwards, depth) > self.bar;
+        let draft = pays || (could_pay && auto.probe_due());
+        auto.note_drafting(pays, draft);
         self.last_gain = 0.0;
         if !draft {
             auto.set_raw(vec![1.0]);
