@@ -344,6 +344,13 @@ pub fn method_from_spec(spec: &MethodSpec, has_draft: bool) -> Result<Option<Met
             }
         }
         "disco" => Method::Disco(Default::default()),
+        "auto" => {
+            return Err(ApiError::invalid(
+                "treespec.method",
+                "'auto' needs the measured cost curves: start the server with `--method auto`, and \
+                 leave `method` out of the request to use it",
+            ))
+        }
         other => {
             return Err(ApiError::invalid(
                 "treespec.method",
@@ -508,9 +515,11 @@ mod tests {
         assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "kk": 3}})).is_err());
         assert!(chat_json(json!({"messages": msg(), "treespec": {"k": 3}})).is_err());
         assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "sequoia"}})).is_err());
-        for name in METHOD_NAMES.iter().filter(|n| **n != "sequoia") {
+        for name in METHOD_NAMES.iter().filter(|n| **n != "sequoia" && **n != "auto") {
             chat_json(json!({"messages": msg(), "treespec": {"method": name}})).unwrap();
         }
+        let e = chat_json(json!({"messages": msg(), "treespec": {"method": "auto"}})).unwrap_err();
+        assert!(e.message.contains("--method auto"), "{}", e.message);
         let spec = MethodSpec { method: Some("chain".into()), ..Default::default() };
         assert!(method_from_spec(&spec, false).unwrap_err().message.contains("needs a draft"));
         let spec = MethodSpec { method: Some("lookup".into()), ..Default::default() };
