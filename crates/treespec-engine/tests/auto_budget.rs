@@ -141,31 +141,6 @@ fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
     assert!(out.stats.drafted > 0);
 }
 
-/// Exact probability of every 3-token continuation.
-fn exact_joint(target: &ToyModel, params: &SamplingParams, prompt: &[TokenId]) -> Vec<f64> {
-    let sampler = Sampler::new(params.clone()).unwrap();
-    let v = target.vocab;
-    let dist = |ctx: &[TokenId]| sampler.distribution(&target.logits(ctx), ctx).unwrap();
-    let mut out = vec![0f64; v * v * v];
-    let mut ctx = prompt.to_vec();
-    let d1 = dist(&ctx);
-    for x1 in 0..v as TokenId {
-        ctx.push(x1);
-        let d2 = dist(&ctx);
-        for x2 in 0..v as TokenId {
-            ctx.push(x2);
-            let d3 = dist(&ctx);
-            for x3 in 0..v as TokenId {
-                out[(x1 as usize * v + x2 as usize) * v + x3 as usize] =
-                    d1.prob(x1) as f64 * d2.prob(x2) as f64 * d3.prob(x3) as f64;
-            }
-            ctx.pop();
-        }
-        ctx.pop();
-    }
-    out
-}
-
 const RUNS: u64 = 20_000;
 
 #[test]
@@ -191,7 +166,7 @@ fn sampled_joint_distribution_is_the_targets() {
     for (pname, target, noise, support, prompt) in &pairs {
         let draft = target.draft(*noise, 1000 + target.seed).with_support(*support);
         for (sname, params) in &settings {
-            let exact = exact_joint(target, params, prompt);
+            let exact = target.exact_joint(&Sampler::new(params.clone()).unwrap(), prompt, 3).unwrap();
             for (dname, make) in &makers {
                 let mut d = make(&draft);
                 let v = target.vocab;

@@ -14,7 +14,6 @@ use common::{chi_square, FAMILY_ALPHA};
 use treespec_core::disco::{ConfidenceThreshold, DiscoModel, Features};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::sequoia::optimal_tree;
-use treespec_core::TokenId;
 use treespec_engine::calibrate::{collect_training_data, measure_acceptance, AcceptanceVector};
 use treespec_engine::drafters::{
     ChainDrafter, DiscoConfig, DiscoDrafter, DiscoMode, SequoiaConfig, SequoiaDrafter,
@@ -472,31 +471,6 @@ fn bad_configs_and_files_are_errors() {
 
 const RUNS: u64 = 20_000;
 
-/// Exact probability of every 3-token continuation (index x1·V² + x2·V + x3).
-fn exact_joint(target: &ToyModel, params: &SamplingParams, prompt: &[u32]) -> Vec<f64> {
-    let sampler = Sampler::new(params.clone()).unwrap();
-    let v = target.vocab;
-    let dist = |ctx: &[u32]| sampler.distribution(&target.logits(ctx), ctx).unwrap();
-    let mut out = vec![0f64; v * v * v];
-    let mut ctx = prompt.to_vec();
-    let d1 = dist(&ctx);
-    for x1 in 0..v as TokenId {
-        ctx.push(x1);
-        let d2 = dist(&ctx);
-        for x2 in 0..v as TokenId {
-            ctx.push(x2);
-            let d3 = dist(&ctx);
-            for x3 in 0..v as TokenId {
-                out[(x1 as usize * v + x2 as usize) * v + x3 as usize] =
-                    d1.prob(x1) as f64 * d2.prob(x2) as f64 * d3.prob(x3) as f64;
-            }
-            ctx.pop();
-        }
-        ctx.pop();
-    }
-    out
-}
-
 #[test]
 fn sampling_joint_distribution_is_the_targets() {
     type Make = Box<dyn Fn(&ToyModel, &ToyModel) -> Box<dyn Drafter>>;
@@ -529,7 +503,7 @@ fn sampling_joint_distribution_is_the_targets() {
             ),
         ];
         for (sname, params) in &settings {
-            let exact = exact_joint(target, params, prompt);
+            let exact = target.exact_joint(&Sampler::new(params.clone()).unwrap(), prompt, 3).unwrap();
             for (dname, make) in &makers {
                 let mut d = make(target, &draft);
                 let v = target.vocab;

@@ -337,38 +337,6 @@ fn bad_configs_are_errors() {
 const JOINT_LEN: usize = 3;
 const RUNS: u64 = 20_000;
 
-/// Exact probability of every length-`JOINT_LEN` continuation, indexed by its base-V number
-/// (first token most significant), from the target's processed conditionals.
-fn exact_joint(target: &ToyModel, prompt: &[u32], sampler: &Sampler) -> Vec<f64> {
-    let v = target.vocab;
-    let mut out = vec![0.0; v.pow(JOINT_LEN as u32)];
-    fn walk(
-        t: &ToyModel,
-        s: &Sampler,
-        ctx: &mut Vec<u32>,
-        left: usize,
-        idx: usize,
-        pr: f64,
-        out: &mut [f64],
-    ) {
-        if left == 0 {
-            out[idx] = pr;
-            return;
-        }
-        let dist = s.distribution(&t.logits(ctx), ctx).unwrap();
-        for x in 0..t.vocab as u32 {
-            let p = dist.prob(x) as f64;
-            if p > 0.0 {
-                ctx.push(x);
-                walk(t, s, ctx, left - 1, idx * t.vocab + x as usize, pr * p, out);
-                ctx.pop();
-            }
-        }
-    }
-    walk(target, sampler, &mut prompt.to_vec(), JOINT_LEN, 0, 1.0, &mut out);
-    out
-}
-
 /// Pearson χ² p-value of `counts` against `probs`; cells expected below 5 are pooled. A count
 /// in a cell of probability 0 is an immediate failure (p = 0).
 fn chi2_pvalue(counts: &[u64], probs: &[f64]) -> (f64, usize, f64) {
@@ -479,7 +447,7 @@ fn sampling_joint_distribution_matches_target() {
             .map(|case| {
                 s.spawn(move || {
                     let sampler = Sampler::new(case.sampling.clone()).unwrap();
-                    let probs = exact_joint(&case.target, &prompt, &sampler);
+                    let probs = case.target.exact_joint(&sampler, &prompt, JOINT_LEN).unwrap();
                     let counts = joint_counts(case, &prompt);
                     let (stat, df, p) = chi2_pvalue(&counts, &probs);
                     (case.name.clone(), stat, df, p)

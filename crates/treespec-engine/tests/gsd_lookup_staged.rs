@@ -483,24 +483,6 @@ fn ngram_file_for_another_tokenizer_is_an_error() {
 // ---------------------------------------------------------------------------------------------
 // Sampling: the joint distribution of the first three emitted tokens.
 
-/// Exact probability of every length-`len` continuation, indexed base `vocab`, first token most
-/// significant: the product of the target's processed conditionals.
-fn exact_joint(target: &ToyModel, sampler: &Sampler, prompt: &[TokenId], len: usize) -> Vec<f64> {
-    let v = target.vocab;
-    let mut out = vec![0.0; v.pow(len as u32)];
-    for (cell, p) in out.iter_mut().enumerate() {
-        let mut ctx = prompt.to_vec();
-        let mut prob = 1.0f64;
-        for i in (0..len).rev() {
-            let t = (cell / v.pow(i as u32)) % v;
-            prob *= sampler.distribution(&target.logits(&ctx), &ctx).unwrap().prob(t as TokenId) as f64;
-            ctx.push(t as TokenId);
-        }
-        *p = prob;
-    }
-    out
-}
-
 /// Checks every step: accepted nodes form a root path and τ = accepted + 1.
 struct Checked<'a>(&'a mut dyn Drafter);
 
@@ -631,7 +613,7 @@ fn sampling_joint_distribution_matches_target() {
         let draft = target.draft(case.noise, case.seed + 500);
         for (si, (sname, sampling)) in samplings.iter().enumerate() {
             let sampler = Sampler::new(sampling.clone()).unwrap();
-            let probs = exact_joint(&target, &sampler, &case.prompt, LEN);
+            let probs = target.exact_joint(&sampler, &case.prompt, LEN).unwrap();
             assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-4);
             let mut drafter = (case.make)(&draft);
             let mut lm = ToyLm::new(target.clone(), 64);

@@ -224,40 +224,6 @@ fn configs() -> Vec<Config> {
 // ---------------------------------------------------------------------------------------------
 // Exact joint and the chi-square run.
 
-/// Exact probability of every length-`len` continuation of `prompt`, indexed base `vocab`
-/// (first token most significant).
-fn exact_joint(target: &ToyModel, sampler: &Sampler, prompt: &[TokenId], len: usize) -> Vec<f64> {
-    fn rec(
-        target: &ToyModel,
-        sampler: &Sampler,
-        ctx: &mut Vec<TokenId>,
-        left: usize,
-        prob: f64,
-        index: usize,
-        out: &mut Vec<f64>,
-    ) {
-        if left == 0 {
-            out[index] = prob;
-            return;
-        }
-        let dist = sampler.distribution(&target.logits(ctx), ctx).unwrap();
-        for t in 0..target.vocab {
-            let pt = dist.prob(t as TokenId) as f64;
-            let next = index * target.vocab + t;
-            if pt == 0.0 {
-                // Fill the whole subtree with zeros (already zero-initialised).
-                continue;
-            }
-            ctx.push(t as TokenId);
-            rec(target, sampler, ctx, left - 1, prob * pt, next, out);
-            ctx.pop();
-        }
-    }
-    let mut out = vec![0.0; target.vocab.pow(len as u32)];
-    rec(target, sampler, &mut prompt.to_vec(), len, 1.0, 0, &mut out);
-    out
-}
-
 fn request(prompt: &[TokenId], len: usize, sampling: &SamplingParams, seed: u64) -> GenerateRequest {
     GenerateRequest {
         prompt: prompt.to_vec(),
@@ -276,7 +242,7 @@ fn run_config(index: usize, c: &Config, alpha: f64) -> Option<String> {
     let target_model = c.target();
     let sampler = Sampler::new(c.sampling.clone()).unwrap();
     let prompt = c.prompt();
-    let probs = exact_joint(&target_model, &sampler, &prompt, c.len);
+    let probs = target_model.exact_joint(&sampler, &prompt, c.len).unwrap();
     let total: f64 = probs.iter().sum();
     assert!((total - 1.0).abs() < 1e-4, "exact joint sums to {total}");
 

@@ -1,6 +1,7 @@
 //! The conditional distributions of a toy model.
 
-use treespec_core::TokenId;
+use treespec_core::sampling::Sampler;
+use treespec_core::{Result, TokenId};
 
 /// Which tokens a toy model may ever produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,42 @@ impl ToyModel {
             })
             .collect()
     }
+
+    /// The exact probability of every `len`-token continuation of `prompt` under `sampler`'s
+    /// processing of this model's logits, indexed by the continuation as a base-`vocab` number
+    /// (first token most significant): what a lossless decoder's output must be distributed as,
+    /// for the χ² tests.
+    pub fn exact_joint(&self, sampler: &Sampler, prompt: &[TokenId], len: usize) -> Result<Vec<f64>> {
+        let mut out = vec![0.0; self.vocab.pow(len as u32)];
+        self.joint_rec(sampler, &mut prompt.to_vec(), len, 1.0, 0, &mut out)?;
+        Ok(out)
+    }
+
+    fn joint_rec(
+        &self,
+        sampler: &Sampler,
+        ctx: &mut Vec<TokenId>,
+        left: usize,
+        prob: f64,
+        index: usize,
+        out: &mut [f64],
+    ) -> Result<()> {
+        if left == 0 {
+            out[index] = prob;
+            return Ok(());
+        }
+        let dist = sampler.distribution(&self.logits(ctx), ctx)?;
+        for t in 0..self.vocab {
+            let p = dist.prob(t as TokenId) as f64;
+            // A zero-probability token leaves its whole subtree at zero.
+            if p > 0.0 {
+                ctx.push(t as TokenId);
+                self.joint_rec(sampler, ctx, left - 1, prob * p, index * self.vocab + t, out)?;
+                ctx.pop();
+            }
+        }
+        Ok(())
+    }
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -109,5 +146,22 @@ mod tests {
         assert_ne!(m.draft(1.0, 9).logits(&[3]), m.logits(&[3]));
         let even = m.clone().with_support(Support::Even).logits(&[1]);
         assert!(even.iter().skip(1).step_by(2).all(|x| x.is_infinite()));
+    }
+
+    #[test]
+    fn exact_joint_is_the_product_of_the_conditionals() {
+        let m = ToyModel::new(4, 2, 3).with_support(Support::Odd);
+        let sampler = Sampler::new(treespec_core::sampling::SamplingParams::with_temperature(0.7)).unwrap();
+        let prompt = [1, 2];
+        let joint = m.exact_joint(&sampler, &prompt, 2).unwrap();
+        assert_eq!(joint.len(), 16);
+        assert!((joint.iter().sum::<f64>() - 1.0).abs() < 1e-6);
+        let p =
+            |ctx: &[TokenId], t: TokenId| sampler.distribution(&m.logits(ctx), ctx).unwrap().prob(t) as f64;
+        // Continuation (3, 1) is cell 3·4 + 1.
+        assert!((joint[13] - p(&[1, 2], 3) * p(&[1, 2, 3], 1)).abs() < 1e-9);
+        // Even tokens are outside the support: zero wherever they appear.
+        assert_eq!(joint[2 * 4 + 1], 0.0);
+        assert_eq!(joint[4 + 2], 0.0);
     }
 }
