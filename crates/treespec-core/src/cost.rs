@@ -88,11 +88,6 @@ impl CostCurve {
         let t = &mut self.ms[n - 1];
         *t += ONLINE_WEIGHT * (ms - *t);
     }
-
-    /// The curve as `(n, ms)` points, for caching and reports.
-    pub fn points(&self) -> Vec<(usize, f64)> {
-        self.ms.iter().enumerate().map(|(i, &t)| (i + 1, t)).collect()
-    }
 }
 
 #[cfg(test)]

@@ -138,8 +138,6 @@ pub fn measure_curve(lm: &mut dyn CausalLm, sizes: &[usize], repeat: usize) -> R
 /// Counters of a cost-aware drafter, for reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AutoStats {
-    /// Steps proposed.
-    pub steps: u64,
     /// Steps that verified no drafted node (plain decoding), drafting skipped or pruned away.
     pub plain_steps: u64,
     /// Steps that skipped the draft model entirely.
@@ -205,7 +203,6 @@ pub struct AutoBudget {
     probe_every: u32,
     /// Raw conditional confidence of each node of the tree last proposed (root: 1).
     raw: Vec<f64>,
-    draft_ms: f64,
     /// Counters since the last `begin`.
     pub stats: AutoStats,
 }
@@ -241,7 +238,6 @@ impl AutoBudget {
             since_draft: 0,
             probe_every: PROBE_FIRST,
             raw: Vec::new(),
-            draft_ms: 0.0,
             stats: AutoStats::default(),
         }
     }
@@ -250,12 +246,6 @@ impl AutoBudget {
     pub fn begin(&mut self) {
         self.stats = AutoStats::default();
         self.raw.clear();
-        self.draft_ms = 0.0;
-    }
-
-    /// The cost curves.
-    pub fn costs(&self) -> &CostModel {
-        &self.costs
     }
 
     /// The calibration.
@@ -331,14 +321,12 @@ impl AutoBudget {
         if let Some(c) = self.costs.draft.as_mut() {
             c.observe(rows, ms);
         }
-        self.draft_ms += ms;
         self.ms += ms;
     }
 
     /// Learn from a verified step: every drafted node whose parent was accepted is one trial of
     /// the calibration, and the emitted tokens count toward the achieved rate.
     pub fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) {
-        self.stats.steps += 1;
         if tree.drafted() == 0 {
             self.stats.plain_steps += 1;
         }

@@ -194,19 +194,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
             return Ok(TokenTree::new(ctx.root()));
         }
         let root_logits = self.draft.start_step()?;
-        let mut g = Growth {
-            ctx,
-            scorer: scoring_sampler(ctx.sampler)?,
-            draft: &mut self.draft,
-            rng: &mut self.rng,
-            tree: TokenTree::new(ctx.root()),
-            values: vec![1.0],
-            budget,
-            depth,
-            seq: 0,
-            fed: 0,
-            filled: 0,
-        };
+        let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
         if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
             match self.config.mode {
                 DySpecMode::Heap => g.grow_heap(root)?,
@@ -299,7 +287,30 @@ struct Growth<'s, 'c, M: CausalLm> {
     filled: u64,
 }
 
-impl<M: CausalLm> Growth<'_, '_, M> {
+impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
+    /// An empty tree at `ctx`'s root, to grow within `budget` nodes and `depth` levels.
+    fn new(
+        ctx: &'s ProposeContext<'c>,
+        draft: &'s mut DraftModel<M>,
+        rng: &'s mut StreamRng,
+        budget: usize,
+        depth: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            ctx,
+            scorer: scoring_sampler(ctx.sampler)?,
+            draft,
+            rng,
+            tree: TokenTree::new(ctx.root()),
+            values: vec![1.0],
+            budget,
+            depth,
+            seq: 0,
+            fed: 0,
+            filled: 0,
+        })
+    }
+
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq

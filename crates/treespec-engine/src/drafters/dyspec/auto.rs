@@ -23,7 +23,7 @@
 use treespec_core::budget::{value_order, Economics};
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
 
-use super::{scoring_sampler, DySpecDrafter, Event, Growth};
+use super::{DySpecDrafter, Event, Growth};
 use crate::auto_budget::AutoBudget;
 use crate::drafter::ProposeContext;
 use crate::error::Result;
@@ -63,19 +63,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
         }
 
         let root_logits = self.draft.start_step()?;
-        let mut g = Growth {
-            ctx,
-            scorer: scoring_sampler(ctx.sampler)?,
-            draft: &mut self.draft,
-            rng: &mut self.rng,
-            tree: TokenTree::new(ctx.root()),
-            values: vec![1.0],
-            budget,
-            depth,
-            seq: 0,
-            fed: 0,
-            filled: 0,
-        };
+        let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
         let mut cal = Calibrated { raw: vec![1.0], value: vec![1.0] };
         if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
             g.grow_auto(root, auto, &mut cal)?;
