@@ -9,7 +9,11 @@
 //! * [`sampling`] — logits → the exact processed distribution used by draft and target;
 //! * [`verify`] — the three lossless verification families of ALGORITHMS.md §2, plus greedy;
 //! * [`rng`] — seeded, reproducible random streams;
-//! * [`stats`] — per-step acceptance records and their aggregation.
+//! * [`stats`] — per-step acceptance records and their aggregation;
+//! * [`suffix`] — suffix drafting: match index, global history, continuation tries, pricing;
+//! * [`ngram`] — context n-grams and static Katz tables for prompt lookup;
+//! * [`budget`], [`cost`], [`calibration`] — cost-aware tree sizing on measured curves;
+//! * [`sequoia`], [`disco`] — method-specific planners and classifiers.
 
 pub mod budget;
 pub mod calibration;
@@ -24,6 +28,7 @@ pub mod rng;
 pub mod sampling;
 pub mod sequoia;
 pub mod stats;
+pub mod suffix;
 pub mod tree;
 pub mod verify;
 

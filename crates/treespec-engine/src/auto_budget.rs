@@ -52,8 +52,9 @@ impl CostModel {
 }
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
-/// extrapolated): every size up to 8, where the kernels change most, then a sparser grid.
-pub const PROFILE_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24];
+/// extrapolated): every size up to 8, where the kernels change most, then a sparser grid out to
+/// 64 rows, since suffix drafts of long exact copies reach that far.
+pub const PROFILE_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64];
 
 /// Committed tokens under the timed batches (a realistic, short KV length).
 const PROFILE_PREFIX: usize = 64;

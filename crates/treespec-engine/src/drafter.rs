@@ -50,6 +50,10 @@ pub trait Drafter {
     /// included), reported before `observe`. Cost-aware drafters refine their cost curve with it.
     fn observe_cost(&mut self, _target_rows: usize, _target_ms: f64) {}
 
+    /// The generation is over: `text` is its prompt and every emitted token. Drafters that learn
+    /// from finished text (the suffix drafter's global history) take it here.
+    fn finish(&mut self, _text: &[TokenId]) {}
+
     /// Forward calls made on a draft model so far in this generation (0 if model-free).
     fn draft_forwards(&self) -> u64 {
         0

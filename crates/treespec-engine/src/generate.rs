@@ -137,12 +137,17 @@ pub fn generate(
         out.extend_from_slice(&emitted);
         stats.times.overhead += t.elapsed();
         if !on_tokens(&emitted) {
+            drafter.finish(&history);
             return Err(EngineError::Cancelled);
         }
         if finish != FinishReason::Length {
             break 'steps;
         }
     }
+    // The history may hold tokens past a stop (the rest of the last step): finish with what was
+    // emitted.
+    history.truncate(request.prompt.len() + out.len());
+    drafter.finish(&history);
     stats.new_tokens = out.len() as u64;
     stats.draft_forwards = drafter.draft_forwards();
     stats.wall = start.elapsed();

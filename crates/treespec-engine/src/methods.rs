@@ -11,7 +11,8 @@ use crate::drafter::{Drafter, PlainDrafter};
 use crate::drafters::{
     AutoConfig, AutoDrafter, ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter,
     Eagle2Config, Eagle2Drafter, GsdConfig, GsdDrafter, LookupConfig, LookupDrafter, SampleMode,
-    SequoiaConfig, SequoiaDrafter, StagedConfig, StagedDrafter, TreeDrafter,
+    SequoiaConfig, SequoiaDrafter, StagedConfig, StagedDrafter, SuffixConfig, SuffixDrafter, SuffixShared,
+    TreeDrafter,
 };
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -28,6 +29,7 @@ pub const METHOD_NAMES: &[&str] = &[
     "gsd",
     "staged",
     "lookup",
+    "suffix",
     "disco",
     "auto",
 ];
@@ -55,9 +57,11 @@ pub enum Method {
     Staged(StagedConfig),
     /// Model-free prompt lookup / context n-grams.
     Lookup { config: LookupConfig, table: Option<Arc<NgramTable>> },
+    /// Model-free suffix drafting over this request's and earlier requests' text.
+    Suffix(SuffixConfig),
     /// Dynamic speculation lookahead.
     Disco(DiscoConfig),
-    /// Per step, the best of prompt lookup, cost-aware DySpec (with a draft model) and plain
+    /// Per step, the best of suffix drafts, cost-aware DySpec (with a draft model) and plain
     /// decoding on the measured cost curves.
     Auto(AutoConfig),
 }
@@ -76,6 +80,7 @@ impl Method {
             Method::Gsd(_) => "gsd",
             Method::Staged(_) => "staged",
             Method::Lookup { .. } => "lookup",
+            Method::Suffix(_) => "suffix",
             Method::Disco(_) => "disco",
             Method::Auto(_) => "auto",
         }
@@ -83,12 +88,32 @@ impl Method {
 
     /// Whether the method runs a draft model.
     pub fn needs_draft(&self) -> bool {
-        !matches!(self, Method::Plain | Method::Lookup { .. } | Method::Auto(_))
+        !matches!(self, Method::Plain | Method::Lookup { .. } | Method::Suffix(_) | Method::Auto(_))
     }
 
     /// Whether the method runs a draft model when one is given (`auto` uses one if offered).
     pub fn uses_draft(&self) -> bool {
         self.needs_draft() || matches!(self, Method::Auto(_))
+    }
+
+    /// The suffix drafts' shared state (global history and learned prices), for the methods that
+    /// draft from it: the caller may save the history after a run.
+    pub fn suffix_shared(&self) -> Option<&Arc<SuffixShared>> {
+        match self {
+            Method::Suffix(c) => Some(&c.shared),
+            Method::Auto(c) => Some(&c.suffix.shared),
+            _ => None,
+        }
+    }
+
+    /// Keep suffix drafts from earlier requests with the very same prompt (a benchmark's warm-up
+    /// and repeats must not speed a prompt up with its own earlier answer).
+    pub fn exclude_same_prompt(&mut self) {
+        match self {
+            Method::Suffix(c) => c.exclude_same_prompt = true,
+            Method::Auto(c) => c.suffix.exclude_same_prompt = true,
+            _ => {}
+        }
     }
 
     /// Build the drafter. `draft` is the draft model for methods that need one (ignored by the
@@ -103,12 +128,13 @@ impl Method {
                     Some(t) => Box::new(LookupDrafter::with_table(*config, t.clone())?),
                     None => Box::new(LookupDrafter::new(*config)?),
                 },
+                Method::Suffix(c) => Box::new(SuffixDrafter::new(c.clone())?),
                 _ => Box::new(PlainDrafter),
             });
         }
         let draft = draft.ok_or_else(|| {
             EngineError::InvalidRequest(format!(
-                "method '{}' needs a draft model (-md DRAFT.gguf); 'plain' and 'lookup' do not",
+                "method '{}' needs a draft model (-md DRAFT.gguf); 'plain', 'lookup', 'suffix' and 'auto' do not",
                 self.name()
             ))
         })?;
@@ -124,7 +150,9 @@ impl Method {
             Method::Gsd(c) => Box::new(GsdDrafter::new(draft, *c)?),
             Method::Staged(c) => Box::new(StagedDrafter::new(draft, c.clone())?),
             Method::Disco(c) => Box::new(DiscoDrafter::new(draft, c.clone())?),
-            Method::Plain | Method::Lookup { .. } | Method::Auto(_) => unreachable!("handled above"),
+            Method::Plain | Method::Lookup { .. } | Method::Suffix(_) | Method::Auto(_) => {
+                unreachable!("handled above")
+            }
         })
     }
 }
@@ -148,14 +176,14 @@ mod tests {
             Method::Gsd(GsdConfig::default()),
             Method::Staged(StagedConfig::default()),
             Method::Lookup { config: LookupConfig::default(), table: None },
+            Method::Suffix(SuffixConfig::default()),
             Method::Disco(DiscoConfig::default()),
             Method::Auto(AutoConfig {
                 costs: crate::auto_budget::SharedCosts::new(crate::auto_budget::CostModel::new(
                     treespec_core::cost::CostCurve::linear(20.0, 10.0, 8).unwrap(),
                     Some(treespec_core::cost::CostCurve::linear(2.0, 1.0, 8).unwrap()),
                 )),
-                lookup: LookupConfig::default(),
-                table: None,
+                suffix: SuffixConfig::default(),
                 dyspec: DySpecConfig::default(),
             }),
         ];

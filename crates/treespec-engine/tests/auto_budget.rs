@@ -16,7 +16,9 @@ use treespec_core::cost::CostCurve;
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::drafters::{AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, LookupConfig};
+use treespec_engine::drafters::{
+    AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter,
+};
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
 
@@ -48,11 +50,16 @@ fn dyspec(draft: &ToyModel, costs: Arc<SharedCosts>) -> DySpecDrafter<ToyLm> {
 fn auto(draft: Option<&ToyModel>, costs: Arc<SharedCosts>) -> AutoDrafter<ToyLm> {
     let config = AutoConfig {
         costs,
-        lookup: LookupConfig { max_tokens: 6, branches: 2, ..Default::default() },
-        table: None,
+        suffix: SuffixConfig { max_depth: 6, ..Default::default() },
         dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
     };
     AutoDrafter::new(draft.map(|d| ToyLm::new(d.clone(), CTX)), config).unwrap()
+}
+
+/// The suffix drafter alone: cost-aware on `costs`, or (None) verifying every node it finds.
+fn suffix(costs: Option<Arc<SharedCosts>>) -> SuffixDrafter {
+    let min_value = if costs.is_some() { 0.3 } else { 0.0 };
+    SuffixDrafter::new(SuffixConfig { max_depth: 8, costs, min_value, ..Default::default() }).unwrap()
 }
 
 fn run(
@@ -90,6 +97,8 @@ fn greedy_output_equals_plain_decoding() {
                     Box::new(dyspec(&draft, costs.clone())),
                     Box::new(auto(Some(&draft), costs.clone())),
                     Box::new(auto(None, costs.clone())),
+                    Box::new(suffix(Some(costs.clone()))),
+                    Box::new(suffix(None)),
                 ];
                 for d in drafters.iter_mut() {
                     // Twice: the second generation starts from the first one's calibration.
@@ -127,7 +136,7 @@ fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
     assert_eq!(out.stats.drafted, 0);
 
     // With a cheap verify and a perfect draft, `auto` drafts with the model; with no draft model
-    // it still takes lookup matches in a repetitive context.
+    // it still takes suffix matches in a repetitive context.
     let mut both = auto(Some(&draft), cheap_verify());
     let out = run(&target, &mut both, &prompt, 64, &greedy, 0);
     let model_steps = both.extra_stats().iter().find(|(k, _)| *k == "auto_model_steps").unwrap().1;
@@ -136,8 +145,8 @@ fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
     let cyclic = ToyModel::new(8, 2, 3);
     let mut lookup = auto(None, cheap_verify());
     let out = run(&cyclic, &mut lookup, &repetitive, 64, &greedy, 0);
-    let lookup_steps = lookup.extra_stats().iter().find(|(k, _)| *k == "auto_lookup_steps").unwrap().1;
-    assert!(lookup_steps > 0.0, "{:?}", lookup.extra_stats());
+    let suffix_steps = lookup.extra_stats().iter().find(|(k, _)| *k == "auto_suffix_steps").unwrap().1;
+    assert!(suffix_steps > 0.0, "{:?}", lookup.extra_stats());
     assert!(out.stats.drafted > 0);
 }
 
@@ -158,7 +167,11 @@ fn sampled_joint_distribution_is_the_targets() {
     let makers: Vec<(&str, Make)> = vec![
         ("dyspec-auto", Box::new(|d| Box::new(dyspec(d, cheap_verify())))),
         ("auto", Box::new(|d| Box::new(auto(Some(d), cheap_verify())))),
-        ("auto-lookup", Box::new(|_| Box::new(auto(None, cheap_verify())))),
+        ("auto-suffix", Box::new(|_| Box::new(auto(None, cheap_verify())))),
+        // One drafter for all runs: its global history holds every earlier run's output (state
+        // carried across requests), and it drafts from it.
+        ("suffix", Box::new(|_| Box::new(suffix(Some(cheap_verify()))))),
+        ("suffix-all-nodes", Box::new(|_| Box::new(suffix(None)))),
     ];
     let configs = pairs.len() * settings.len() * makers.len();
     let alpha = FAMILY_ALPHA / configs as f64;
@@ -186,8 +199,11 @@ fn sampled_joint_distribution_is_the_targets() {
                     gof.df,
                     drafted as f64 / RUNS as f64
                 );
-                if dname != &"auto-lookup" {
+                if !dname.contains("suffix") {
                     assert!(drafted > 0, "{what}: the cheap curve should make the model draft");
+                }
+                if *dname == "suffix-all-nodes" {
+                    assert!(drafted > RUNS, "{what}: earlier runs' outputs should be drafted from");
                 }
                 if gof.p_value <= alpha {
                     failures.push(format!("{what}: p = {:.3e} ≤ {alpha:.1e}", gof.p_value));

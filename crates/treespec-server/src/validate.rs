@@ -344,11 +344,14 @@ pub fn method_from_spec(spec: &MethodSpec, has_draft: bool) -> Result<Option<Met
             }
         }
         "disco" => Method::Disco(Default::default()),
-        "auto" => {
+        "auto" | "suffix" => {
             return Err(ApiError::invalid(
                 "treespec.method",
-                "'auto' needs the measured cost curves: start the server with `--method auto`, and \
-                 leave `method` out of the request to use it",
+                format!(
+                    "'{name}' needs the measured cost curves and the server's shared history of \
+                     earlier requests: start the server with `--method {name}`, and leave `method` \
+                     out of the request to use it"
+                ),
             ))
         }
         other => {
@@ -515,7 +518,7 @@ mod tests {
         assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "kk": 3}})).is_err());
         assert!(chat_json(json!({"messages": msg(), "treespec": {"k": 3}})).is_err());
         assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "sequoia"}})).is_err());
-        for name in METHOD_NAMES.iter().filter(|n| **n != "sequoia" && **n != "auto") {
+        for name in METHOD_NAMES.iter().filter(|n| !matches!(**n, "sequoia" | "auto" | "suffix")) {
             chat_json(json!({"messages": msg(), "treespec": {"method": name}})).unwrap();
         }
         let e = chat_json(json!({"messages": msg(), "treespec": {"method": "auto"}})).unwrap_err();

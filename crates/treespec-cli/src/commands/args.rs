@@ -8,11 +8,12 @@ use clap::{Args, ValueEnum};
 use treespec_core::disco::DiscoModel;
 use treespec_core::ngram::{NgramTable, TokenizerId};
 use treespec_core::sampling::SamplingParams;
+use treespec_core::suffix::{GlobalHistory, DEFAULT_CAP_TOKENS};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::calibrate::AcceptanceVector;
 use treespec_engine::drafters::{
     AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig,
-    SequoiaConfig, StagedConfig,
+    SequoiaConfig, StagedConfig, SuffixConfig, SuffixShared,
 };
 use treespec_engine::{Method, METHOD_NAMES};
 use treespec_llama::{LlamaModel, LoadOptions};
@@ -174,6 +175,32 @@ pub struct MethodArgs {
     /// lookup: distinct continuations proposed as branches.
     #[arg(long = "lookup-branches")]
     pub lookup_branches: Option<usize>,
+    /// suffix / auto: deepest suffix draft, in tokens.
+    #[arg(long = "suffix-depth")]
+    pub suffix_depth: Option<usize>,
+    /// suffix / auto: most suffix-drafted nodes verified per step.
+    #[arg(long = "suffix-nodes")]
+    pub suffix_nodes: Option<usize>,
+    /// suffix / auto: earlier occurrences (per index) merged into the suffix tree.
+    #[arg(long = "suffix-occurrences")]
+    pub suffix_occurrences: Option<usize>,
+    /// suffix / auto: price suffix drafts this many standard deviations below their learned
+    /// acceptance (0 = at the mean).
+    #[arg(long = "suffix-pessimism")]
+    pub suffix_pessimism: Option<f64>,
+    /// suffix / auto: every N steps, try little-tried kinds of match optimistically (0 = never).
+    #[arg(long = "suffix-explore")]
+    pub suffix_explore: Option<u32>,
+    /// suffix / auto: draft only from this request's own text, not from earlier requests'.
+    #[arg(long = "no-global")]
+    pub no_global: bool,
+    /// suffix / auto: most tokens the global history of earlier requests keeps (oldest evicted).
+    #[arg(long = "suffix-cap", default_value_t = DEFAULT_CAP_TOKENS)]
+    pub suffix_cap: usize,
+    /// suffix / auto: a file holding the global history: read at start if it exists, written
+    /// back after the run, so earlier runs' text is drafted from.
+    #[arg(long = "suffix-history")]
+    pub suffix_history: Option<PathBuf>,
     /// disco: classifier file written by `treespec disco train` (default: confidence threshold).
     #[arg(long = "disco-model")]
     pub disco_model: Option<PathBuf>,
@@ -210,10 +237,48 @@ impl std::str::FromStr for BudgetArg {
 }
 
 impl MethodArgs {
-    /// Whether method `name` needs the measured cost curves (`auto`, and dyspec unless given a
-    /// numeric budget).
+    /// Whether method `name` needs the measured cost curves (`auto`, and dyspec and suffix unless
+    /// given a numeric budget).
     pub fn needs_costs(&self, name: &str) -> bool {
-        name == "auto" || (name == "dyspec" && !matches!(self.budget, Some(BudgetArg::Nodes(_))))
+        name == "auto"
+            || (matches!(name, "dyspec" | "suffix") && !matches!(self.budget, Some(BudgetArg::Nodes(_))))
+    }
+
+    /// Whether the method's drafts need the target's tokenizer fingerprint (an n-gram table or a
+    /// saved suffix history must belong to it).
+    pub fn needs_tokenizer(&self, name: &str) -> bool {
+        self.ngram.is_some() || (self.suffix_history.is_some() && matches!(name, "suffix" | "auto"))
+    }
+
+    /// The suffix drafter's knobs: its global history (loaded from `--suffix-history` when the
+    /// file exists) and the cost curves, if the method is cost-aware.
+    fn suffix(
+        &self,
+        tokenizer: Option<TokenizerId>,
+        costs: Option<Arc<SharedCosts>>,
+    ) -> Result<SuffixConfig> {
+        let history = match (&self.suffix_history, tokenizer) {
+            (Some(path), Some(id)) if path.exists() => GlobalHistory::load(path, id, self.suffix_cap)?,
+            (Some(_), None) => bail!("--suffix-history needs the target model's tokenizer"),
+            _ => GlobalHistory::new(self.suffix_cap)?,
+        };
+        let d = SuffixConfig::default();
+        let config = SuffixConfig {
+            max_depth: self.suffix_depth.unwrap_or(d.max_depth),
+            max_nodes: match self.budget {
+                Some(BudgetArg::Nodes(n)) => n,
+                _ => self.suffix_nodes.unwrap_or(d.max_nodes),
+            },
+            occurrences: self.suffix_occurrences.unwrap_or(d.occurrences),
+            pessimism: self.suffix_pessimism.unwrap_or(d.pessimism),
+            explore_every: self.suffix_explore.unwrap_or(d.explore_every),
+            global: !self.no_global,
+            costs,
+            shared: SuffixShared::new(history),
+            ..d
+        };
+        config.validate()?;
+        Ok(config)
     }
 
     /// A numeric budget; `auto` is refused for the methods that have no cost-aware sizing.
@@ -327,6 +392,7 @@ impl MethodArgs {
                     table,
                 }
             }
+            "suffix" => Method::Suffix(self.suffix(tokenizer, costs)?),
             "disco" => {
                 let d = DiscoConfig::default();
                 let mode = match &self.disco_model {
@@ -344,17 +410,10 @@ impl MethodArgs {
             }
             "auto" => {
                 let Some(costs) = costs else { bail!("the auto method needs the measured cost curves") };
-                let l = LookupConfig::default();
                 let d = DySpecConfig::default();
                 Method::Auto(AutoConfig {
+                    suffix: self.suffix(tokenizer, None)?,
                     costs,
-                    lookup: LookupConfig {
-                        max_ngram: self.lookup_ngram.unwrap_or(l.max_ngram),
-                        max_tokens: self.lookup_tokens.unwrap_or(l.max_tokens),
-                        branches: self.lookup_branches.unwrap_or(2),
-                        ..l
-                    },
-                    table,
                     dyspec: DySpecConfig {
                         budget: self.budget_max,
                         max_depth: self.depth.unwrap_or(d.max_depth),

@@ -202,12 +202,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .map(|s| s.to_string())
                 .collect()
         }
-        None => vec!["plain".into(), "lookup".into()],
+        None => ["plain", "lookup", "suffix", "auto"].iter().map(|s| s.to_string()).collect(),
     };
     let names = check_method_names(&names)?;
     if !has_draft {
-        let need: Vec<&str> =
-            names.iter().map(String::as_str).filter(|n| !matches!(*n, "plain" | "lookup")).collect();
+        let need: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !matches!(*n, "plain" | "lookup" | "suffix" | "auto"))
+            .collect();
         if !need.is_empty() {
             bail!(
                 "method(s) {} need a draft model: give --md DRAFT.gguf (it may be the target file itself)",
@@ -217,7 +220,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 
     // Method knobs are checked now (an n-gram table needs the loaded tokenizer: checked after).
-    if args.method.ngram.is_none() {
+    if !names.iter().any(|n| args.method.needs_tokenizer(n)) {
         specs(&args.method, &names, None, Some(&toy_costs()))?;
     }
 
@@ -258,7 +261,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Some(margs) => {
             let models = Models::load(margs)?;
-            let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
+            let needs_tok = names.iter().any(|n| args.method.needs_tokenizer(n));
+            let tok_id = if needs_tok { Some(tokenizer_id(&models.target)?) } else { None };
             let costs = if names.iter().any(|n| args.method.needs_costs(n)) {
                 let with_draft = margs.draft.is_some();
                 Some(cost_model(margs, &models, with_draft, args.method.reprofile)?)
@@ -342,7 +346,9 @@ fn specs(
     names
         .iter()
         .map(|n| {
-            let method = knobs.method(n, tok, costs).with_context(|| format!("method {n}"))?;
+            let mut method = knobs.method(n, tok, costs).with_context(|| format!("method {n}"))?;
+            // A prompt's warm-up run and repeats must not draft from its own earlier answers.
+            method.exclude_same_prompt();
             Ok(MethodSpec { name: n.clone(), method })
         })
         .collect()

@@ -20,7 +20,7 @@ use super::models::Models;
 /// Timed repetitions per batch size of a start-up profile (the median is kept).
 const REPEAT: usize = 3;
 /// Bump when the profile's meaning changes, so stale caches are not read.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct CachedCurve {

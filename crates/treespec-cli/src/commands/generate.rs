@@ -56,7 +56,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let sampling = args.sampling.params()?;
     let models = Models::load(&args.models)?;
-    let tok_id = if args.method.ngram.is_some() { Some(tokenizer_id(&models.target)?) } else { None };
+    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
+        Some(tokenizer_id(&models.target)?)
+    } else {
+        None
+    };
     let costs = if args.method.needs_costs(&args.method.method) {
         let with_draft = args.models.draft.is_some();
         Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
@@ -111,6 +115,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         true
     })?;
 
+    if let (Some(path), Some(shared), Some(id)) =
+        (&args.method.suffix_history, method.suffix_shared(), tok_id)
+    {
+        shared
+            .history()
+            .save(path, id)
+            .with_context(|| format!("saving the suffix history {}", path.display()))?;
+    }
     let mut all = Vec::new();
     for &t in &out.tokens {
         all.extend(bytes.token_bytes(t));

@@ -42,9 +42,10 @@ pub struct ServeArgs {
 /// Run `serve` until Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<()> {
     let options = args.models.load_options();
-    let tok_id = match &args.method.ngram {
-        Some(_) => Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?),
-        None => None,
+    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
+        Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?)
+    } else {
+        None
     };
     let costs = if args.method.needs_costs(&args.method.method) {
         let models = Models::load(&args.models)?;

@@ -1,26 +1,24 @@
 //! `--method auto`: per step, the proposal with the best expected gain on the measured cost
-//! curves — a model-free prompt lookup, DySpec's cost-aware tree over the draft model, or nothing
-//! (plain decoding).
+//! curves — a free suffix draft (this request's and earlier requests' text), DySpec's cost-aware
+//! tree over the draft model, or nothing (plain decoding).
 //!
-//! Every step the lookup proposes first (it costs nothing); its chain or trie is priced with its
-//! own online calibration (acceptance per depth) and cut to its best prefix. The draft model runs
-//! only if an optimistic bound on what it could add beats that. Under greedy decoding the two
-//! finished trees are compared and the better one is verified. Under sampling the choice must not
-//! depend on the model tree's own draws (that would bias them), so once the bound says the model
-//! may win, its tree is verified whatever it turned out to be; lookup trees are deterministic
-//! candidates, exact in either case.
+//! Every step the suffix drafter proposes first (it costs nothing); its trie is priced with its
+//! own pessimistic, learned acceptance and cut to its best prefix. The draft model runs only if an
+//! optimistic bound on what it could add beats that. Under greedy decoding the two finished trees
+//! are compared and the better one is verified. Under sampling the choice must not depend on the
+//! model tree's own draws (that would bias them), so once the bound says the model may win, its
+//! tree is verified whatever it turned out to be; suffix trees are deterministic candidates, exact
+//! in either case.
 
 use std::sync::Arc;
 
-use treespec_core::budget::value_order;
-use treespec_core::ngram::NgramTable;
 use treespec_core::sampling::Sampler;
-use treespec_core::tree::{TokenTree, ROOT};
+use treespec_core::tree::TokenTree;
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::{DySpecConfig, DySpecDrafter, LookupConfig, LookupDrafter};
-use crate::auto_budget::{AutoBudget, SharedCosts};
+use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter};
+use crate::auto_budget::SharedCosts;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -30,10 +28,8 @@ use crate::model::CausalLm;
 pub struct AutoConfig {
     /// The measured cost curves (required), shared with every drafter of this method.
     pub costs: Arc<SharedCosts>,
-    /// The lookup proposal's knobs.
-    pub lookup: LookupConfig,
-    /// Static n-gram table for the lookup, if any.
-    pub table: Option<Arc<NgramTable>>,
+    /// The free proposal's knobs (its `costs` are set from `costs`).
+    pub suffix: SuffixConfig,
     /// The model proposal's knobs (its `costs` are set from `costs`).
     pub dyspec: DySpecConfig,
 }
@@ -42,26 +38,22 @@ pub struct AutoConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Choice {
     Plain,
-    Lookup,
+    Suffix,
     Model,
 }
 
 /// The `auto` drafter.
 pub struct AutoDrafter<M: CausalLm> {
-    lookup: LookupDrafter,
-    lookup_budget: AutoBudget,
+    suffix: SuffixDrafter,
     model: Option<DySpecDrafter<M>>,
     choice: Choice,
     counts: [u64; 3],
 }
 
 impl<M: CausalLm> AutoDrafter<M> {
-    /// An `auto` drafter; `draft` is optional (lookup or plain decoding only without it).
+    /// An `auto` drafter; `draft` is optional (suffix drafts or plain decoding only without it).
     pub fn new(draft: Option<M>, config: AutoConfig) -> Result<Self> {
-        let lookup = match &config.table {
-            Some(t) => LookupDrafter::with_table(config.lookup, t.clone())?,
-            None => LookupDrafter::new(config.lookup)?,
-        };
+        let suffix = SuffixDrafter::new(SuffixConfig { costs: Some(config.costs.clone()), ..config.suffix })?;
         let model = match draft {
             Some(d) => {
                 if config.costs.initial().draft.is_none() {
@@ -74,30 +66,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             None => None,
         };
-        Ok(Self {
-            lookup,
-            lookup_budget: AutoBudget::shared(config.costs.clone(), "lookup", false),
-            model,
-            choice: Choice::Plain,
-            counts: [0; 3],
-        })
-    }
-
-    /// The lookup's proposal cut to its best prefix, its gain, and each kept node's raw score.
-    fn priced_lookup(&mut self, ctx: &ProposeContext) -> Result<(TokenTree, f64)> {
-        let tree = self.lookup.propose(ctx)?;
-        // A lookup node's score is its match's confidence (see `LookupDrafter`), the same for
-        // every node of a continuation: it is what the calibration bins, per depth.
-        let mut value = vec![1.0; tree.len()];
-        for (id, node) in tree.nodes().iter().enumerate().skip(1) {
-            let parent = node.parent.unwrap_or(ROOT);
-            value[id] = value[parent] * self.lookup_budget.acceptance(node.depth, node.draft_prob as f64);
-        }
-        let order = value_order(&tree, &value);
-        let values: Vec<f64> = order.iter().map(|&n| value[n]).collect();
-        let (n, gain) = self.lookup_budget.economics().best_prefix(&values);
-        let (cut, _) = tree.retain(&order[..n])?;
-        Ok((cut, gain))
+        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3] })
     }
 }
 
@@ -107,8 +76,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     }
 
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
-        self.lookup.begin(prompt, sampler, seed)?;
-        self.lookup_budget.begin();
+        self.suffix.begin(prompt, sampler, seed)?;
         self.counts = [0; 3];
         if let Some(m) = self.model.as_mut() {
             m.begin(prompt, sampler, seed)?;
@@ -117,9 +85,9 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
-        let (lookup_tree, lookup_gain) = self.priced_lookup(ctx)?;
-        let mut best = (lookup_tree, lookup_gain.max(0.0));
-        self.choice = if best.0.drafted() > 0 { Choice::Lookup } else { Choice::Plain };
+        let suffix_tree = self.suffix.propose(ctx)?;
+        let mut best = (suffix_tree, self.suffix.last_gain());
+        self.choice = if best.0.drafted() > 0 { Choice::Suffix } else { Choice::Plain };
         if let Some(m) = self.model.as_mut() {
             m.set_bar(best.1);
             let model_tree = m.propose(ctx)?;
@@ -133,35 +101,32 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             if model_wins {
                 best = (model_tree, model_gain);
                 self.choice = Choice::Model;
+                self.suffix.discard_proposal();
             } else {
                 m.discard_proposal(model_tree.len());
             }
         }
         self.counts[self.choice as usize] += 1;
-        // Only the lookup's own trees are calibration trials for the lookup.
-        let raw = if self.choice == Choice::Lookup {
-            best.0.nodes().iter().map(|n| n.draft_prob as f64).collect()
-        } else {
-            Vec::new()
-        };
-        self.lookup_budget.set_raw(raw);
         Ok(best.0)
     }
 
     fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
-        self.lookup_budget.observe_target(target_rows, target_ms);
+        self.suffix.observe_cost(target_rows, target_ms);
         if let Some(m) = self.model.as_mut() {
             m.observe_cost(target_rows, target_ms);
         }
     }
 
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
-        self.lookup.observe(tree, outcome)?;
-        self.lookup_budget.observe(tree, outcome);
+        self.suffix.observe(tree, outcome)?;
         if let Some(m) = self.model.as_mut() {
             m.observe(tree, outcome)?;
         }
         Ok(())
+    }
+
+    fn finish(&mut self, text: &[TokenId]) {
+        self.suffix.finish(text);
     }
 
     fn draft_forwards(&self) -> u64 {
@@ -171,12 +136,10 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     fn extra_stats(&self) -> Vec<(&'static str, f64)> {
         let mut out = vec![
             ("auto_plain_steps", self.counts[Choice::Plain as usize] as f64),
-            ("auto_lookup_steps", self.counts[Choice::Lookup as usize] as f64),
+            ("auto_suffix_steps", self.counts[Choice::Suffix as usize] as f64),
             ("auto_model_steps", self.counts[Choice::Model as usize] as f64),
         ];
-        if let Some(a) = self.lookup_budget.calibrator().per_depth().first().copied().flatten() {
-            out.push(("lookup_calibrated_accept_d1", a));
-        }
+        out.extend(self.suffix.extra_stats());
         if let Some(m) = &self.model {
             out.extend(m.extra_stats().into_iter().filter(|(k, _)| k.starts_with("calibrated")));
         }

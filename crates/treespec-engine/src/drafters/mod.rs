@@ -1,5 +1,6 @@
-//! Drafters that run a draft model (the model-free and policy-driven ones live beside them as
-//! the methods grow).
+//! Every drafter: the ones that run a draft model (chain, tree, sequoia, dyspec, eagle2, gsd,
+//! staged, disco), the model-free ones (lookup, suffix) and the policy that picks per step
+//! (auto).
 
 mod auto;
 mod chain;
@@ -11,6 +12,7 @@ mod lookup;
 mod sample;
 mod sequoia;
 mod staged;
+mod suffix;
 mod tree;
 
 pub use auto::{AutoConfig, AutoDrafter};
@@ -23,4 +25,5 @@ pub use lookup::{LookupConfig, LookupDrafter, LookupStats};
 pub use sample::{draw_children, top_tokens, SampleMode};
 pub use sequoia::{SequoiaConfig, SequoiaDrafter};
 pub use staged::{StagedConfig, StagedDrafter, StagedStats};
+pub use suffix::{SuffixConfig, SuffixDrafter, SuffixShared, SuffixStats};
 pub use tree::TreeDrafter;

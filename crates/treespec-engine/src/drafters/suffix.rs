@@ -1,0 +1,455 @@
+//! `--method suffix`: suffix drafting — free drafts from what followed the text's longest suffix
+//! earlier in this request and in every earlier request, priced pessimistically on the measured
+//! cost curve.
+//!
+//! Each step looks up the last tokens of the history (up to 64) in two match indexes: the
+//! request's own prompt and output so far, and the global history of earlier requests shared by
+//! every drafter of the method (bounded, oldest evicted first; see
+//! [`treespec_core::suffix::GlobalHistory`]). The continuations of the best occurrences are
+//! merged into a trie ([`treespec_core::suffix::continuation_trie`]); every node is priced at a
+//! lower confidence bound of its learned acceptance ([`SuffixPricing`]), its path value is the
+//! product of the prices above it, and the step keeps the value-ordered prefix with the best gain
+//! on the target's cost curve — long when a long exact copy is under way, nothing at all when the
+//! matches are weak. Every `explore_every` steps, cells with few trials are priced optimistically
+//! instead so that the pessimistic price cannot lock them out forever.
+//!
+//! Lossless: every node is a `Draw::Deterministic` candidate chosen from the history and from
+//! verify outcomes of *earlier* steps, never from this step's verifier randomness, so family-3
+//! verification is exact under sampling, and greedy verification follows the target's argmax.
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use treespec_core::budget::value_order;
+use treespec_core::sampling::Sampler;
+use treespec_core::suffix::{
+    continuation_trie, prompt_key, GlobalHistory, LookupLimits, Matches, NodeFeatures, SuffixIndex,
+    SuffixPricing, DEFAULT_CAP_TOKENS,
+};
+use treespec_core::tree::{Draw, TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use crate::auto_budget::{AutoBudget, SharedCosts};
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+
+/// Most nodes the trie is built with before pricing (the pricing then keeps far fewer).
+const TRIE_NODES: usize = 256;
+
+/// What every drafter of one suffix method shares: the global history and the learned prices.
+#[derive(Debug)]
+pub struct SuffixShared {
+    history: RwLock<GlobalHistory>,
+    pricing: Mutex<SuffixPricing>,
+}
+
+impl SuffixShared {
+    /// Shared state around a history (e.g. one loaded from a file).
+    pub fn new(history: GlobalHistory) -> Arc<Self> {
+        Arc::new(Self { history: RwLock::new(history), pricing: Mutex::new(SuffixPricing::new()) })
+    }
+
+    /// Shared state with an empty history of the default cap.
+    pub fn empty() -> Arc<Self> {
+        Self::new(GlobalHistory::new(DEFAULT_CAP_TOKENS).expect("the default cap is valid"))
+    }
+
+    /// Read access to the global history (e.g. to save it).
+    pub fn history(&self) -> std::sync::RwLockReadGuard<'_, GlobalHistory> {
+        self.history.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn history_mut(&self) -> std::sync::RwLockWriteGuard<'_, GlobalHistory> {
+        self.history.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The learned prices.
+    pub fn pricing(&self) -> std::sync::MutexGuard<'_, SuffixPricing> {
+        self.pricing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Two handles are equal when they share the same state.
+impl PartialEq for SuffixShared {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+/// Knobs of the suffix drafter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuffixConfig {
+    /// Longest match measured, in tokens. Default 64.
+    pub max_match: usize,
+    /// Deepest draft, in tokens. Default 64.
+    pub max_depth: usize,
+    /// Occurrences (per index) whose continuations are merged into the tree. Default 8.
+    pub occurrences: usize,
+    /// Most drafted nodes verified per step. Default 64.
+    pub max_nodes: usize,
+    /// Draft from, and add finished requests to, the global history. Default on.
+    pub global: bool,
+    /// Never draft from earlier requests with the very same prompt (benchmarks: a prompt must
+    /// not be sped up by its own earlier answer). Default off.
+    pub exclude_same_prompt: bool,
+    /// Standard deviations below the mean acceptance a node is priced at. Default 1.
+    pub pessimism: f64,
+    /// Every this many steps, price little-tried cells optimistically (0 = never). Default 8.
+    pub explore_every: u32,
+    /// Without cost curves: keep nodes whose path value is at least this. Default 0.3.
+    pub min_value: f64,
+    /// The measured cost curves: with them a step keeps the prefix with the best gain.
+    pub costs: Option<Arc<SharedCosts>>,
+    /// State shared by every drafter of the method.
+    pub shared: Arc<SuffixShared>,
+}
+
+impl Default for SuffixConfig {
+    fn default() -> Self {
+        Self {
+            max_match: 64,
+            max_depth: 64,
+            occurrences: 8,
+            max_nodes: 64,
+            global: true,
+            exclude_same_prompt: false,
+            pessimism: 1.0,
+            explore_every: 8,
+            min_value: 0.3,
+            costs: None,
+            shared: SuffixShared::empty(),
+        }
+    }
+}
+
+impl SuffixConfig {
+    /// Check every knob's domain; the message names the knob.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(format!("suffix {m}")));
+        for (name, v) in [
+            ("max_match", self.max_match),
+            ("max_depth", self.max_depth),
+            ("occurrences", self.occurrences),
+            ("max_nodes", self.max_nodes),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be ≥ 1"));
+            }
+        }
+        if self.max_match < 2 {
+            return bad(format!("max_match must be ≥ 2 (the shortest key), got {}", self.max_match));
+        }
+        if !(self.pessimism.is_finite() && (0.0..=5.0).contains(&self.pessimism)) {
+            return bad(format!("pessimism must be in [0, 5], got {}", self.pessimism));
+        }
+        if !(self.min_value.is_finite() && (0.0..=1.0).contains(&self.min_value)) {
+            return bad(format!("min_value must be in [0, 1], got {}", self.min_value));
+        }
+        Ok(())
+    }
+}
+
+/// Per-generation counters of a [`SuffixDrafter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SuffixStats {
+    /// `propose` calls.
+    pub steps: u64,
+    /// Steps whose own text had a match.
+    pub local_hits: u64,
+    /// Steps where the global history had a match.
+    pub global_hits: u64,
+    /// Steps that verified at least one node.
+    pub drafting_steps: u64,
+    /// Steps priced optimistically.
+    pub explore_steps: u64,
+    /// Nodes verified, summed over steps.
+    pub verified: u64,
+    /// Verified nodes accepted.
+    pub accepted: u64,
+}
+
+/// The suffix drafter (see the module docs).
+pub struct SuffixDrafter {
+    config: SuffixConfig,
+    local: SuffixIndex,
+    budget: Option<AutoBudget>,
+    prompt_key: u64,
+    /// Features of each node of the tree last proposed (index = node id), empty if discarded.
+    features: Vec<NodeFeatures>,
+    last_gain: f64,
+    stats: SuffixStats,
+}
+
+impl SuffixDrafter {
+    /// A suffix drafter; errors on an invalid config.
+    pub fn new(config: SuffixConfig) -> Result<Self> {
+        config.validate()?;
+        let budget = config.costs.clone().map(|c| AutoBudget::shared(c, "suffix", false));
+        Ok(Self {
+            config,
+            local: SuffixIndex::new(),
+            budget,
+            prompt_key: 0,
+            features: Vec::new(),
+            last_gain: 0.0,
+            stats: SuffixStats::default(),
+        })
+    }
+
+    /// Counters since the last `begin`.
+    pub fn stats(&self) -> &SuffixStats {
+        &self.stats
+    }
+
+    /// The expected gain of the last proposal over plain decoding (tokens − rate × ms; 0 when it
+    /// drafted nothing or has no cost curves).
+    pub fn last_gain(&self) -> f64 {
+        self.last_gain
+    }
+
+    /// The last proposal was not verified (another drafter's was): learn nothing from this step.
+    pub fn discard_proposal(&mut self) {
+        self.features.clear();
+    }
+
+    /// The merged continuation trie for `history` as a token tree, with each node's features.
+    fn trie(&mut self, history: &[TokenId], depth: usize) -> Result<(TokenTree, Vec<NodeFeatures>)> {
+        let limits =
+            LookupLimits { want: self.config.occurrences, scan: 64, max_match: self.config.max_match };
+        let local = self.local.lookup(history, limits);
+        let shared = self.config.shared.clone();
+        let global_history = shared.history();
+        let exclude = self.config.exclude_same_prompt.then_some(self.prompt_key);
+        let global =
+            if self.config.global { global_history.lookup(history, limits, exclude) } else { Vec::new() };
+        self.stats.local_hits += !local.is_empty() as u64;
+        self.stats.global_hits += !global.is_empty() as u64;
+        let sources = [
+            Matches { index: &self.local, occurrences: &local, global: false },
+            Matches { index: global_history.index(), occurrences: &global, global: true },
+        ];
+        let root = *history.last().expect("history holds the root");
+        let trie = continuation_trie(root, &sources, depth, TRIE_NODES);
+        drop(global_history);
+        let mut tree = TokenTree::new(root);
+        for node in &trie[1..] {
+            tree.add(node.parent, node.token, Draw::Deterministic, 0.0)?;
+        }
+        Ok((tree, trie.into_iter().map(|n| n.features).collect()))
+    }
+}
+
+impl Drafter for SuffixDrafter {
+    fn name(&self) -> &str {
+        "suffix"
+    }
+
+    /// Model-free and deterministic: the seed is unused.
+    fn begin(&mut self, prompt: &[TokenId], _: &Sampler, _seed: u64) -> Result<()> {
+        self.stats = SuffixStats::default();
+        self.features.clear();
+        self.local.clear();
+        self.local.extend(prompt);
+        self.prompt_key = prompt_key(prompt);
+        if let Some(b) = self.budget.as_mut() {
+            b.begin();
+        }
+        Ok(())
+    }
+
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        self.stats.steps += 1;
+        self.features.clear();
+        self.last_gain = 0.0;
+        let depth = self.config.max_depth.min(ctx.max_depth);
+        let room = self.config.max_nodes.min(ctx.max_nodes);
+        if depth == 0 || room == 0 {
+            return Ok(TokenTree::new(ctx.root()));
+        }
+        self.local.sync(ctx.history);
+        let (tree, features) = self.trie(ctx.history, depth)?;
+        let explore = self.config.explore_every > 0
+            && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
+        self.stats.explore_steps += explore as u64;
+        let pricing = self.config.shared.pricing();
+        let mut value = vec![1.0; tree.len()];
+        for (id, node) in tree.nodes().iter().enumerate().skip(1) {
+            let f = &features[id];
+            let price = if explore {
+                pricing.exploration_price(f, self.config.pessimism)
+            } else {
+                pricing.price(f, self.config.pessimism)
+            };
+            value[id] = value[node.parent.unwrap_or(ROOT)] * price;
+        }
+        drop(pricing);
+        let order = value_order(&tree, &value);
+        let values: Vec<f64> = order.iter().map(|&n| value[n]).collect();
+        let (keep, gain) = match &self.budget {
+            Some(b) => b.economics().best_prefix(&values[..values.len().min(room)]),
+            None => (values.iter().take(room).take_while(|&&v| v >= self.config.min_value).count(), 0.0),
+        };
+        let (cut, map) = tree.retain(&order[..keep])?;
+        let mut kept = vec![features[ROOT]; cut.len()];
+        for (old, new) in map.iter().enumerate() {
+            if let Some(new) = *new {
+                kept[new] = features[old];
+            }
+        }
+        self.features = kept;
+        self.last_gain = gain.max(0.0);
+        self.stats.drafting_steps += (cut.drafted() > 0) as u64;
+        self.stats.verified += cut.drafted() as u64;
+        if let Some(b) = self.budget.as_mut() {
+            b.set_raw(Vec::new());
+        }
+        Ok(cut)
+    }
+
+    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
+        if let Some(b) = self.budget.as_mut() {
+            b.observe_target(target_rows, target_ms);
+        }
+    }
+
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        if let Some(b) = self.budget.as_mut() {
+            b.observe(tree, outcome);
+        }
+        if self.features.len() != tree.len() {
+            return Ok(());
+        }
+        let mut accepted = vec![false; tree.len()];
+        accepted[ROOT] = true;
+        for &n in &outcome.accepted {
+            accepted[n] = true;
+        }
+        self.stats.accepted += outcome.accepted.len() as u64;
+        let mut pricing = self.config.shared.pricing();
+        for (id, node) in tree.nodes().iter().enumerate().skip(1) {
+            if accepted[node.parent.unwrap_or(ROOT)] {
+                pricing.record(&self.features[id], accepted[id]);
+            }
+        }
+        self.features.clear();
+        Ok(())
+    }
+
+    /// The finished request's text joins the global history.
+    fn finish(&mut self, text: &[TokenId]) {
+        if self.config.global {
+            self.config.shared.history_mut().add(self.prompt_key, text);
+        }
+    }
+
+    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+        let s = &self.stats;
+        let mut out = vec![
+            ("suffix_local_hit_steps", s.local_hits as f64),
+            ("suffix_global_hit_steps", s.global_hits as f64),
+            ("suffix_drafting_steps", s.drafting_steps as f64),
+            ("suffix_explore_steps", s.explore_steps as f64),
+            ("suffix_verified_nodes", s.verified as f64),
+            ("suffix_accepted_nodes", s.accepted as f64),
+        ];
+        if s.verified > 0 {
+            out.push(("suffix_node_accept_rate", s.accepted as f64 / s.verified as f64));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use treespec_core::sampling::SamplingParams;
+
+    /// Pricing that has seen exact copies accepted many times, at every match length and depth.
+    fn trained(shared: &SuffixShared) {
+        let mut p = shared.pricing();
+        for _ in 0..40 {
+            for match_len in [8, 12, 20, 40, 64] {
+                for depth in 1..=64 {
+                    for global in [false, true] {
+                        let f = NodeFeatures { match_len, depth, share: 1.0, support: 1, global };
+                        p.record(&f, true);
+                    }
+                }
+            }
+        }
+    }
+
+    fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
+        ProposeContext { history, max_nodes: 64, max_depth: 64, sampler }
+    }
+
+    #[test]
+    fn bad_configs_name_the_knob() {
+        for (c, knob) in [
+            (SuffixConfig { max_match: 1, ..Default::default() }, "max_match"),
+            (SuffixConfig { occurrences: 0, ..Default::default() }, "occurrences"),
+            (SuffixConfig { pessimism: f64::NAN, ..Default::default() }, "pessimism"),
+            (SuffixConfig { min_value: 2.0, ..Default::default() }, "min_value"),
+        ] {
+            let e = SuffixDrafter::new(c).err().expect("invalid").to_string();
+            assert!(e.contains(knob), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_long_copy_is_drafted_far_and_a_weak_match_not_at_all() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        // The prompt quotes 40 distinct tokens; the output has copied the first 20 of them.
+        let quote: Vec<TokenId> = (100..140).collect();
+        let mut history: Vec<TokenId> = vec![1, 2];
+        history.extend(&quote);
+        history.extend([3, 4]);
+        history.extend(&quote[..20]);
+        d.begin(&history, &sampler, 0).unwrap();
+        // Untrained, the pessimistic prior drafts a few tokens of the copy, not all of it.
+        let cautious = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!((1..20).contains(&cautious.max_depth()), "{}", cautious.max_depth());
+        d.discard_proposal();
+        trained(&shared);
+        let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(tree.max_depth() >= 20, "the rest of the quote, then what followed it");
+        assert_eq!(tree.leaves().len(), 1);
+        assert_eq!(tree.path_tokens(tree.leaves()[0])[..20], quote[20..]);
+        // A 2-token match with a split continuation is not worth a row.
+        let weak = vec![7, 8, 1, 7, 8, 2, 7, 8];
+        d.begin(&weak, &sampler, 0).unwrap();
+        assert_eq!(d.propose(&ctx(&weak, &sampler)).unwrap().drafted(), 0);
+    }
+
+    #[test]
+    fn finished_requests_feed_the_next_ones_but_not_the_same_prompt_when_excluded() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained(&shared);
+        let config = SuffixConfig { shared: shared.clone(), explore_every: 0, ..Default::default() };
+        let answer: Vec<TokenId> = (200..230).collect();
+        let mut first = SuffixDrafter::new(config.clone()).unwrap();
+        first.begin(&[1, 2, 3], &sampler, 0).unwrap();
+        let mut text = vec![1, 2, 3];
+        text.extend(&answer);
+        first.finish(&text);
+        assert_eq!(shared.history().docs(), 1);
+        // Another prompt whose output starts like the earlier answer drafts the rest of it.
+        let mut second = SuffixDrafter::new(config.clone()).unwrap();
+        let mut history = vec![9, 9];
+        history.extend(&answer[..12]);
+        second.begin(&history, &sampler, 0).unwrap();
+        let tree = second.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(tree.drafted() >= 10, "{}", tree.drafted());
+        assert_eq!(second.stats().global_hits, 1);
+        // The same prompt is kept from its own answer when the benchmark asks for it.
+        let mut same = SuffixDrafter::new(SuffixConfig { exclude_same_prompt: true, ..config }).unwrap();
+        let mut again = vec![1, 2, 3];
+        same.begin(&again, &sampler, 0).unwrap();
+        again.extend(&answer[..12]);
+        assert_eq!(same.propose(&ctx(&again, &sampler)).unwrap().drafted(), 0);
+    }
+}
