@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# llama.cpp's own tools, side by side with treespec, on the same prompts and kernels.
+#
+#   scripts/peer-bench.sh build
+#       Downloads the llama-cpp-python 0.3.36 sdist (pinned by sha256; pip only downloads it,
+#       nothing is installed), and builds llama.cpp's `llama-completion`,
+#       `llama-speculative-simple` and `llama-lookup` from the llama.cpp tree it vendors, with the
+#       CPU flags scripts/setup.sh derives for treespec (Release, GGML_NATIVE off, AMX off). The
+#       build lives outside the repository (default ~/.cache/treespec/peers, or $TREESPEC_PEERS) and
+#       is reused; nothing of it is ever committed.
+#
+#   scripts/peer-bench.sh run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n 128] [-t 2]
+#       PROMPTS.jsonl holds the chat-formatted prompt texts exactly as `treespec bench` feeds them
+#       (written by `treespec bench --dump-prompts`). For every prompt, interleaved, it runs:
+#         llama.cpp plain      llama-completion -no-cnv (greedy)
+#         llama.cpp ngram-mod  llama-speculative-simple --spec-type ngram-mod
+#         llama.cpp lookup     llama-lookup (n-gram cache, 8 drafted tokens)
+#         llama.cpp draft      llama-speculative-simple -md DRAFT (3 drafted tokens; with -md only)
+#       and writes one JSON line per run: prompt id, category, tool, decode tokens/s.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+peers="${TREESPEC_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec/peers}"
+version=0.3.36
+sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+src="$peers/llama_cpp_python-$version/vendor/llama.cpp"
+bin="$peers/build/bin"
+log() { printf '[peer-bench] %s\n' "$*" >&2; }
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+# The ggml flags matching the Rust target features scripts/setup.sh wrote for this CPU.
+cmake_cpu_flags() {
+    local cfg="$repo_root/.cargo/config.toml" flags=()
+    [[ -f "$cfg" ]] || bash "$repo_root/scripts/setup.sh" >&2
+    local features
+    features="$(grep -o 'target-feature=[^"]*' "$cfg" | head -1)"
+    has() { [[ "$features" == *"+$1"* ]]; }
+    has avx2 && flags+=(-DGGML_AVX=ON -DGGML_AVX2=ON)
+    has fma && flags+=(-DGGML_FMA=ON)
+    has f16c && flags+=(-DGGML_F16C=ON)
+    has bmi2 && flags+=(-DGGML_BMI2=ON)
+    has avx512f && flags+=(-DGGML_AVX512=ON)
+    has avx512vbmi && flags+=(-DGGML_AVX512_VBMI=ON)
+    has avx512vnni && flags+=(-DGGML_AVX512_VNNI=ON)
+    has avx512bf16 && flags+=(-DGGML_AVX512_BF16=ON)
+    has avxvnni && flags+=(-DGGML_AVX_VNNI=ON)
+    printf '%s\n' "${flags[@]}"
+}
+
+build() {
+    mkdir -p "$peers"
+    local sdist="$peers/llama_cpp_python-$version.tar.gz"
+    if [[ ! -f "$sdist" ]]; then
+        log "downloading the llama-cpp-python $version sdist (download only, never installed)"
+        pip download --no-binary :all: --no-deps -d "$peers" "llama-cpp-python==$version" >&2
+    fi
+    echo "$sha256  $sdist" | sha256sum --check --status || die "$sdist: sha256 mismatch"
+    [[ -d "$src" ]] || tar -xzf "$sdist" -C "$peers"
+    local flags
+    mapfile -t flags < <(cmake_cpu_flags)
+    log "cmake flags: ${flags[*]}"
+    cmake -S "$src" -B "$peers/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_SERVER=OFF >&2
+    cmake --build "$peers/build" -j "$(nproc)" --target llama-completion llama-speculative-simple llama-lookup >&2
+    log "built into $bin"
+}
+
+# Decode tokens/s of one tool run from its log (the tools print it in two formats).
+parse_speed() {
+    python3 -c '
+import re, sys
+text = sys.stdin.read()
+m = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
+if not m:
+    m = re.search(r"eval time =.*?/\s*\d+ (?:runs|tokens).*?([\d.]+) tokens per second", text)
+print(m.group(1) if m else "nan")'
+}
+
+run() {
+    local prompts="$1" out="$2"
+    shift 2
+    local model="" draft="" n=128 threads=2
+    while (($#)); do
+        case "$1" in
+            -m) model="$2"; shift 2 ;;
+            -md) draft="$2"; shift 2 ;;
+            -n) n="$2"; shift 2 ;;
+            -t) threads="$2"; shift 2 ;;
+            *) die "unknown option $1" ;;
+        esac
+    done
+    [[ -f "$model" ]] || die "give the target with -m MODEL.gguf"
+    [[ -x "$bin/llama-completion" ]] || die "the tools are not built: run $0 build"
+    local common=(-m "$model" -t "$threads" -c 4096 -n "$n" --temp 0 --no-warmup)
+    local tmp
+    tmp="$(mktemp -d)"
+    : >"$out"
+    local count
+    count="$(wc -l <"$prompts")"
+    local i=0
+    while IFS= read -r line; do
+        i=$((i + 1))
+        local id category
+        id="$(jq -r .id <<<"$line")"
+        category="$(jq -r .category <<<"$line")"
+        jq -j .text <<<"$line" >"$tmp/prompt.txt"
+        local tools=(plain ngram-mod lookup)
+        [[ -n "$draft" ]] && tools+=(draft)
+        for tool in "${tools[@]}"; do
+            local cmd
+            case "$tool" in
+                plain) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt") ;;
+                ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
+                lookup) cmd=("$bin/llama-lookup" "${common[@]}" --draft-max 8 -f "$tmp/prompt.txt") ;;
+                draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --draft-max 3 -f "$tmp/prompt.txt") ;;
+            esac
+            local speed
+            speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed)"
+            log "[$i/$count] $category $id llama.cpp $tool: $speed tok/s"
+            jq -cn --arg id "$id" --arg category "$category" --arg tool "llama.cpp $tool" \
+                --argjson tps "${speed/nan/null}" '{id: $id, category: $category, tool: $tool, tokens_per_s: $tps}' >>"$out"
+        done
+    done <"$prompts"
+    rm -rf "$tmp"
+}
+
+case "${1:-}" in
+    build) build ;;
+    run)
+        shift
+        (($# >= 2)) || die "usage: $0 run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T]"
+        run "$@"
+        ;;
+    *) die "usage: $0 build | run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T]" ;;
+esac
