@@ -168,6 +168,9 @@ pub struct SuffixStats {
     pub accepted: u64,
 }
 
+/// Most nodes an exploration step verifies beyond what the pessimistic prices would.
+const EXPLORE_EXTRA: usize = 8;
+
 /// The suffix drafter (see the module docs).
 pub struct SuffixDrafter {
     config: SuffixConfig,
@@ -210,6 +213,34 @@ impl SuffixDrafter {
     /// The last proposal was not verified (another drafter's was): learn nothing from this step.
     pub fn discard_proposal(&mut self) {
         self.features.clear();
+    }
+
+    /// The nodes of `tree` in value order and how many of them to verify (at most `room`), with the
+    /// expected gain: every node priced pessimistically, or on an exploration step (`explore`)
+    /// little-tried cells optimistically.
+    fn select(
+        &self,
+        tree: &TokenTree,
+        features: &[NodeFeatures],
+        room: usize,
+        explore: bool,
+    ) -> (Vec<usize>, usize, f64) {
+        let pricing = self.config.shared.pricing();
+        let z = self.config.pessimism;
+        let mut value = vec![1.0; tree.len()];
+        for (id, node) in tree.nodes().iter().enumerate().skip(1) {
+            let f = &features[id];
+            let price = if explore { pricing.exploration_price(f, z) } else { pricing.price(f, z) };
+            value[id] = value[node.parent.unwrap_or(ROOT)] * price;
+        }
+        drop(pricing);
+        let order = value_order(tree, &value);
+        let values: Vec<f64> = order.iter().take(room).map(|&n| value[n]).collect();
+        let (keep, gain) = match &self.budget {
+            Some(b) => b.economics().best_prefix(&values),
+            None => (values.iter().take_while(|&&v| v >= self.config.min_value).count(), 0.0),
+        };
+        (order, keep, gain)
     }
 
     /// The merged continuation trie for `history` as a token tree, with each node's features.
@@ -271,24 +302,12 @@ impl Drafter for SuffixDrafter {
         let explore = self.config.explore_every > 0
             && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
         self.stats.explore_steps += explore as u64;
-        let pricing = self.config.shared.pricing();
-        let mut value = vec![1.0; tree.len()];
-        for (id, node) in tree.nodes().iter().enumerate().skip(1) {
-            let f = &features[id];
-            let price = if explore {
-                pricing.exploration_price(f, self.config.pessimism)
-            } else {
-                pricing.price(f, self.config.pessimism)
-            };
-            value[id] = value[node.parent.unwrap_or(ROOT)] * price;
+        let (mut order, mut keep, gain) = self.select(&tree, &features, room, false);
+        if explore {
+            // Little-tried cells at their optimistic price, a few nodes past the cautious choice.
+            let (o, k, _) = self.select(&tree, &features, room, true);
+            (order, keep) = (o, k.min(keep + EXPLORE_EXTRA));
         }
-        drop(pricing);
-        let order = value_order(&tree, &value);
-        let values: Vec<f64> = order.iter().map(|&n| value[n]).collect();
-        let (keep, gain) = match &self.budget {
-            Some(b) => b.economics().best_prefix(&values[..values.len().min(room)]),
-            None => (values.iter().take(room).take_while(|&&v| v >= self.config.min_value).count(), 0.0),
-        };
         let (cut, map) = tree.retain(&order[..keep])?;
         let mut kept = vec![features[ROOT]; cut.len()];
         for (old, new) in map.iter().enumerate() {
@@ -422,6 +441,21 @@ mod tests {
         let weak = vec![7, 8, 1, 7, 8, 2, 7, 8];
         d.begin(&weak, &sampler, 0).unwrap();
         assert_eq!(d.propose(&ctx(&weak, &sampler)).unwrap().drafted(), 0);
+    }
+
+    #[test]
+    fn exploration_tries_a_few_nodes_the_pessimistic_price_keeps_out() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let weak = vec![7, 8, 1, 7, 8, 2, 7, 8, 3, 4, 5, 6];
+        let cautious = SuffixConfig { explore_every: 0, ..Default::default() };
+        let mut d = SuffixDrafter::new(cautious.clone()).unwrap();
+        d.begin(&weak[..8], &sampler, 0).unwrap();
+        assert_eq!(d.propose(&ctx(&weak[..8], &sampler)).unwrap().drafted(), 0);
+        let mut d = SuffixDrafter::new(SuffixConfig { explore_every: 1, ..cautious }).unwrap();
+        d.begin(&weak[..8], &sampler, 0).unwrap();
+        let tree = d.propose(&ctx(&weak[..8], &sampler)).unwrap();
+        assert!((1..=EXPLORE_EXTRA).contains(&tree.drafted()), "{}", tree.drafted());
+        assert_eq!(d.stats().explore_steps, 1);
     }
 
     #[test]
