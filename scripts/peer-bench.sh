@@ -15,7 +15,8 @@
 #         llama.cpp plain      llama-completion -no-cnv (greedy)
 #         llama.cpp ngram-mod  llama-speculative-simple --spec-type ngram-mod
 #         llama.cpp lookup     llama-lookup (n-gram cache, 8 drafted tokens)
-#         llama.cpp draft      llama-speculative-simple -md DRAFT (3 drafted tokens; with -md only)
+#         llama.cpp draft      llama-speculative-simple --spec-type draft-simple -md DRAFT (3 drafted
+#                              tokens; with -md only)
 #       and writes one JSON line per run: prompt id, category, tool, decode tokens/s.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -76,7 +77,7 @@ import re, sys
 text = sys.stdin.read()
 m = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
 if not m:
-    m = re.search(r"eval time =.*?/\s*\d+ (?:runs|tokens).*?([\d.]+) tokens per second", text)
+    m = re.search(r"(?<!prompt )eval time =.*?/\s*\d+ (?:runs|tokens).*?([\d.]+) tokens per second", text)
 print(m.group(1) if m else "nan")'
 }
 
@@ -95,7 +96,7 @@ run() {
     done
     [[ -f "$model" ]] || die "give the target with -m MODEL.gguf"
     [[ -x "$bin/llama-completion" ]] || die "the tools are not built: run $0 build"
-    local common=(-m "$model" -t "$threads" -c 4096 -n "$n" --temp 0 --no-warmup)
+    local common=(-m "$model" -t "$threads" -c 4096 -n "$n" --temp 0)
     local tmp
     tmp="$(mktemp -d)"
     : >"$out"
@@ -115,11 +116,11 @@ run() {
             case "$tool" in
                 plain) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt") ;;
                 ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
-                lookup) cmd=("$bin/llama-lookup" "${common[@]}" --draft-max 8 -f "$tmp/prompt.txt") ;;
-                draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --draft-max 3 -f "$tmp/prompt.txt") ;;
+                lookup) cmd=("$bin/llama-lookup" "${common[@]}" --spec-draft-n-max 8 -f "$tmp/prompt.txt") ;;
+                draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
             esac
             local speed
-            speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed)"
+            speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed || true)"
             log "[$i/$count] $category $id llama.cpp $tool: $speed tok/s"
             jq -cn --arg id "$id" --arg category "$category" --arg tool "llama.cpp $tool" \
                 --argjson tps "${speed/nan/null}" '{id: $id, category: $category, tool: $tool, tokens_per_s: $tps}' >>"$out"

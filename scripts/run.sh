@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The main job (README): set the machine up, fetch the default model (SmolLM2-135M-Instruct),
-# build treespec and generate the same answer with plain decoding and with speculative decoding,
-# printing the acceptance statistics of each. Pass a prompt as the first argument to change it.
+# build treespec, then
+#   1. edit a piece of code with plain decoding and with `--method auto` (suffix drafts from the
+#      prompt, priced on this machine's measured cost curve) and print both speeds side by side;
+#   2. show exactness: in `--exact` mode every method's greedy output is plain decoding's, token
+#      for token.
+# Pass a prompt file as the first argument to edit something else.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -10,13 +14,62 @@ bash scripts/fetch-models.sh smollm2
 cargo build --release -p treespec-cli
 
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-prompt=${1:-"Write a short poem about the sea."}
-# SmolLM2 drafts for itself here (a demonstration of exactness, not of speed: a self-draft costs a
-# full target step). `dyspec --budget 8` grows a fixed-size tree; `auto` measures this machine's
-# cost curve once (cached) and drafts only where that pays.
-for method in plain chain "dyspec --budget 8" auto; do
-    echo
-    echo "=== --method $method ==="
+bin=./target/release/treespec
+prompt_file=${1:-}
+if [[ -z "$prompt_file" ]]; then
+    prompt_file="$(mktemp)"
+    trap 'rm -f "$prompt_file"' EXIT
+    cat >"$prompt_file" <<'EOF'
+Add type hints to this Python function. Return the complete function.
+
+```python
+def merge_intervals(intervals):
+    if not intervals:
+        return []
+    intervals = sorted(intervals, key=lambda pair: pair[0])
+    merged = [list(intervals[0])]
+    for start, end in intervals[1:]:
+        last = merged[-1]
+        if start <= last[1]:
+            last[1] = max(last[1], end)
+        else:
+            merged.append([start, end])
+    return [tuple(pair) for pair in merged]
+```
+EOF
+fi
+
+# One generation as JSON: "<tokens/s> <mean accepted> <token ids>".
+run() {
+    "$bin" generate -m "$model" --chat -n 200 -f "$prompt_file" --json "$@" 2>/dev/null |
+        python3 -c 'import json,sys; o=json.load(sys.stdin); s=o["stats"]
+print("%.1f %.2f %s" % (s["tokens_per_s"], s["mean_accepted"], ",".join(map(str, o["token_ids"]))))'
+}
+
+echo
+echo "=== 1. Editing code: plain decoding vs --method auto (median of 3 alternating runs) ==="
+# The first auto run measures this machine's cost curve (once, cached in ~/.cache/treespec).
+run --method auto >/dev/null
+plain=() auto=()
+for _ in 1 2 3; do
+    plain+=("$(run --method plain | cut -d' ' -f1)")
+    read -r tps acc _ < <(run --method auto)
+    auto+=("$tps")
+done
+median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
+p="$(median "${plain[@]}")" a="$(median "${auto[@]}")"
+printf '%-8s %10s\n' method "tokens/s"
+printf '%-8s %10s\n' plain "$p" auto "$a"
+python3 -c "print(f'speed-up: {float(\"$a\") / float(\"$p\"):.2f}x (auto verified {float(\"$acc\"):.2f} tokens per target forward)')"
+echo
+"$bin" generate -m "$model" --chat -n 200 -f "$prompt_file" --method auto
+
+echo
+echo "=== 2. Exactness (--exact): every method's greedy tokens equal plain decoding's ==="
+reference="$(run --exact --method plain | cut -d' ' -f3)"
+for method in suffix auto chain "dyspec --budget 8"; do
     # shellcheck disable=SC2086  # the method string carries its own knobs
-    ./target/release/treespec generate -m "$model" --draft "$model" --chat --method $method -n 128 -p "$prompt"
+    read -r tps acc ids < <(run --exact --draft "$model" --method $method)
+    verdict=$([[ "$ids" == "$reference" ]] && echo "identical to plain" || echo "DIFFERS from plain")
+    printf '%-18s %6s tok/s  %5s tokens/forward  %s\n' "$method" "$tps" "$acc" "$verdict"
 done

@@ -5,8 +5,11 @@
 mod common;
 
 use treespec_core::sampling::SamplingParams;
+use treespec_core::cost::CostCurve;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
-    DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig, StagedConfig,
+    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
+    StagedConfig, SuffixConfig,
 };
 use treespec_engine::{generate, GenerateRequest, Method, StopConditions};
 
@@ -16,7 +19,13 @@ const PROMPTS: &[&str] = &[
     "List three uses of a paperclip.",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "Explain why the sky is blue to a child.",
+    "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
 ];
+
+/// A cost curve on which verifying is cheap, so the cost-aware free drafters do draft.
+fn cheap_costs() -> std::sync::Arc<SharedCosts> {
+    SharedCosts::new(CostModel { target: CostCurve::linear(10.0, 0.5, 64).unwrap(), draft: None, refine: false })
+}
 
 #[test]
 fn every_method_matches_plain_greedy_on_smollm2() {
@@ -36,6 +45,16 @@ fn every_method_matches_plain_greedy_on_smollm2() {
         Method::Staged(StagedConfig::default()),
         Method::Lookup { config: LookupConfig::default(), table: None },
         Method::Disco(DiscoConfig::default()),
+        // Every node it finds, verified (the global history carries across the prompts). Trees
+        // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
+        // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
+        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
+        Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
+        Method::Auto(AutoConfig {
+            costs: cheap_costs(),
+            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
+            dyspec: DySpecConfig::default(),
+        }),
     ];
     let eos: Vec<u32> = [model.eos(), model.eot()].into_iter().flatten().collect();
     let mut checked = 0;
