@@ -79,7 +79,11 @@ fn main() {
     let probe: Vec<TokenId> = prompts.iter().take(200).flatten().copied().collect();
     let t = Instant::now();
     full.add(u64::MAX, &probe);
-    println!("update cost at {:.2} M tokens  {:.0} ns per token", full.tokens() as f64 / 1e6, ns(t.elapsed(), probe.len()));
+    println!(
+        "update cost at {:.2} M tokens  {:.0} ns per token",
+        full.tokens() as f64 / 1e6,
+        ns(t.elapsed(), probe.len())
+    );
 
     // Lookup per step: the last 64 tokens of a request's text, as the drafter asks.
     let limits = LookupLimits::default();
@@ -92,7 +96,11 @@ fn main() {
         let q = &p[end.saturating_sub(64)..end];
         found += full.lookup(q, limits, None).len();
     }
-    println!("lookup per step          {:.1} µs ({:.1} occurrences found on average)", ns(t.elapsed(), steps) / 1e3, found as f64 / steps as f64);
+    println!(
+        "lookup per step          {:.1} µs ({:.1} occurrences found on average)",
+        ns(t.elapsed(), steps) / 1e3,
+        found as f64 / steps as f64
+    );
 }
 
 fn mb(b: usize) -> f64 {
