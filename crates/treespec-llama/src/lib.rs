@@ -11,18 +11,25 @@
 
 mod backend;
 mod compat;
+mod hparams;
 mod kv;
 mod lm;
 mod load;
+mod memory;
 mod meta;
 mod precheck;
+mod prompt;
 mod quantize;
+mod threads;
 mod vocab;
 
 pub use backend::LOG_ENV;
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use lm::LlamaLm;
 pub use load::{LlamaModel, LoadOptions, MAX_PATHS};
+pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};
-pub use quantize::{write_draft, DraftType};
+pub use quantize::{write_draft, DraftOptions, DraftType};
+pub use threads::{available_cores, effective_threads};

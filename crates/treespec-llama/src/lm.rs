@@ -32,6 +32,7 @@ use treespec_engine::{CausalLm, EngineError, Logits, Result, TreeBatch};
 use crate::backend;
 use crate::kv::{PendingTree, Plan, Row, Undo, BASE_SEQ};
 use crate::load::{LlamaModel, DECODED};
+use crate::memory::{check_fits, mem_available};
 
 /// A decoding context over a [`LlamaModel`]: committed prefix plus pending token tree.
 pub struct LlamaLm<'m> {
@@ -93,6 +94,8 @@ impl LlamaModel {
             )));
         }
         let o = self.options();
+        // Every context allocates its own cache: check each against what is left now.
+        check_fits(self.path(), &self.gguf_facts().hparams, o.ctx_size, o.exact, 0, mem_available())?;
         let n_seq = o.n_seq_max + 2;
         let ctx_size = u32::try_from(o.ctx_size)
             .map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;

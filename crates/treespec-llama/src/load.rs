@@ -26,7 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use treespec_engine::{EngineError, Result};
 
 use crate::backend;
+use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
+use crate::prompt::ControlTexts;
+use crate::threads::{available_cores, effective_threads};
 
 /// llama.cpp's hard limit on sequence ids (`LLAMA_MAX_SEQ` = 256) minus the two we reserve: the
 /// committed prefix and a scratch id used while committing.
@@ -35,7 +38,8 @@ pub const MAX_PATHS: usize = 254;
 /// How to load a model and size the contexts made from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// CPU threads for decoding. Default: the machine's available parallelism.
+    /// CPU threads for decoding. Default: the machine's available parallelism. More than that is
+    /// capped to it at load (see `threads.rs`).
     pub threads: usize,
     /// Context size in positions (committed tokens plus pending tree nodes). llama.cpp rounds it
     /// up to a multiple of 256. Default 4096.
@@ -55,20 +59,14 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self {
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ctx_size: 4096,
-            n_seq_max: MAX_PATHS,
-            n_ubatch: 512,
-            exact: false,
-        }
+        Self { threads: available_cores(), ctx_size: 4096, n_seq_max: MAX_PATHS, n_ubatch: 512, exact: false }
     }
 }
 
 impl LoadOptions {
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
-        if self.threads == 0 || self.threads > i32::MAX as usize {
+        if self.threads == 0 {
             return bad(format!("threads must be at least 1 (got {})", self.threads));
         }
         if self.ctx_size == 0 || self.ctx_size > i32::MAX as usize / 2 {
@@ -95,6 +93,8 @@ pub struct LlamaModel {
     path: PathBuf,
     options: LoadOptions,
     facts: GgufFacts,
+    /// Texts of the control tokens, read on first use (`prompt.rs`).
+    pub(crate) control_texts: ControlTexts,
 }
 
 // `wrap_raw_model` relies on this: llama-cpp-2's model is nothing but the pointer.
@@ -161,11 +161,18 @@ fn disable_tiled_matmul() -> Result<()> {
 
 impl LlamaModel {
     /// Load a GGUF model. Errors (never panics) on a missing file, a file that is not GGUF, a
-    /// truncated or corrupt file, an architecture this llama.cpp does not know, or bad options.
-    pub fn load(path: impl AsRef<Path>, options: LoadOptions) -> Result<Self> {
+    /// truncated or corrupt file, an architecture this llama.cpp does not know, bad options, or a
+    /// context whose KV cache cannot fit in the memory left. Warns on stderr when the context is
+    /// longer than the model's training context.
+    pub fn load(path: impl AsRef<Path>, mut options: LoadOptions) -> Result<Self> {
         let path = path.as_ref();
         options.validate()?;
+        options.threads = effective_threads(options.threads)?;
         let facts = check_gguf(path)?;
+        check_fits(path, &facts.hparams, options.ctx_size, options.exact, facts.file_size, mem_available())?;
+        if let Some(w) = training_context_warning(&facts.hparams, options.ctx_size) {
+            eprintln!("warning: {}: {w}", path.display());
+        }
         backend::backend()?;
         if options.exact {
             disable_tiled_matmul()?;
@@ -187,7 +194,14 @@ impl LlamaModel {
         };
         // SAFETY: fresh pointer from llama_model_load_from_file, owned by nobody else.
         let inner = unsafe { wrap_raw_model(raw) };
-        Ok(Self { inner, raw: RawModel(raw), path: path.to_path_buf(), options, facts })
+        Ok(Self {
+            inner,
+            raw: RawModel(raw),
+            path: path.to_path_buf(),
+            options,
+            facts,
+            control_texts: ControlTexts::new(),
+        })
     }
 
     /// The raw model pointer, valid as long as `self`.

@@ -3,9 +3,10 @@
 //! llama.cpp answers every load failure with a null pointer (and a log line), and a few malformed
 //! inputs are better refused before they reach it. So we check here, in order: the file exists and
 //! is a regular file; it starts with the GGUF magic; ggml's own GGUF parser accepts its header,
-//! metadata and tensor table (metadata only, no tensor data is read); and the file is long enough
+//! metadata and tensor table (metadata only, no tensor data is read); the file is long enough
 //! to hold every tensor the table promises, which catches the common truncated download with a
-//! message that says exactly that.
+//! message that says exactly that; and the hyper-parameters and vocabulary hold no value that
+//! makes llama.cpp abort the process instead of failing (see `hparams.rs`).
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -15,6 +16,7 @@ use std::path::Path;
 use treespec_engine::{EngineError, Result};
 
 use crate::backend;
+use crate::hparams::{duplicate_token, Hparams, MetaValue, LLAMA_MAX_LAYERS};
 
 /// What the pre-check learned about a GGUF file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,8 @@ pub struct GgufFacts {
     pub n_tensors: u64,
     /// `general.architecture`, when present and a string.
     pub architecture: Option<String>,
+    /// The hyper-parameters read before loading (all `None` without an architecture).
+    pub hparams: Hparams,
 }
 
 fn fail(path: &Path, what: impl std::fmt::Display) -> EngineError {
@@ -100,8 +104,9 @@ pub fn check_gguf(path: &Path) -> Result<GgufFacts> {
             format!("corrupt or truncated GGUF: its header/metadata cannot be parsed ({why})"),
         ));
     }
-    let facts = GgufGuard(ctx).facts(file_size);
-    let (facts, required) = facts;
+    let gguf = GgufGuard(ctx);
+    let (facts, required) =
+        gguf.facts(file_size).map_err(|why| fail(path, format!("unusable GGUF metadata: {why}")))?;
     if file_size < required {
         return Err(fail(
             path,
@@ -127,12 +132,12 @@ impl Drop for GgufGuard {
 }
 
 impl GgufGuard {
-    /// Facts plus the minimum file size the tensor table implies.
-    fn facts(&self, file_size: u64) -> (GgufFacts, u64) {
+    /// Facts plus the minimum file size the tensor table implies; an error for metadata that
+    /// would abort llama.cpp.
+    fn facts(&self, file_size: u64) -> std::result::Result<(GgufFacts, u64), String> {
         let ctx = self.0;
-        // SAFETY (whole block): `ctx` is a live gguf context; ids come from its own counts, and the
-        // value type is checked before the typed getter (which would abort on a mismatch).
-        unsafe {
+        // SAFETY (whole block): `ctx` is a live gguf context and ids come from its own counts.
+        let (version, n_tensors, end) = unsafe {
             let version = llama_cpp_sys_2::gguf_get_version(ctx);
             let n_tensors = llama_cpp_sys_2::gguf_get_n_tensors(ctx).max(0);
             let data_offset = llama_cpp_sys_2::gguf_get_data_offset(ctx) as u64;
@@ -142,16 +147,109 @@ impl GgufGuard {
                 let size = llama_cpp_sys_2::gguf_get_tensor_size(ctx, id) as u64;
                 end = end.max(data_offset.saturating_add(off).saturating_add(size));
             }
-            let key = c"general.architecture";
-            let kid = llama_cpp_sys_2::gguf_find_key(ctx, key.as_ptr());
-            let architecture = (kid >= 0
-                && llama_cpp_sys_2::gguf_get_kv_type(ctx, kid) == llama_cpp_sys_2::GGUF_TYPE_STRING)
-                .then(|| {
-                    let p = llama_cpp_sys_2::gguf_get_val_str(ctx, kid);
-                    (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+            (version, n_tensors as u64, end)
+        };
+        let architecture = match self.value("general.architecture") {
+            Some(MetaValue::Str(s)) => Some(s),
+            _ => None,
+        };
+        let hparams = match &architecture {
+            Some(arch) => Hparams::read(arch, |key| self.value(key))?,
+            None => Hparams::default(),
+        };
+        self.check_vocab()?;
+        Ok((GgufFacts { file_size, version, n_tensors, architecture, hparams }, end))
+    }
+
+    fn key_id(&self, key: &str) -> Option<i64> {
+        let key = CString::new(key).ok()?;
+        // SAFETY: live context, NUL-terminated key.
+        let id = unsafe { llama_cpp_sys_2::gguf_find_key(self.0, key.as_ptr()) };
+        (id >= 0).then_some(id)
+    }
+
+    /// The value of `key`. The type is checked before every typed getter, which aborts on a
+    /// mismatch; arrays longer than any per-layer array can be are not read.
+    fn value(&self, key: &str) -> Option<MetaValue> {
+        use llama_cpp_sys_2 as s;
+        let id = self.key_id(key)?;
+        let ctx = self.0;
+        // SAFETY (whole block): live context, `id` found above, getters matched to the type, array
+        // data read within the length gguf reports for it.
+        unsafe {
+            let int = |t: s::gguf_type| -> Option<i128> {
+                Some(match t {
+                    s::GGUF_TYPE_UINT8 => s::gguf_get_val_u8(ctx, id) as i128,
+                    s::GGUF_TYPE_INT8 => s::gguf_get_val_i8(ctx, id) as i128,
+                    s::GGUF_TYPE_UINT16 => s::gguf_get_val_u16(ctx, id) as i128,
+                    s::GGUF_TYPE_INT16 => s::gguf_get_val_i16(ctx, id) as i128,
+                    s::GGUF_TYPE_UINT32 => s::gguf_get_val_u32(ctx, id) as i128,
+                    s::GGUF_TYPE_INT32 => s::gguf_get_val_i32(ctx, id) as i128,
+                    s::GGUF_TYPE_UINT64 => s::gguf_get_val_u64(ctx, id) as i128,
+                    s::GGUF_TYPE_INT64 => s::gguf_get_val_i64(ctx, id) as i128,
+                    _ => return None,
                 })
-                .flatten();
-            (GgufFacts { file_size, version, n_tensors: n_tensors as u64, architecture }, end)
+            };
+            match s::gguf_get_kv_type(ctx, id) {
+                s::GGUF_TYPE_STRING => {
+                    let p = s::gguf_get_val_str(ctx, id);
+                    (!p.is_null()).then(|| MetaValue::Str(CStr::from_ptr(p).to_string_lossy().into_owned()))
+                }
+                s::GGUF_TYPE_ARRAY => {
+                    // gguf_get_arr_data asserts on string arrays: only per-layer integer arrays
+                    // (the element types llama.cpp reads them as) are read.
+                    let elem = s::gguf_get_arr_type(ctx, id);
+                    let n = s::gguf_get_arr_n(ctx, id);
+                    if !matches!(elem, s::GGUF_TYPE_UINT32 | s::GGUF_TYPE_INT32)
+                        || n as u64 > LLAMA_MAX_LAYERS
+                    {
+                        return Some(MetaValue::Other);
+                    }
+                    let data = s::gguf_get_arr_data(ctx, id);
+                    if data.is_null() {
+                        return Some(MetaValue::Other);
+                    }
+                    let read = |i: usize| match elem {
+                        s::GGUF_TYPE_UINT32 => data.cast::<u32>().add(i).read_unaligned() as i128,
+                        _ => data.cast::<i32>().add(i).read_unaligned() as i128,
+                    };
+                    Some(MetaValue::Ints((0..n).map(read).collect()))
+                }
+                t => Some(int(t).map_or(MetaValue::Other, MetaValue::Int)),
+            }
+        }
+    }
+
+    /// llama.cpp aborts on a vocabulary with a repeated token text (its text → id map comes out
+    /// shorter than the vocabulary).
+    fn check_vocab(&self) -> std::result::Result<(), String> {
+        use llama_cpp_sys_2 as s;
+        let Some(id) = self.key_id("tokenizer.ggml.tokens") else { return Ok(()) };
+        let ctx = self.0;
+        // SAFETY: live context; the array type is checked before reading strings, indices stay
+        // below the length gguf reports, and each string is copied before the next call.
+        let texts: Vec<Vec<u8>> = unsafe {
+            if s::gguf_get_kv_type(ctx, id) != s::GGUF_TYPE_ARRAY
+                || s::gguf_get_arr_type(ctx, id) != s::GGUF_TYPE_STRING
+            {
+                return Ok(());
+            }
+            (0..s::gguf_get_arr_n(ctx, id))
+                .map(|i| {
+                    let p = s::gguf_get_arr_str(ctx, id, i);
+                    if p.is_null() {
+                        Vec::new()
+                    } else {
+                        CStr::from_ptr(p).to_bytes().to_vec()
+                    }
+                })
+                .collect()
+        };
+        match duplicate_token(texts.iter().map(Vec::as_slice)) {
+            Some((a, b, text)) => Err(format!(
+                "corrupt vocabulary: tokens {a} and {b} are both '{text}' (llama.cpp would abort)"
+            )),
+            None => Ok(()),
         }
     }
 }

@@ -47,8 +47,8 @@ pub struct BenchArgs {
     /// Draft model (GGUF) for the methods that need one; may be the target file itself.
     #[arg(long = "draft", visible_alias = "md")]
     pub draft: Option<PathBuf>,
-    /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
+    /// CPU threads (default: all cores; more are capped to them).
+    #[arg(short = 't', long, value_parser = super::threads::threads_arg)]
     pub threads: Option<usize>,
     /// Context size in tokens.
     #[arg(long = "ctx", default_value_t = 4096)]

@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use treespec_llama::{write_draft, DraftType};
+use treespec_llama::{available_cores, write_draft, DraftOptions, DraftType};
+
+use super::threads::threads_arg;
 
 /// `treespec draft …`.
 #[derive(Debug, Args)]
@@ -39,9 +41,12 @@ pub struct QuantizeArgs {
     /// Weight type: q4_0, q8_0, q4_k_m or copy.
     #[arg(long = "type", default_value = "q4_0")]
     pub kind: String,
-    /// Threads for quantizing.
-    #[arg(short = 't', long, default_value_t = 2)]
-    pub threads: usize,
+    /// Threads for quantizing (default: all cores).
+    #[arg(short = 't', long, value_parser = threads_arg)]
+    pub threads: Option<usize>,
+    /// Overwrite the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Options of `treespec draft from-target`.
@@ -58,9 +63,12 @@ pub struct FromTargetArgs {
     /// Weight type: q4_0, q8_0, q4_k_m or copy.
     #[arg(long = "type", default_value = "q4_0")]
     pub kind: String,
-    /// Threads for quantizing.
-    #[arg(short = 't', long, default_value_t = 2)]
-    pub threads: usize,
+    /// Threads for quantizing (default: all cores).
+    #[arg(short = 't', long, value_parser = threads_arg)]
+    pub threads: Option<usize>,
+    /// Overwrite the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Parse `4,8,12-27` into layer indices.
@@ -89,14 +97,18 @@ pub fn parse_layers(spec: &str) -> Result<Vec<u32>> {
 /// Run `treespec draft …`.
 pub fn run(args: DraftArgs) -> Result<()> {
     let t = Instant::now();
+    let options = |kind: &str, drop_layers: Vec<u32>, threads: Option<usize>, force: bool| -> Result<_> {
+        let threads = threads.unwrap_or_else(available_cores);
+        Ok(DraftOptions { kind: DraftType::parse(kind)?, drop_layers, threads, force })
+    };
     let (input, output) = match &args.command {
         DraftCommand::Quantize(a) => {
-            write_draft(&a.input, &a.output, DraftType::parse(&a.kind)?, &[], a.threads)?;
+            write_draft(&a.input, &a.output, &options(&a.kind, Vec::new(), a.threads, a.force)?)?;
             (&a.input, &a.output)
         }
         DraftCommand::FromTarget(a) => {
             let layers = parse_layers(&a.drop_layers)?;
-            write_draft(&a.model, &a.output, DraftType::parse(&a.kind)?, &layers, a.threads)?;
+            write_draft(&a.model, &a.output, &options(&a.kind, layers, a.threads, a.force)?)?;
             (&a.model, &a.output)
         }
     };

@@ -12,3 +12,4 @@ pub mod models;
 pub mod ngram;
 pub mod profile;
 pub mod serve;
+pub mod threads;

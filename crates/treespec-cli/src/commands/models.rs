@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use treespec_core::TokenId;
 use treespec_engine::TokenBytes;
 use treespec_llama::{check_compatible, LlamaModel};
-use treespec_text::{ChatMessage, ChatTemplate};
+use treespec_text::ChatMessage;
 
 use super::args::ModelArgs;
 
@@ -58,19 +58,15 @@ impl Models {
     }
 }
 
-/// Tokenize `text` for `model`; with `chat`, render it as one user turn with the model's chat
-/// template first (special tokens in the template are parsed, in user text they are not).
+/// Tokenize `text` for `model`; with `chat`, as one user turn through the model's chat template
+/// (special tokens in the template are parsed, in user text they are not: see
+/// `LlamaModel::chat_prompt`).
 pub fn prompt_tokens(model: &LlamaModel, text: &str, chat: bool) -> Result<Vec<TokenId>> {
     if !chat {
-        return Ok(model.tokenize(text, model.add_bos(), false)?);
+        return Ok(model.text_prompt(text)?);
     }
-    let bos = model.bos().map(|t| model.token_text(t)).transpose()?.unwrap_or_default();
-    let eos = model.eos().map(|t| model.token_text(t)).transpose()?.unwrap_or_default();
-    let template = ChatTemplate::new(model.chat_template().as_deref(), &bos, &eos)?;
-    let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
-    // Templates that print the BOS text themselves must not get a second BOS from the tokenizer.
-    let add_bos = model.add_bos() && (bos.is_empty() || !rendered.starts_with(&bos));
-    Ok(model.tokenize(&rendered, add_bos, true)?)
+    let template = model.compiled_chat_template()?;
+    Ok(model.chat_prompt(&template, &[ChatMessage::new("user", text)])?)
 }
 
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {

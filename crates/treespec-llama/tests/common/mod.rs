@@ -1,6 +1,8 @@
 //! Shared helpers for the tests that run the real SmolLM2 model.
 #![allow(dead_code)]
 
+pub mod gguf;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
