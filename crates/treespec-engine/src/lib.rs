@@ -11,6 +11,7 @@ pub mod generate;
 pub mod methods;
 pub mod model;
 pub mod stop;
+pub mod text_stream;
 pub mod toy;
 
 pub use drafter::{Drafter, PlainDrafter, ProposeContext};
@@ -19,3 +20,4 @@ pub use generate::{generate, GenerateOutput, GenerateRequest};
 pub use methods::{Method, METHOD_NAMES};
 pub use model::{CausalLm, Logits, TreeBatch};
 pub use stop::{FinishReason, StopConditions, TokenBytes};
+pub use text_stream::TextStream;

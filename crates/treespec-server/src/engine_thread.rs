@@ -14,10 +14,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
-use treespec_engine::stop::StopScanner;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
-    generate, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions, TokenBytes,
+    generate, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions, TextStream, TokenBytes,
 };
 
 use crate::error::ApiError;
@@ -237,24 +236,15 @@ pub fn run_generation(
         seed: spec.seed,
         stop: StopConditions { eos, stop_strings: spec.stop.clone() },
     };
-    // Text goes out as raw bytes [sent..limit) decoded to complete UTF-8; `limit` holds back
-    // what could still turn out to be the start of a stop string, and never passes a match.
-    let hold = spec.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
-    let mut scanner = StopScanner::default();
-    let mut sent = 0usize;
+    // Text goes out as soon as it is final: whole characters, never the start of a stop string.
+    let mut text = TextStream::new(&spec.stop);
     let result = generate(target, drafter, &request, Some(bytes), &mut |tokens| {
         for &t in tokens {
-            scanner.push(&bytes.token_bytes(t), &spec.stop);
+            text.push(&bytes.token_bytes(t));
         }
-        let all = scanner.bytes();
-        let limit = scanner.cut_at.unwrap_or(all.len().saturating_sub(hold)).max(sent);
-        let end = sent + complete_prefix(&all[sent..limit]);
-        if end > sent {
-            let chunk = String::from_utf8_lossy(&all[sent..end]).into_owned();
-            sent = end;
-            if !emit(Event::Text(chunk)) {
-                return false;
-            }
+        let chunk = text.take();
+        if !chunk.is_empty() && !emit(Event::Text(chunk)) {
+            return false;
         }
         // An empty step still checks whether the client is there.
         emit(Event::Text(String::new()))
@@ -273,9 +263,8 @@ pub fn run_generation(
         }
         Err(e) => return Err(ApiError::internal(format!("generation failed: {e}")).into()),
     };
-    let all = scanner.bytes();
-    let end = out.text_cut.unwrap_or(all.len()).min(all.len());
-    if end > sent && !emit(Event::Text(String::from_utf8_lossy(&all[sent..end]).into_owned())) {
+    let rest = text.finish();
+    if !rest.is_empty() && !emit(Event::Text(rest)) {
         return Err(RunError::Cancelled(method.to_string()));
     }
     let finish_reason = match out.finish_reason {
@@ -290,21 +279,6 @@ pub fn run_generation(
         method: method.to_string(),
     }));
     Ok((method.to_string(), prompt_tokens, out.stats))
-}
-
-/// The length of the longest prefix of `b` that does not end inside an incomplete UTF-8
-/// sequence (invalid bytes in the middle count as complete: they decode to U+FFFD).
-fn complete_prefix(b: &[u8]) -> usize {
-    let mut i = 0;
-    loop {
-        match std::str::from_utf8(&b[i..]) {
-            Ok(_) => return b.len(),
-            Err(e) => match e.error_len() {
-                Some(n) => i += e.valid_up_to() + n,
-                None => return i + e.valid_up_to(),
-            },
-        }
-    }
 }
 
 /// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
@@ -390,20 +364,5 @@ impl Worker for ToyWorker {
             &Letters,
             &mut slow_emit,
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::complete_prefix;
-
-    #[test]
-    fn complete_prefix_stops_before_a_split_character() {
-        let e = "é".as_bytes();
-        assert_eq!(complete_prefix(b"abc"), 3);
-        assert_eq!(complete_prefix(&[b'a', e[0]]), 1);
-        assert_eq!(complete_prefix(&[b'a', e[0], e[1]]), 3);
-        assert_eq!(complete_prefix(&[b'a', 0xff, b'b']), 3);
-        assert_eq!(complete_prefix(&[0xff, e[0]]), 1);
     }
 }

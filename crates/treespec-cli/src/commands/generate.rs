@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use treespec_engine::{generate, GenerateRequest, StopConditions, TokenBytes};
-use treespec_text::Utf8Stream;
+use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
 
 use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
 use super::costs::cost_model;
@@ -88,30 +87,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         stop: StopConditions { eos: models.eos_tokens(), stop_strings: args.stop.clone() },
     };
     let bytes = ModelBytes(&models.target);
-    let mut stream = Utf8Stream::new();
-    let mut printed = 0usize;
-    let hold = args.stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
-    let mut pending = String::new();
-    let stdout = std::io::stdout();
+    // The same text stream as the server: whole characters only, stop strings cut and held back.
+    let mut stream = TextStream::new(&args.stop);
+    let mut full = String::new();
     let json = args.json;
-    let stops: Vec<String> = args.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
     let out = generate(&mut target, drafter.as_mut(), &request, Some(&bytes), &mut |tokens| {
-        if json {
-            return true;
-        }
         for &t in tokens {
-            pending.push_str(&stream.push(&bytes.token_bytes(t)));
+            stream.push(&bytes.token_bytes(t));
         }
-        // A complete stop string ends the visible text at its start; otherwise hold back what
-        // could still turn out to be the start of one.
-        let stop_at = stops.iter().filter_map(|s| pending.find(s.as_str())).min();
-        let safe =
-            stop_at.unwrap_or_else(|| floor_char_boundary(&pending, pending.len().saturating_sub(hold)));
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(&pending.as_bytes()[..safe]);
-        let _ = lock.flush();
-        printed += safe;
-        pending.drain(..safe);
+        let ready = stream.take();
+        if !json && !ready.is_empty() {
+            let mut lock = std::io::stdout().lock();
+            let _ = lock.write_all(ready.as_bytes());
+            let _ = lock.flush();
+        }
+        full.push_str(&ready);
         true
     })?;
 
@@ -123,14 +113,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             .save(path, id)
             .with_context(|| format!("saving the suffix history {}", path.display()))?;
     }
-    let mut all = Vec::new();
-    for &t in &out.tokens {
-        all.extend(bytes.token_bytes(t));
-    }
-    if let Some(cut) = out.text_cut {
-        all.truncate(cut);
-    }
-    let full = String::from_utf8_lossy(&all).into_owned();
+    let rest = stream.finish();
+    full.push_str(&rest);
     let s = &out.stats;
     if json {
         let obj = json!({
@@ -158,17 +142,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         println!("{obj}");
     } else {
         // Whatever was held back and is still part of the final text.
-        let rest = full.get(printed..).unwrap_or("");
         print!("{rest}");
         println!();
         eprintln!("[{}] finish: {} | {}", method.name(), out.finish_reason.as_str(), s.summary_line());
     }
     Ok(())
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
