@@ -96,6 +96,17 @@ pub struct CommonParams {
     pub temperature: Option<f64>,
     /// Nucleus threshold in (0, 1].
     pub top_p: Option<f64>,
+    // llama-server's sampling fields, as raw JSON so a wrong type names its field (`sampling.rs`).
+    /// Keep the k most likely tokens (≥ 1).
+    pub top_k: Option<Value>,
+    /// Drop tokens below min_p × the top probability, in [0, 1].
+    pub min_p: Option<Value>,
+    /// Repetition penalty (> 0, 1 = off); `repetition_penalty` is vLLM's spelling.
+    #[serde(alias = "repetition_penalty")]
+    pub repeat_penalty: Option<Value>,
+    /// Tokens the repetition penalty looks back over (-1: all); `penalty_last_n` also accepted.
+    #[serde(alias = "penalty_last_n")]
+    pub repeat_last_n: Option<Value>,
     /// Seed for the draft and verifier streams.
     pub seed: Option<i64>,
     /// Stop strings.
@@ -133,6 +144,22 @@ pub struct CommonParams {
     pub echo: Option<Value>,
     /// suffix (completions; unsupported).
     pub suffix: Option<Value>,
+    /// llama-server: locally typical sampling (only 1).
+    pub typical_p: Option<Value>,
+    /// llama-server: Mirostat (only 0).
+    pub mirostat: Option<Value>,
+    /// llama-server: DRY repetition penalty (only 0).
+    pub dry_multiplier: Option<Value>,
+    /// llama-server: XTC sampling (only 0).
+    pub xtc_probability: Option<Value>,
+    /// llama-server: generate past end-of-generation tokens (only false).
+    pub ignore_eos: Option<Value>,
+    /// llama-server: constrained decoding (unsupported).
+    pub grammar: Option<Value>,
+    /// llama-server: constrained decoding (unsupported).
+    pub json_schema: Option<Value>,
+    /// llama-server: token probabilities (only 0).
+    pub n_probs: Option<Value>,
 }
 
 /// `POST /v1/chat/completions`.

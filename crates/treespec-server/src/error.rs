@@ -95,6 +95,18 @@ impl ApiError {
         }
     }
 
+    /// 405 for a known route asked with the wrong method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{path} does not accept {method} requests"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+            retry_after: None,
+        }
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})

@@ -1,7 +1,7 @@
 //! treespec-server: an OpenAI-compatible HTTP server that decodes speculatively.
 //!
 //! Layers, outside in: [`routes`] (axum handlers, SSE) → [`validate`] (every request check, no
-//! model) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in front of
+//! model; [`sampling`] for the sampling fields) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in front of
 //! model-owning worker threads; toy and llama.cpp workers). [`api`] holds the wire types,
 //! [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
 
@@ -11,6 +11,8 @@ pub mod error;
 pub mod llama;
 pub mod metrics;
 pub mod routes;
+pub mod sampling;
+pub mod serve;
 pub mod validate;
 
 use std::sync::Arc;
@@ -24,6 +26,7 @@ pub use error::ApiError;
 pub use llama::LlamaConfig;
 pub use metrics::Metrics;
 pub use routes::AppState;
+pub use serve::serve;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
@@ -53,16 +56,9 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
+        // After every route: a known path with the wrong method gets an OpenAI error body too.
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), routes::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
-}
-
-/// Serve `app` on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

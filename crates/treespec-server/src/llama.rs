@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
-use treespec_engine::{Method, TokenBytes};
+use treespec_engine::{Drafter, EngineError, Method, TokenBytes};
 use treespec_llama::{check_compatible, LlamaLm, LlamaModel, LoadOptions};
 use treespec_text::{ChatMessage, ChatTemplate};
 
@@ -52,9 +52,7 @@ impl LoadedModels {
                 draft = Some(d);
             }
         }
-        let bos = target.bos().map(|t| target.token_text(t)).transpose()?.unwrap_or_default();
-        let eos_text = target.eos().map(|t| target.token_text(t)).transpose()?.unwrap_or_default();
-        let template = ChatTemplate::new(target.chat_template().as_deref(), &bos, &eos_text)?;
+        let template = target.compiled_chat_template()?;
         let mut eos: Vec<TokenId> = [target.eos(), target.eot()].into_iter().flatten().collect();
         eos.dedup();
         Ok(Self { target, draft, has_draft: config.draft.is_some(), template, eos })
@@ -74,22 +72,21 @@ impl LoadedModels {
         self.eos.clone()
     }
 
-    /// Tokenize a prompt: chat messages through the model's template (special tokens parsed in
-    /// the template, as in `treespec generate --chat`), raw text as is.
+    /// Tokenize a prompt: chat messages through the model's template (only the template's markup
+    /// yields special tokens, as in `treespec generate --chat`), raw text as is.
     pub fn prompt_tokens(&self, prompt: &PromptInput) -> std::result::Result<Vec<TokenId>, ApiError> {
         let m = &self.target;
-        let internal = |e: String| ApiError::internal(e);
         match prompt {
-            PromptInput::Text(t) => m.tokenize(t, m.add_bos(), false).map_err(|e| internal(e.to_string())),
+            PromptInput::Text(t) => m.text_prompt(t).map_err(|e| ApiError::internal(e.to_string())),
             PromptInput::Chat(msgs) => {
                 let msgs: Vec<ChatMessage> =
                     msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect();
-                let rendered = self.template.render(&msgs, true).map_err(|e| {
-                    ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
-                })?;
-                let bos = m.bos().and_then(|t| m.token_text(t).ok()).unwrap_or_default();
-                let add_bos = m.add_bos() && (bos.is_empty() || !rendered.starts_with(&bos));
-                m.tokenize(&rendered, add_bos, true).map_err(|e| internal(e.to_string()))
+                m.chat_prompt(&self.template, &msgs).map_err(|e| match e {
+                    EngineError::InvalidRequest(e) => {
+                        ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
+                    }
+                    e => ApiError::internal(e.to_string()),
+                })
             }
         }
     }
@@ -113,12 +110,26 @@ pub struct LlamaWorker<'m> {
 }
 
 impl<'m> LlamaWorker<'m> {
-    /// Make the contexts.
+    /// Make the contexts, and check that the default method builds: a request without a
+    /// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
+    /// fail every such request with a 400.
     pub fn new(models: &'m LoadedModels, method: Method) -> Result<Self> {
         let target = models.target.new_lm()?;
         let draft = models.draft().map(|d| d.new_lm()).transpose()?;
-        Ok(Self { models, target, draft, method })
+        let mut worker = Self { models, target, draft, method };
+        let name = worker.method.name();
+        drafter(&worker.method, worker.draft.as_mut())
+            .with_context(|| format!("the server's default method '{name}' is invalid"))?;
+        Ok(worker)
     }
+}
+
+/// A drafter for `method`, on the draft context when the method uses one.
+fn drafter<'a>(
+    method: &Method,
+    draft: Option<&'a mut LlamaLm<'_>>,
+) -> treespec_engine::Result<Box<dyn Drafter + 'a>> {
+    method.build(draft.filter(|_| method.uses_draft()))
 }
 
 impl Worker for LlamaWorker<'_> {
@@ -129,11 +140,8 @@ impl Worker for LlamaWorker<'_> {
     ) -> Result<(String, usize, DecodeStats), RunError> {
         let prompt = self.models.prompt_tokens(&spec.prompt)?;
         let method = spec.method.as_ref().unwrap_or(&self.method);
-        let draft = match (method.uses_draft(), self.draft.as_mut()) {
-            (true, Some(d)) => Some(d),
-            _ => None,
-        };
-        let mut drafter = method.build(draft).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let mut drafter =
+            drafter(method, self.draft.as_mut()).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let bytes = ModelBytes(&self.models.target);
         let eos = self.models.eos.clone();
         run_generation(&mut self.target, drafter.as_mut(), method.name(), prompt, spec, eos, &bytes, emit)

@@ -83,6 +83,11 @@ pub async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(req.uri().path())
 }
 
+/// A known route with a method it does not serve (axum adds the `Allow` header).
+pub async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
+}
+
 /// Counts every answered request by route and status.
 pub async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let endpoint = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();

@@ -13,6 +13,7 @@ use treespec_engine::{Method, METHOD_NAMES};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, MethodSpec};
 use crate::error::ApiError;
+use crate::sampling;
 
 /// A chat message after validation (role normalised).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +178,7 @@ fn unsupported(v: &Option<Value>, ok: impl Fn(&Value) -> bool) -> bool {
 
 fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
     // Fields that would change the result and are not implemented.
-    let checks: [(&'static str, bool, &str); 13] = [
+    let checks: [(&'static str, bool, &str); 21] = [
         ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
         ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
         ("logprobs", unsupported(&c.logprobs, |v| v == &Value::Bool(false)), "logprobs are not supported"),
@@ -215,6 +216,34 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
         ),
         ("echo", unsupported(&c.echo, |v| v == &Value::Bool(false)), "echo is not supported"),
         ("suffix", unsupported(&c.suffix, |v| v.as_str() == Some("")), "suffix is not supported"),
+        (
+            "typical_p",
+            unsupported(&c.typical_p, |v| v.as_f64() == Some(1.0)),
+            "typical_p is not supported (only 1)",
+        ),
+        (
+            "mirostat",
+            unsupported(&c.mirostat, |v| v.as_i64() == Some(0)),
+            "mirostat is not supported (only 0)",
+        ),
+        (
+            "dry_multiplier",
+            unsupported(&c.dry_multiplier, |v| v.as_f64() == Some(0.0)),
+            "dry_multiplier is not supported (only 0)",
+        ),
+        (
+            "xtc_probability",
+            unsupported(&c.xtc_probability, |v| v.as_f64() == Some(0.0)),
+            "xtc_probability is not supported (only 0)",
+        ),
+        (
+            "ignore_eos",
+            unsupported(&c.ignore_eos, |v| v == &Value::Bool(false)),
+            "ignore_eos is not supported",
+        ),
+        ("grammar", unsupported(&c.grammar, |v| v.as_str() == Some("")), "grammar is not supported"),
+        ("json_schema", unsupported(&c.json_schema, |_| false), "json_schema is not supported"),
+        ("n_probs", unsupported(&c.n_probs, |v| v.as_i64() == Some(0)), "n_probs is not supported (only 0)"),
     ];
     if let Some((param, _, msg)) = checks.iter().find(|(_, bad, _)| *bad) {
         return Err(ApiError::invalid(*param, *msg).with_code("unsupported_parameter"));
@@ -234,17 +263,7 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
         }
         Some(n) => Some(n as usize),
     };
-    let temperature = c.temperature.unwrap_or(1.0);
-    if !temperature.is_finite() || temperature < 0.0 {
-        return Err(ApiError::invalid("temperature", format!("temperature must be ≥ 0, got {temperature}")));
-    }
-    if temperature > 2.0 {
-        return Err(ApiError::invalid("temperature", format!("temperature must be ≤ 2, got {temperature}")));
-    }
-    let top_p = c.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], got {top_p}")));
-    }
+    let sampling = sampling::params(&c)?;
     let seed = c.seed.unwrap_or(0) as u64;
     let stop = c.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > limits.max_stop {
@@ -253,9 +272,6 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
     if stop.iter().any(|s| s.is_empty()) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
-    let sampling =
-        SamplingParams { temperature: temperature as f32, top_p: top_p as f32, ..SamplingParams::default() };
-    sampling.validate().map_err(|e| ApiError::invalid(None, e.to_string()))?;
     let method = match c.treespec {
         None | Some(Value::Null) => None,
         Some(v) => {
