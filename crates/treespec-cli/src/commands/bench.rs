@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// One log line per run even on a terminal (instead of the progress bar).
     #[arg(long)]
     pub log: bool,
+    /// Write the selected prompts, chat-formatted exactly as the benchmark feeds them (special
+    /// tokens spelled out), as JSON lines {id, category, text} to FILE, then exit: the input of
+    /// `scripts/peer-bench.sh run`, which runs llama.cpp's own tools on the same prompts.
+    #[arg(long = "dump-prompts", value_name = "FILE")]
+    pub dump_prompts: Option<PathBuf>,
     /// Print the per-method change between two result directories, then exit.
     #[arg(long, num_args = 2, value_names = ["DIR1", "DIR2"])]
     pub compare: Option<Vec<PathBuf>>,
@@ -261,6 +266,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Some(margs) => {
             let models = Models::load(margs)?;
+            if let Some(path) = &args.dump_prompts {
+                return dump_prompts(&models, &prompts, chat, path);
+            }
             let needs_tok = names.iter().any(|n| args.method.needs_tokenizer(n));
             let tok_id = if needs_tok { Some(tokenizer_id(&models.target)?) } else { None };
             let costs = if names.iter().any(|n| args.method.needs_costs(n)) {
@@ -336,6 +344,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
+/// the special tokens written out, so that another tool tokenizing it (special tokens parsed)
+/// decodes after the same prompt.
+fn dump_prompts(models: &Models, prompts: &[Prompt], chat: bool, path: &Path) -> Result<()> {
+    let mut out = String::new();
+    for p in prompts {
+        let mut bytes = Vec::new();
+        for t in models.prompt_tokens(&p.text, chat)? {
+            bytes.extend(models.target.token_to_bytes(t, true)?);
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        out.push_str(&json!({ "id": p.id, "category": p.category, "text": text }).to_string());
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("[bench] wrote {} chat-formatted prompts to {}", prompts.len(), path.display());
+    Ok(())
+}
+
 /// The engine methods for `names` with the shared knobs.
 fn specs(
     knobs: &MethodArgs,
@@ -399,12 +426,13 @@ impl Backend for LlamaBackend<'_> {
         StopConditions { eos: self.models.eos_tokens(), stop_strings: Vec::new() }
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
+        // `auto` uses a draft model when one is given and does without otherwise.
         let draft = match (method.uses_draft(), self.draft.as_mut()) {
             (true, Some(d)) => Some(d),
-            (true, None) => {
+            (true, None) if method.needs_draft() => {
                 return Err(anyhow!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name()))
             }
-            (false, _) => None,
+            _ => None,
         };
         let drafter = method.build(draft)?;
         Ok(Session { target: Box::new(&mut self.target), drafter })
