@@ -4,8 +4,8 @@
 
 mod common;
 
-use treespec_core::sampling::SamplingParams;
 use treespec_core::cost::CostCurve;
+use treespec_core::sampling::SamplingParams;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
     AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
@@ -24,7 +24,11 @@ const PROMPTS: &[&str] = &[
 
 /// A cost curve on which verifying is cheap, so the cost-aware free drafters do draft.
 fn cheap_costs() -> std::sync::Arc<SharedCosts> {
-    SharedCosts::new(CostModel { target: CostCurve::linear(10.0, 0.5, 64).unwrap(), draft: None, refine: false })
+    SharedCosts::new(CostModel {
+        target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
+        draft: None,
+        refine: false,
+    })
 }
 
 #[test]

@@ -25,7 +25,11 @@ const PROMPTS: &[&str] = &[
 
 /// Verifying is nearly free on this curve, so the cost-aware drafters verify what they find.
 fn cheap_costs() -> Arc<SharedCosts> {
-    SharedCosts::new(CostModel { target: CostCurve::linear(10.0, 0.1, 64).unwrap(), draft: None, refine: false })
+    SharedCosts::new(CostModel {
+        target: CostCurve::linear(10.0, 0.1, 64).unwrap(),
+        draft: None,
+        refine: false,
+    })
 }
 
 #[test]
@@ -33,7 +37,8 @@ fn suffix_and_auto_match_plain_greedy_in_exact_mode() {
     if skip_model_tests("suffix_and_auto_match_plain_greedy_in_exact_mode") {
         return;
     }
-    let model = LlamaModel::load(model_path(), LoadOptions { exact: true, ctx_size: 1024, ..test_options() }).unwrap();
+    let model = LlamaModel::load(model_path(), LoadOptions { exact: true, ctx_size: 1024, ..test_options() })
+        .unwrap();
     let methods = [
         Method::Suffix(SuffixConfig { min_value: 0.0, ..Default::default() }),
         Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), ..Default::default() }),
