@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use treespec_core::budget::Economics;
+use treespec_core::budget::{chain_bound, Economics};
 use treespec_core::calibration::AcceptanceCalibrator;
 use treespec_core::cost::CostCurve;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
@@ -26,6 +26,11 @@ const RATE_DECAY: f64 = 0.95;
 /// not lead to drafting doubles the interval, up to `PROBE_MAX`.
 const PROBE_FIRST: u32 = 16;
 const PROBE_MAX: u32 = 256;
+
+/// Calibration trials a drafter needs before [`AutoBudget::chain_can_pay`] may say no.
+const GATE_TRIALS: u64 = 64;
+/// Longest chain [`AutoBudget::chain_can_pay`] considers.
+const GATE_CHAIN: usize = 16;
 
 /// Measured forward costs of the target and (if any) the draft model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -279,6 +284,31 @@ impl AutoBudget {
         self.costs.draft.as_ref().map_or(0.0, |c| c.ms(n))
     }
 
+    /// Whether any chain of draft-model tokens could beat the rate to beat, at the acceptance
+    /// observed per depth and the draft's measured cost per token (the bound `treespec bound`
+    /// prints). It answers yes until enough trials were seen, and for model-free drafters. When
+    /// it says no, even the best-shaped draft loses to plain decoding on this machine: the draft
+    /// model should not run at all, because once a step has started drafting, the time spent is
+    /// sunk and each further depth looks cheap on its own.
+    pub fn chain_can_pay(&self) -> bool {
+        let Some(draft) = &self.costs.draft else { return true };
+        if self.calib.total_trials() < GATE_TRIALS {
+            return true;
+        }
+        let acceptance: Vec<f64> = self
+            .calib
+            .per_depth()
+            .iter()
+            .enumerate()
+            .map(|(d, a)| a.unwrap_or_else(|| self.calib.best_acceptance(d + 1)))
+            .collect();
+        let rate = self.economics().rate;
+        chain_bound(&self.costs.target, draft.ms(1), &acceptance, GATE_CHAIN)
+            .iter()
+            .skip(1)
+            .any(|b| b.3 > rate)
+    }
+
     /// Whether this step should draft although the estimates say it will not pay (a probe).
     pub fn probe_due(&self) -> bool {
         self.since_draft >= self.probe_every
@@ -428,6 +458,27 @@ mod tests {
         assert_eq!(second.calibrator().total_trials(), 1);
         let other_role = AutoBudget::shared(shared, "lookup", false);
         assert_eq!(other_role.calibrator().total_trials(), 0);
+    }
+
+    #[test]
+    fn a_draft_that_cannot_pay_is_gated_off_once_calibrated() {
+        // Target T(n) = 20 + 13n, draft 4 + 4n: a perfect draft pays, one accepted 30% never does.
+        let mut b = budget();
+        let mut t = TokenTree::new(0);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 0.9).unwrap();
+        assert!(b.chain_can_pay(), "too few trials to judge");
+        for i in 0..100 {
+            b.set_raw(vec![1.0, 0.9]);
+            let accepted = if i % 10 < 3 { vec![a] } else { vec![] };
+            b.observe(&t, &VerifyOutcome { accepted, tokens: vec![1], depths: vec![] });
+        }
+        assert!(!b.chain_can_pay(), "30% acceptance cannot pay for 8 ms per drafted token");
+        let mut good = budget();
+        for _ in 0..100 {
+            good.set_raw(vec![1.0, 0.9]);
+            good.observe(&t, &VerifyOutcome { accepted: vec![a], tokens: vec![1, 2], depths: vec![] });
+        }
+        assert!(good.chain_can_pay(), "an always-accepted draft pays");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct AutoConfig {
     pub dyspec: DySpecConfig,
 }
 
+/// Steps between chances for a gated-off draft model to show it pays after all.
+const MODEL_RECHECK_EVERY: u64 = 64;
+
 /// Which proposal a step verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Choice {
@@ -48,6 +51,7 @@ pub struct AutoDrafter<M: CausalLm> {
     model: Option<DySpecDrafter<M>>,
     choice: Choice,
     counts: [u64; 3],
+    steps: u64,
 }
 
 impl<M: CausalLm> AutoDrafter<M> {
@@ -66,7 +70,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             None => None,
         };
-        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3] })
+        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3], steps: 0 })
     }
 }
 
@@ -88,7 +92,12 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         let suffix_tree = self.suffix.propose(ctx)?;
         let mut best = (suffix_tree, self.suffix.last_gain());
         self.choice = if best.0.drafted() > 0 { Choice::Suffix } else { Choice::Plain };
-        if let Some(m) = self.model.as_mut() {
+        self.steps += 1;
+        // A draft model that cannot pay even along its best chain stays idle, apart from a rare
+        // step that lets its calibration see whether the text got easier.
+        let model =
+            self.model.as_mut().filter(|m| m.chain_can_pay() || self.steps % MODEL_RECHECK_EVERY == 0);
+        if let Some(m) = model {
             m.set_bar(best.1);
             let model_tree = m.propose(ctx)?;
             let model_gain = m.last_gain();

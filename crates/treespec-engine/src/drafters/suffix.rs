@@ -94,7 +94,7 @@ pub struct SuffixConfig {
     pub exclude_same_prompt: bool,
     /// Standard deviations below the mean acceptance a node is priced at. Default 1.
     pub pessimism: f64,
-    /// Every this many steps, price little-tried cells optimistically (0 = never). Default 8.
+    /// Every this many steps, price little-tried cells optimistically (0 = never). Default 16.
     pub explore_every: u32,
     /// Without cost curves: keep nodes whose path value is at least this. Default 0.3.
     pub min_value: f64,
@@ -114,7 +114,7 @@ impl Default for SuffixConfig {
             global: true,
             exclude_same_prompt: false,
             pessimism: 1.0,
-            explore_every: 8,
+            explore_every: 16,
             min_value: 0.3,
             costs: None,
             shared: SuffixShared::empty(),
@@ -169,7 +169,7 @@ pub struct SuffixStats {
 }
 
 /// Most nodes an exploration step verifies beyond what the pessimistic prices would.
-const EXPLORE_EXTRA: usize = 8;
+const EXPLORE_EXTRA: usize = 4;
 
 /// The suffix drafter (see the module docs).
 pub struct SuffixDrafter {
