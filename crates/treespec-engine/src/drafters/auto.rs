@@ -95,8 +95,10 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.steps += 1;
         // A draft model that cannot pay even along its best chain stays idle, apart from a rare
         // step that lets its calibration see whether the text got easier.
-        let model =
-            self.model.as_mut().filter(|m| m.chain_can_pay() || self.steps % MODEL_RECHECK_EVERY == 0);
+        let model = self
+            .model
+            .as_mut()
+            .filter(|m| m.chain_can_pay() || self.steps.is_multiple_of(MODEL_RECHECK_EVERY));
         if let Some(m) = model {
             m.set_bar(best.1);
             let model_tree = m.propose(ctx)?;
