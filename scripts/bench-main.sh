@@ -2,13 +2,17 @@
 # The README's main benchmark, end to end, on the Qwen pair (greedy, 128 new tokens, 2 threads):
 #   greedy   treespec plain, lookup, suffix, auto (with the 0.5B draft) on the main set
 #            (scripts/bench-set.sh: Spec-Bench 6×5, HumanEval 10, 12 code edits), interleaved per
-#            prompt; then llama.cpp's own tools on the same chat-formatted prompts
-#            (scripts/peer-bench.sh), and one side-by-side table (scripts/side-by-side.py)
+#            prompt
+#   peers    llama.cpp's own tools on the same chat-formatted prompts (scripts/peer-bench.sh),
+#            then one side-by-side table with the greedy stage's results (scripts/side-by-side.py)
+#   table    only the side-by-side table, from the greedy and peers stages' files
 #   t1       plain and auto at temperature 1 on the code categories
-#   exact    plain, suffix and auto in --exact mode: greedy outputs must equal plain's
-#   levers   what each part of the suffix drafter contributes, on a subset
+#   exact    plain, suffix and auto in --exact mode on SmolLM2-135M (all 52 prompts): greedy
+#            outputs must equal plain's
+#   levers   what each part of the suffix drafter contributes, on the code-edit and summarization
+#            prompts
 #
-# Usage: scripts/bench-main.sh [STAGE …]   (default: greedy t1 exact levers)
+# Usage: scripts/bench-main.sh [STAGE …]   (default: greedy peers t1 exact levers)
 # Writes bench/main-*/ (results.json, summary.md, SVG charts, peers.jsonl, side-by-side.md).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +22,7 @@ D=models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 bin=./target/release/treespec
 set_file=bench-out/sets/main.jsonl
 stages=("$@")
-((${#stages[@]})) || stages=(greedy t1 exact levers)
+((${#stages[@]})) || stages=(greedy peers t1 exact levers)
 
 bash scripts/fetch-models.sh qwen
 cargo build --release -p treespec-cli
@@ -30,6 +34,8 @@ for stage in "${stages[@]}"; do
         greedy)
             "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --methods plain,lookup,suffix,auto \
                 -n 128 --temp 0 --log --out bench/main-greedy
+            ;;
+        peers)
             [[ -x "${TREESPEC_PEERS:-$HOME/.cache/treespec/peers}/build/bin/llama-completion" ]] ||
                 bash scripts/peer-bench.sh build
             "$bin" bench -m "$T" --prompts "$set_file" --dump-prompts bench/main-greedy/prompts-formatted.jsonl
@@ -38,18 +44,23 @@ for stage in "${stages[@]}"; do
             python3 scripts/side-by-side.py bench/main-greedy/results.json bench/main-greedy/peers.jsonl \
                 --out bench/main-greedy/side-by-side.md
             ;;
+        table)
+            python3 scripts/side-by-side.py bench/main-greedy/results.json bench/main-greedy/peers.jsonl \
+                --out bench/main-greedy/side-by-side.md
+            ;;
         t1)
             "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --categories code_completion,code_edit \
                 --methods plain,auto -n 128 --temp 1.0 --seed 1 --log --out bench/main-t1
             ;;
         exact)
-            "$bin" bench -m "$T" -t 2 --exact --prompts "$set_file" --methods plain,suffix,auto \
-                -n 128 --temp 0 --log --out bench/main-exact
+            bash scripts/fetch-models.sh smollm2
+            "$bin" bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 --exact --prompts "$set_file" \
+                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/main-exact
             ;;
         levers)
-            # Code edits, code completion and summarization: where the free drafts matter.
+            # Code edits and summarization: where the free drafts matter.
             local_set=bench-out/sets/levers.jsonl
-            grep -E '"category": "(code_edit|code_completion|summarization)"' "$set_file" >"$local_set"
+            grep -E '"category": "(code_edit|summarization)"' "$set_file" >"$local_set"
             run() { "$bin" bench -m "$T" -t 2 --prompts "$local_set" -n 128 --temp 0 --log --out "bench/levers-suffix/$1" "${@:2}"; }
             run lookup-vs-suffix --methods plain,lookup,suffix
             run no-global --methods plain,suffix --no-global
@@ -60,7 +71,7 @@ for stage in "${stages[@]}"; do
             "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$local_set" -n 128 --temp 0 --log \
                 --methods plain,auto --out bench/levers-suffix/auto-with-draft
             ;;
-        *) echo "unknown stage $stage (greedy, t1, exact, levers)" >&2; exit 2 ;;
+        *) echo "unknown stage $stage (greedy, peers, table, t1, exact, levers)" >&2; exit 2 ;;
     esac
 done
 echo "[bench-main] load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
