@@ -38,8 +38,8 @@ for stage in "${stages[@]}"; do
         peers)
             [[ -x "${TREESPEC_PEERS:-$HOME/.cache/treespec/peers}/build/bin/llama-completion" ]] ||
                 bash scripts/peer-bench.sh build
-            "$bin" bench -m "$T" --prompts "$set_file" --dump-prompts bench/main-greedy/prompts-formatted.jsonl
-            bash scripts/peer-bench.sh run bench/main-greedy/prompts-formatted.jsonl bench/main-greedy/peers.jsonl \
+            "$bin" bench -m "$T" --prompts "$set_file" --dump-prompts bench-out/prompts-formatted.jsonl
+            bash scripts/peer-bench.sh run bench-out/prompts-formatted.jsonl bench/main-greedy/peers.jsonl \
                 -m "$T" -md "$D" -n 128 -t 2
             python3 scripts/side-by-side.py bench/main-greedy/results.json bench/main-greedy/peers.jsonl \
                 --out bench/main-greedy/side-by-side.md
