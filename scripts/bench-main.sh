@@ -62,14 +62,11 @@ for stage in "${stages[@]}"; do
             local_set=bench-out/sets/levers.jsonl
             grep -E '"category": "(code_edit|summarization)"' "$set_file" >"$local_set"
             run() { "$bin" bench -m "$T" -t 2 --prompts "$local_set" -n 128 --temp 0 --log --out "bench/levers-suffix/$1" "${@:2}"; }
-            run lookup-vs-suffix --methods plain,lookup,suffix
+            run defaults --methods plain,suffix
             run no-global --methods plain,suffix --no-global
             run mean-pricing --methods plain,suffix --suffix-pessimism 0
             run short-drafts --methods plain,suffix --suffix-depth 8
             run no-exploration --methods plain,suffix --suffix-explore 0
-            run auto-no-draft --methods plain,auto
-            "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$local_set" -n 128 --temp 0 --log \
-                --methods plain,auto --out bench/levers-suffix/auto-with-draft
             ;;
         *) echo "unknown stage $stage (greedy, peers, table, t1, exact, levers)" >&2; exit 2 ;;
     esac
