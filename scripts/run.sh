@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The main job (README): set the machine up, fetch the default model (SmolLM2-135M-Instruct),
-# build treespec, then
-#   1. edit a piece of code with plain decoding and with `--method auto` (suffix drafts from the
-#      prompt, priced on this machine's measured cost curve) and print both speeds side by side;
-#   2. show exactness: in `--exact` mode every method's greedy output is plain decoding's, token
-#      for token.
+# The main job (README): set the machine up, fetch the models, build treespec, then
+#   1. edit a piece of code with Qwen2.5-Coder-1.5B (the project's default target), with plain
+#      decoding and with `--method auto` (suffix drafts from the prompt, priced on this machine's
+#      measured cost curve), and print both speeds side by side;
+#   2. show exactness on the small SmolLM2-135M: in `--exact` mode every method's greedy output
+#      is plain decoding's, token for token.
 # Pass a prompt file as the first argument to edit something else.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 bash scripts/fetch-models.sh smollm2
+bash scripts/fetch-models.sh qwen
 cargo build --release -p treespec-cli
 
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+target=models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+small=models/SmolLM2-135M-Instruct.Q4_1.gguf
 bin=./target/release/treespec
 prompt_file=${1:-}
 if [[ -z "$prompt_file" ]]; then
@@ -39,8 +41,10 @@ def merge_intervals(intervals):
 EOF
 fi
 
-# One generation as JSON: "<tokens/s> <mean accepted> <token ids>".
+# One generation as JSON: "<tokens/s> <mean accepted> <token ids>" (MODEL first).
 run() {
+    local model="$1"
+    shift
     "$bin" generate -m "$model" --chat -n 200 -f "$prompt_file" --json "$@" 2>/dev/null |
         python3 -c 'import json,sys; o=json.load(sys.stdin); s=o["stats"]
 print("%.1f %.2f %s" % (s["tokens_per_s"], s["mean_accepted"], ",".join(map(str, o["token_ids"]))))'
@@ -49,11 +53,11 @@ print("%.1f %.2f %s" % (s["tokens_per_s"], s["mean_accepted"], ",".join(map(str,
 echo
 echo "=== 1. Editing code: plain decoding vs --method auto (median of 3 alternating runs) ==="
 # The first auto run measures this machine's cost curve (once, cached in ~/.cache/treespec).
-run --method auto >/dev/null
+run "$target" --method auto >/dev/null
 plain=() auto=()
 for _ in 1 2 3; do
-    plain+=("$(run --method plain | cut -d' ' -f1)")
-    read -r tps acc _ < <(run --method auto)
+    plain+=("$(run "$target" --method plain | cut -d' ' -f1)")
+    read -r tps acc _ < <(run "$target" --method auto)
     auto+=("$tps")
 done
 median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
@@ -62,14 +66,14 @@ printf '%-8s %10s\n' method "tokens/s"
 printf '%-8s %10s\n' plain "$p" auto "$a"
 python3 -c "print(f'speed-up: {float(\"$a\") / float(\"$p\"):.2f}x (auto verified {float(\"$acc\"):.2f} tokens per target forward)')"
 echo
-"$bin" generate -m "$model" --chat -n 200 -f "$prompt_file" --method auto
+"$bin" generate -m "$target" --chat -n 200 -f "$prompt_file" --method auto
 
 echo
-echo "=== 2. Exactness (--exact): every method's greedy tokens equal plain decoding's ==="
-reference="$(run --exact --method plain | cut -d' ' -f3)"
+echo "=== 2. Exactness (--exact, SmolLM2-135M drafting for itself): greedy tokens equal plain decoding's ==="
+reference="$(run "$small" --exact --method plain | cut -d' ' -f3)"
 for method in suffix auto chain "dyspec --budget 8"; do
     # shellcheck disable=SC2086  # the method string carries its own knobs
-    read -r tps acc ids < <(run --exact --draft "$model" --method $method)
+    read -r tps acc ids < <(run "$small" --exact --draft "$small" --method $method)
     verdict=$([[ "$ids" == "$reference" ]] && echo "identical to plain" || echo "DIFFERS from plain")
     printf '%-18s %6s tok/s  %5s tokens/forward  %s\n' "$method" "$tps" "$acc" "$verdict"
 done
