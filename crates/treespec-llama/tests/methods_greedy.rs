@@ -5,13 +5,12 @@
 mod common;
 
 use treespec_core::cost::CostCurve;
-use treespec_core::sampling::SamplingParams;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
     AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
     StagedConfig, SuffixConfig,
 };
-use treespec_engine::{generate, GenerateRequest, Method, StopConditions};
+use treespec_engine::{generate, Method};
 
 const PROMPTS: &[&str] = &[
     "Write a haiku about autumn leaves.",
@@ -60,18 +59,9 @@ fn every_method_matches_plain_greedy_on_smollm2() {
             dyspec: DySpecConfig::default(),
         }),
     ];
-    let eos: Vec<u32> = [model.eos(), model.eot()].into_iter().flatten().collect();
     let mut checked = 0;
     for (i, text) in PROMPTS.iter().enumerate() {
-        let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
-        let prompt = model.tokenize(&chat, false, true).unwrap();
-        let request = GenerateRequest {
-            prompt,
-            max_new_tokens: 40,
-            sampling: SamplingParams::greedy(),
-            seed: i as u64,
-            stop: StopConditions { eos: eos.clone(), stop_strings: vec![] },
-        };
+        let request = common::greedy_chat_request(model, text, 40, i as u64);
         let mut target = model.new_lm().unwrap();
         let mut plain = Method::Plain.build::<treespec_llama::LlamaLm>(None).unwrap();
         let reference = generate(&mut target, plain.as_mut(), &request, None, &mut |_| true).unwrap();

@@ -7,12 +7,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{model_path, skip_model_tests, test_options};
+use common::{greedy_chat_request, model_path, skip_model_tests, test_options};
 use treespec_core::cost::CostCurve;
-use treespec_core::sampling::SamplingParams;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{AutoConfig, DySpecConfig, SuffixConfig};
-use treespec_engine::{generate, GenerateRequest, Method, StopConditions};
+use treespec_engine::{generate, Method};
 use treespec_llama::{LlamaModel, LoadOptions};
 
 const PROMPTS: &[&str] = &[
@@ -48,18 +47,10 @@ fn suffix_and_auto_match_plain_greedy_in_exact_mode() {
             dyspec: DySpecConfig::default(),
         }),
     ];
-    let eos: Vec<u32> = [model.eos(), model.eot()].into_iter().flatten().collect();
     let mut drafted = vec![0u64; methods.len()];
     let mut accepted = vec![0u64; methods.len()];
     for (i, text) in PROMPTS.iter().enumerate() {
-        let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
-        let request = GenerateRequest {
-            prompt: model.tokenize(&chat, false, true).unwrap(),
-            max_new_tokens: 80,
-            sampling: SamplingParams::greedy(),
-            seed: i as u64,
-            stop: StopConditions { eos: eos.clone(), stop_strings: vec![] },
-        };
+        let request = greedy_chat_request(&model, text, 80, i as u64);
         let mut target = model.new_lm().unwrap();
         let mut plain = Method::Plain.build::<treespec_llama::LlamaLm>(None).unwrap();
         let reference = generate(&mut target, plain.as_mut(), &request, None, &mut |_| true).unwrap();

@@ -319,9 +319,6 @@ impl Drafter for SuffixDrafter {
         self.last_gain = gain.max(0.0);
         self.stats.drafting_steps += (cut.drafted() > 0) as u64;
         self.stats.verified += cut.drafted() as u64;
-        if let Some(b) = self.budget.as_mut() {
-            b.set_raw(Vec::new());
-        }
         Ok(cut)
     }
 

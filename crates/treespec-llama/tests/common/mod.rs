@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use rand::Rng;
+use treespec_core::sampling::SamplingParams;
+use treespec_engine::{GenerateRequest, StopConditions};
 use treespec_llama::{LlamaModel, LoadOptions};
 
 /// Small context and ONE thread per context: test functions run in parallel, and llama.cpp's
@@ -147,4 +149,25 @@ pub fn top2_margin(a: &[f32]) -> f32 {
 /// Random ordinary tokens (skip the first ids, which are special in most vocabularies).
 pub fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(100..vocab as u32)).collect()
+}
+
+/// A greedy request for `text` as one ChatML user turn (SmolLM2's template), stopping at the
+/// model's end-of-generation tokens.
+pub fn greedy_chat_request(
+    model: &LlamaModel,
+    text: &str,
+    max_new_tokens: usize,
+    seed: u64,
+) -> GenerateRequest {
+    let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
+    GenerateRequest {
+        prompt: model.tokenize(&chat, false, true).unwrap(),
+        max_new_tokens,
+        sampling: SamplingParams::greedy(),
+        seed,
+        stop: StopConditions {
+            eos: [model.eos(), model.eot()].into_iter().flatten().collect(),
+            stop_strings: vec![],
+        },
+    }
 }
