@@ -26,7 +26,7 @@ pub use machine::{load_average, MachineInfo, ModelFile};
 pub use prompts::{load_prompts, select, Prompt, Selection};
 pub use report::{write_all, BenchConfig, MethodConfig, Results, RunRecord, SamplingConfig, SCHEMA};
 pub use runner::{
-    check_method_names, run_bench, Backend, MethodSpec, ProgressMode, RunConfig, RunOutput, Session,
+    check_method_names, run_bench, Backend, BenchMethod, ProgressMode, RunConfig, RunOutput, Session,
     ToyBackend,
 };
 pub use summary::{median, summarize, SummaryRow, ALL};

@@ -77,14 +77,14 @@ impl Backend for ToyBackend {
 
 /// A method to benchmark.
 #[derive(Debug, Clone)]
-pub struct MethodSpec {
+pub struct BenchMethod {
     /// Its name (as in `--methods`).
     pub name: String,
     /// The method and its knobs.
     pub method: Method,
 }
 
-impl MethodSpec {
+impl BenchMethod {
     /// Wrap a method under its own name.
     pub fn new(method: Method) -> Self {
         Self { name: method.name().to_string(), method }
@@ -117,7 +117,7 @@ pub fn check_method_names(names: &[String]) -> Result<Vec<String>> {
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     /// Methods in run order; the first must be `plain`.
-    pub methods: Vec<MethodSpec>,
+    pub methods: Vec<BenchMethod>,
     /// Most new tokens per generation.
     pub max_new_tokens: usize,
     /// Sampling parameters (temperature 0 = greedy, where outputs are checked against plain).
@@ -244,7 +244,7 @@ impl Reporter {
 /// One generation; returns the tokens and the record (identity fields unset).
 fn run_one(
     backend: &mut dyn Backend,
-    spec: &MethodSpec,
+    spec: &BenchMethod,
     prompt: &Prompt,
     tokens: &[TokenId],
     cfg: &RunConfig,

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 use treespec_bench::prompts::parse_prompts;
 use treespec_bench::{
-    compare_text, run_bench, select, summarize, write_all, BenchConfig, MachineInfo, MethodConfig,
-    MethodSpec, ProgressMode, Results, RunConfig, SamplingConfig, Selection, ToyBackend, ALL, SCHEMA,
+    compare_text, run_bench, select, summarize, write_all, BenchConfig, BenchMethod, MachineInfo,
+    MethodConfig, ProgressMode, Results, RunConfig, SamplingConfig, Selection, ToyBackend, ALL, SCHEMA,
 };
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::drafters::LookupConfig;
@@ -37,10 +37,10 @@ fn run_toy(repeat: usize, temperature: f32) -> Results {
     let prompts = select(&all, &Selection { limit: Some(6), ..Default::default() }).unwrap();
     assert_eq!(prompts.len(), 6);
     let methods = vec![
-        MethodSpec::new(Method::Plain),
-        MethodSpec::new(Method::Chain { k: 3 }),
-        MethodSpec::new(Method::Tree { widths: vec![2, 2, 1] }),
-        MethodSpec::new(Method::Lookup { config: LookupConfig::default(), table: None }),
+        BenchMethod::new(Method::Plain),
+        BenchMethod::new(Method::Chain { k: 3 }),
+        BenchMethod::new(Method::Tree { widths: vec![2, 2, 1] }),
+        BenchMethod::new(Method::Lookup { config: LookupConfig::default(), table: None }),
     ];
     let cfg = RunConfig {
         methods: methods.clone(),
@@ -233,7 +233,7 @@ fn runner_rejects_bad_configs_with_clear_errors() {
     let prompts = parse_prompts(PROMPTS).unwrap();
     let mut backend = ToyBackend::new(24, 2, 0.7, 3, 64);
     let mut cfg = RunConfig {
-        methods: vec![MethodSpec::new(Method::Chain { k: 2 })],
+        methods: vec![BenchMethod::new(Method::Chain { k: 2 })],
         max_new_tokens: 8,
         sampling: SamplingParams::with_temperature(0.0),
         seed: 0,
@@ -243,12 +243,12 @@ fn runner_rejects_bad_configs_with_clear_errors() {
     };
     let e = run_bench(&mut backend, &prompts, &cfg).unwrap_err().to_string();
     assert!(e.contains("first method must be plain"), "{e}");
-    cfg.methods.insert(0, MethodSpec::new(Method::Plain));
+    cfg.methods.insert(0, BenchMethod::new(Method::Plain));
     cfg.max_new_tokens = 60;
     let e = format!("{:#}", run_bench(&mut backend, &prompts, &cfg).unwrap_err());
     assert!(e.contains("does not fit the context of 64"), "{e}");
     cfg.max_new_tokens = 8;
-    cfg.methods.push(MethodSpec::new(Method::Chain { k: 0 }));
+    cfg.methods.push(BenchMethod::new(Method::Chain { k: 0 }));
     let e = format!("{:#}", run_bench(&mut backend, &prompts, &cfg).unwrap_err());
     assert!(e.contains("chain on prompt 1"), "{e}");
 }

@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the speculative loop on small pure-Rust toy models (no model files needed).
-    Demo(commands::demo::DemoArgs),
+    Demo(Box<commands::demo::DemoArgs>),
     /// Generate text from a GGUF model, speculatively.
     Generate(Box<commands::generate::GenerateArgs>),
     /// Benchmark methods on a prompt set: speed-up, acceptance, identity with plain decoding.
@@ -54,9 +54,9 @@ enum DiscoCommand {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(commands::spellings::llama_spellings(std::env::args_os()));
     let result = match cli.command {
-        Command::Demo(args) => commands::demo::run(args),
+        Command::Demo(args) => commands::demo::run(*args),
         Command::Generate(args) => commands::generate::run(*args),
         Command::Bench(args) => commands::bench::run(*args),
         Command::Inspect(args) => commands::inspect::run(args),
@@ -73,5 +73,39 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// clap checks flag clashes (two `-c`s, a knob shadowing a command's own flag) only here.
+    #[test]
+    fn every_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn llama_cpp_spellings_mean_what_they_mean_there() {
+        let parse = |line: &str| {
+            let args = commands::spellings::llama_spellings(line.split(' ').map(std::ffi::OsString::from));
+            let Command::Generate(g) = Cli::try_parse_from(args).unwrap().command else { panic!() };
+            g
+        };
+        let g = parse("treespec generate -m T.gguf -md D.gguf -c 2048 -n 16 -t 1 --temp 0.5 -s 3 -p hi");
+        assert_eq!(g.models.model.to_str(), Some("T.gguf"));
+        assert_eq!(g.models.draft.as_deref().and_then(|p| p.to_str()), Some("D.gguf"));
+        assert_eq!(
+            (g.models.ctx, g.n, g.models.threads, g.sampling.temp, g.sampling.seed),
+            (2048, 16, Some(1), 0.5, 3)
+        );
+        let g = parse(
+            "treespec generate -m T --model-draft D --ctx-size 512 --spec-draft-n-max 6 --method chain -p x",
+        );
+        assert_eq!((g.models.ctx, g.method.knobs.k), (512, Some(6)));
+        assert_eq!(g.models.draft.as_deref().and_then(|p| p.to_str()), Some("D"));
     }
 }

@@ -1,7 +1,5 @@
-//! Every method by name, with its knobs as plain data: what `--method NAME` builds.
-//!
-//! The CLI, the server and the benchmark all go through [`Method::build`], so a method means the
-//! same thing everywhere and its knobs are validated in one place.
+//! A resolved method: its drafter configuration as plain data, and [`Method::build`], which turns
+//! it into a drafter. Names and knobs become a `Method` in one place, [`crate::registry`].
 
 use std::sync::Arc;
 
@@ -16,23 +14,7 @@ use crate::drafters::{
 };
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
-
-/// Names accepted by `--method`.
-pub const METHOD_NAMES: &[&str] = &[
-    "plain",
-    "chain",
-    "tree",
-    "specinfer",
-    "sequoia",
-    "dyspec",
-    "eagle2",
-    "gsd",
-    "staged",
-    "lookup",
-    "suffix",
-    "disco",
-    "auto",
-];
+use crate::registry::MethodKind;
 
 /// A decoding method and its knobs.
 #[derive(Debug, Clone)]
@@ -68,32 +50,37 @@ pub enum Method {
 
 impl Method {
     /// The method's name.
-    pub fn name(&self) -> &'static str {
+    pub fn kind(&self) -> MethodKind {
         match self {
-            Method::Plain => "plain",
-            Method::Chain { .. } => "chain",
-            Method::Tree { .. } => "tree",
-            Method::SpecInfer { .. } => "specinfer",
-            Method::Sequoia(_) => "sequoia",
-            Method::DySpec(_) => "dyspec",
-            Method::Eagle2(_) => "eagle2",
-            Method::Gsd(_) => "gsd",
-            Method::Staged(_) => "staged",
-            Method::Lookup { .. } => "lookup",
-            Method::Suffix(_) => "suffix",
-            Method::Disco(_) => "disco",
-            Method::Auto(_) => "auto",
+            Method::Plain => MethodKind::Plain,
+            Method::Chain { .. } => MethodKind::Chain,
+            Method::Tree { .. } => MethodKind::Tree,
+            Method::SpecInfer { .. } => MethodKind::SpecInfer,
+            Method::Sequoia(_) => MethodKind::Sequoia,
+            Method::DySpec(_) => MethodKind::DySpec,
+            Method::Eagle2(_) => MethodKind::Eagle2,
+            Method::Gsd(_) => MethodKind::Gsd,
+            Method::Staged(_) => MethodKind::Staged,
+            Method::Lookup { .. } => MethodKind::Lookup,
+            Method::Suffix(_) => MethodKind::Suffix,
+            Method::Disco(_) => MethodKind::Disco,
+            Method::Auto(_) => MethodKind::Auto,
         }
+    }
+
+    /// The method's name.
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
     }
 
     /// Whether the method runs a draft model.
     pub fn needs_draft(&self) -> bool {
-        !matches!(self, Method::Plain | Method::Lookup { .. } | Method::Suffix(_) | Method::Auto(_))
+        self.kind().needs_draft()
     }
 
     /// Whether the method runs a draft model when one is given (`auto` uses one if offered).
     pub fn uses_draft(&self) -> bool {
-        self.needs_draft() || matches!(self, Method::Auto(_))
+        self.kind().uses_draft()
     }
 
     /// The suffix drafts' shared state (global history and learned prices), for the methods that
@@ -187,11 +174,11 @@ mod tests {
                 dyspec: DySpecConfig::default(),
             }),
         ];
-        assert_eq!(methods.len(), METHOD_NAMES.len());
-        for (method, name) in methods.iter().zip(METHOD_NAMES) {
-            assert_eq!(method.name(), *name);
+        assert_eq!(methods.len(), crate::registry::METHOD_NAMES.len());
+        for (method, &name) in methods.iter().zip(crate::registry::METHOD_NAMES) {
+            assert_eq!(method.name(), name);
             let d = method.build(Some(ToyLm::new(m.clone(), 64))).unwrap();
-            assert_eq!(d.name(), *name);
+            assert_eq!(d.name(), name);
             let none: Option<ToyLm> = None;
             assert_eq!(method.build(none).is_err(), method.needs_draft());
         }

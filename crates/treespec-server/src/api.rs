@@ -45,43 +45,6 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// The per-request `treespec` extension: the decoding method and its knobs (names as in the
-/// CLI's `--method` flags, with `_` for `-`). Absent knobs take the method's defaults.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct MethodSpec {
-    /// One of `treespec_engine::METHOD_NAMES`.
-    pub method: Option<String>,
-    /// chain: draft tokens per step (`--draft-max`).
-    #[serde(alias = "draft_max")]
-    pub k: Option<usize>,
-    /// tree: children per node at each depth.
-    pub widths: Option<Vec<usize>>,
-    /// specinfer: expansion vector.
-    pub expand: Option<Vec<usize>>,
-    /// dyspec / sequoia / eagle2 / gsd: drafted nodes per step.
-    pub budget: Option<usize>,
-    /// dyspec / eagle2 / gsd / staged / sequoia: deepest draft.
-    pub depth: Option<usize>,
-    /// eagle2: nodes expanded per depth.
-    pub eagle_top_k: Option<usize>,
-    /// sequoia: positional acceptance vector.
-    pub acceptance: Option<Vec<f32>>,
-    /// lookup: longest n-gram matched.
-    pub lookup_ngram: Option<usize>,
-    /// lookup: most tokens proposed per branch.
-    pub lookup_tokens: Option<usize>,
-    /// lookup: branches.
-    pub lookup_branches: Option<usize>,
-}
-
-impl MethodSpec {
-    /// True when only the method name (or nothing) is given.
-    pub fn has_knobs(&self) -> bool {
-        *self != MethodSpec { method: self.method.clone(), ..Default::default() }
-    }
-}
-
 /// Fields shared by both endpoints.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]

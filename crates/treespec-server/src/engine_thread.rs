@@ -19,7 +19,12 @@ use treespec_engine::{
     generate, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions, TextStream, TokenBytes,
 };
 
+use treespec_core::cost::CostCurve;
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::registry::FixedContext;
+
 use crate::error::ApiError;
+use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::validate::{check_lengths, JobSpec, Limits, PromptInput};
 
@@ -51,10 +56,21 @@ pub struct Finished {
     pub prompt_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
-    /// Target forwards.
-    pub target_forwards: u64,
     /// The method.
     pub method: String,
+    /// The engine's statistics of the generation (forwards, acceptance, timings).
+    pub stats: DecodeStats,
+}
+
+/// What a finished run reports to the metrics.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// The method that decoded it.
+    pub method: String,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// The engine's statistics.
+    pub stats: DecodeStats,
 }
 
 /// One queued request.
@@ -81,12 +97,8 @@ pub trait GenerationBackend: Send + Sync + 'static {
 /// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the
 /// client is gone).
 pub trait Worker {
-    /// Run `spec`. Returns the statistics and method name, or an error (Cancelled included).
-    fn run(
-        &mut self,
-        spec: &JobSpec,
-        emit: &mut dyn FnMut(Event) -> bool,
-    ) -> Result<(String, usize, DecodeStats), RunError>;
+    /// Run `spec`. Returns what the metrics record, or an error (Cancelled included).
+    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError>;
 }
 
 /// Why a run ended without finishing.
@@ -135,9 +147,7 @@ impl JobQueue {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&job.spec, &mut emit)));
             self.metrics.in_flight(-1);
             match result {
-                Ok(Ok((method, prompt_tokens, stats))) => {
-                    self.metrics.generation(&method, prompt_tokens, &stats)
-                }
+                Ok(Ok(run)) => self.metrics.generation(&run.method, run.prompt_tokens, &run.stats),
                 Ok(Err(RunError::Cancelled(method))) => self.metrics.cancelled(&method),
                 Ok(Err(RunError::Api(e))) => {
                     self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
@@ -175,10 +185,10 @@ impl EnginePool {
     pub fn toy(config: ToyConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
         let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
         let (pool, q) = Self::new(queue, "toy".into(), limits, metrics);
+        let methods = ToyWorker::methods(config.method.clone());
         for _ in 0..workers.max(1) {
-            let q = q.clone();
-            let config = config.clone();
-            std::thread::spawn(move || q.serve(&mut ToyWorker::new(config)));
+            let (q, config, methods) = (q.clone(), config.clone(), methods.clone());
+            std::thread::spawn(move || q.serve(&mut ToyWorker::new(config, methods)));
         }
         pool
     }
@@ -223,7 +233,7 @@ pub fn run_generation(
     eos: Vec<TokenId>,
     bytes: &dyn TokenBytes,
     emit: &mut dyn FnMut(Event) -> bool,
-) -> Result<(String, usize, DecodeStats), RunError> {
+) -> Result<RunSummary, RunError> {
     let prompt_tokens = prompt.len();
     let max_new = check_lengths(prompt_tokens, spec.max_tokens, target.context_size())?;
     if !emit(Event::Started { prompt_tokens, method: method.to_string() }) {
@@ -275,10 +285,10 @@ pub fn run_generation(
         finish_reason,
         prompt_tokens,
         completion_tokens: out.tokens.len(),
-        target_forwards: out.stats.target_forwards,
         method: method.to_string(),
+        stats: out.stats.clone(),
     }));
-    Ok((method.to_string(), prompt_tokens, out.stats))
+    Ok(RunSummary { method: method.to_string(), prompt_tokens, stats: out.stats })
 }
 
 /// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
@@ -311,16 +321,27 @@ impl TokenBytes for Letters {
 /// A worker on toy models (no files, deterministic).
 pub struct ToyWorker {
     config: ToyConfig,
+    methods: Arc<ServerMethods>,
     target: ToyLm,
     draft: ToyLm,
 }
 
 impl ToyWorker {
-    /// Build the toy target and a noisy draft.
-    pub fn new(config: ToyConfig) -> Self {
+    /// Build the toy target and a noisy draft; `methods` resolves the requests' methods.
+    pub fn new(config: ToyConfig, methods: Arc<ServerMethods>) -> Self {
         let m = ToyModel::new(config.vocab.min(26), 1, 7);
         let draft = ToyLm::new(m.draft(0.5, 3), config.context);
-        Self { target: ToyLm::new(m, config.context), draft, config }
+        Self { target: ToyLm::new(m, config.context), draft, config, methods }
+    }
+
+    /// The toys' methods: cost curves with a verify that grows slowly with the batch.
+    pub fn methods(default: Method) -> Arc<ServerMethods> {
+        let curve = |base, per| CostCurve::linear(base, per, 64).expect("valid linear curve");
+        let costs = CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)));
+        Arc::new(ServerMethods::new(
+            default,
+            Arc::new(FixedContext { costs: Some(costs), ..Default::default() }),
+        ))
     }
 
     /// The toy "chat template": `role: content` lines, then `assistant:`.
@@ -337,14 +358,10 @@ impl ToyWorker {
 }
 
 impl Worker for ToyWorker {
-    fn run(
-        &mut self,
-        spec: &JobSpec,
-        emit: &mut dyn FnMut(Event) -> bool,
-    ) -> Result<(String, usize, DecodeStats), RunError> {
+    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
         let vocab = self.config.vocab.min(26) as u32;
         let prompt: Vec<TokenId> = Self::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
-        let method = spec.method.clone().unwrap_or_else(|| self.config.method.clone());
+        let method = self.methods.for_request(spec.method.as_ref())?;
         let mut drafter =
             method.build(Some(&mut self.draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let delay = self.config.step_delay;

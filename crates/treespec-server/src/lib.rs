@@ -9,6 +9,7 @@ pub mod api;
 pub mod engine_thread;
 pub mod error;
 pub mod llama;
+pub mod methods;
 pub mod metrics;
 pub mod routes;
 pub mod sampling;

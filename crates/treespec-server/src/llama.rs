@@ -5,19 +5,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
 use treespec_engine::{Drafter, EngineError, Method, TokenBytes};
 use treespec_llama::{check_compatible, LlamaLm, LlamaModel, LoadOptions};
 use treespec_text::{ChatMessage, ChatTemplate};
 
-use crate::engine_thread::{run_generation, EnginePool, Event, RunError, Worker};
+use crate::engine_thread::{run_generation, EnginePool, Event, RunError, RunSummary, Worker};
 use crate::error::ApiError;
+use crate::methods::{ServerMethods, SharedContext};
 use crate::metrics::Metrics;
 use crate::validate::{JobSpec, Limits, PromptInput};
 
 /// What to load.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LlamaConfig {
     /// Target GGUF.
     pub model: PathBuf,
@@ -27,6 +27,8 @@ pub struct LlamaConfig {
     pub options: LoadOptions,
     /// The method used when a request names none.
     pub method: Method,
+    /// What resolving a request's method needs from the models (tokenizer, cost curves).
+    pub context: SharedContext,
 }
 
 /// The loaded models, shared by the worker threads (each makes its own contexts).
@@ -106,21 +108,20 @@ pub struct LlamaWorker<'m> {
     models: &'m LoadedModels,
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
-    method: Method,
+    methods: Arc<ServerMethods>,
 }
 
 impl<'m> LlamaWorker<'m> {
     /// Make the contexts, and check that the default method builds: a request without a
     /// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
     /// fail every such request with a 400.
-    pub fn new(models: &'m LoadedModels, method: Method) -> Result<Self> {
+    pub fn new(models: &'m LoadedModels, methods: Arc<ServerMethods>) -> Result<Self> {
         let target = models.target.new_lm()?;
-        let draft = models.draft().map(|d| d.new_lm()).transpose()?;
-        let mut worker = Self { models, target, draft, method };
-        let name = worker.method.name();
-        drafter(&worker.method, worker.draft.as_mut())
-            .with_context(|| format!("the server's default method '{name}' is invalid"))?;
-        Ok(worker)
+        let mut draft = models.draft().map(|d| d.new_lm()).transpose()?;
+        let default = methods.default_method();
+        drafter(default, draft.as_mut())
+            .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
+        Ok(Self { models, target, draft, methods })
     }
 }
 
@@ -133,15 +134,11 @@ fn drafter<'a>(
 }
 
 impl Worker for LlamaWorker<'_> {
-    fn run(
-        &mut self,
-        spec: &JobSpec,
-        emit: &mut dyn FnMut(Event) -> bool,
-    ) -> Result<(String, usize, DecodeStats), RunError> {
+    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
         let prompt = self.models.prompt_tokens(&spec.prompt)?;
-        let method = spec.method.as_ref().unwrap_or(&self.method);
-        let mut drafter =
-            drafter(method, self.draft.as_mut()).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let method = self.methods.for_request(spec.method.as_ref())?;
+        let mut drafter = drafter(&method, self.draft.as_mut())
+            .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let bytes = ModelBytes(&self.models.target);
         let eos = self.models.eos.clone();
         run_generation(&mut self.target, drafter.as_mut(), method.name(), prompt, spec, eos, &bytes, emit)
@@ -160,13 +157,13 @@ impl EnginePool {
             Limits { context: config.options.ctx_size, has_draft: models.has_draft, ..Limits::default() };
         let id = model_id(&config.model);
         let (pool, q) = EnginePool::new(queue, id, limits, metrics);
+        let methods = Arc::new(ServerMethods::new(config.method.clone(), config.context.clone()));
         // Make every worker's contexts before answering anything, so a failure shows at start.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         for i in 0..workers.max(1) {
-            let (q, models, method, ready) =
-                (q.clone(), models.clone(), config.method.clone(), ready_tx.clone());
+            let (q, models, methods, ready) = (q.clone(), models.clone(), methods.clone(), ready_tx.clone());
             std::thread::Builder::new().name(format!("treespec-engine-{i}")).spawn(move || {
-                match LlamaWorker::new(&models, method) {
+                match LlamaWorker::new(&models, methods) {
                     Ok(mut w) => {
                         let _ = ready.send(Ok(()));
                         drop(ready);

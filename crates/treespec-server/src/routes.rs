@@ -201,12 +201,10 @@ impl Meta {
         let usage = Usage::new(f.prompt_tokens, f.completion_tokens);
         let stats = TreespecStats {
             method: f.method.clone(),
-            target_forwards: f.target_forwards,
-            mean_accepted: if f.target_forwards > 0 {
-                f.completion_tokens as f64 / f.target_forwards as f64
-            } else {
-                0.0
-            },
+            target_forwards: f.stats.target_forwards,
+            // The engine's own figure: tokens emitted per target forward (stop-string trimming
+            // and end-of-text tokens do not change what each forward produced).
+            mean_accepted: f.stats.mean_accepted(),
         };
         match self.kind {
             Kind::Chat => to_json(&ChatCompletionResponse {

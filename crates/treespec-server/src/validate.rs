@@ -6,12 +6,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::drafters::{
-    DySpecConfig, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig, StagedConfig,
-};
-use treespec_engine::{Method, METHOD_NAMES};
+use treespec_engine::MethodSpec;
 
-use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, MethodSpec};
+use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
 use crate::sampling;
 
@@ -46,8 +43,8 @@ pub struct JobSpec {
     pub seed: u64,
     /// Stop strings.
     pub stop: Vec<String>,
-    /// The method (None: the server's default).
-    pub method: Option<Method>,
+    /// The method and its knobs, checked (None: the server's default).
+    pub method: Option<MethodSpec>,
     /// Stream the answer.
     pub stream: bool,
     /// Send a usage chunk before `[DONE]`.
@@ -274,11 +271,7 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
     }
     let method = match c.treespec {
         None | Some(Value::Null) => None,
-        Some(v) => {
-            let spec: MethodSpec = serde_json::from_value(v)
-                .map_err(|e| ApiError::invalid("treespec", format!("invalid `treespec` object: {e}")))?;
-            method_from_spec(&spec, limits.has_draft)?
-        }
+        Some(v) => method_from_json(v, limits.has_draft)?,
     };
     Ok(JobSpec {
         prompt,
@@ -292,100 +285,39 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
     })
 }
 
-/// The method named by a `treespec` extension object (None: no method named and no knobs, use
-/// the server's default).
-pub fn method_from_spec(spec: &MethodSpec, has_draft: bool) -> Result<Option<Method>, ApiError> {
-    let Some(name) = spec.method.as_deref() else {
-        if spec.has_knobs() {
-            return Err(ApiError::invalid("treespec.method", "knobs need a `method` to apply to"));
-        }
+/// The method named by a `treespec` extension object, through the engine's registry: the same
+/// names and knobs as the CLI's flags, with the same defaults (`dyspec` without a numeric budget
+/// is cost-aware here too). None: no method named and no knobs, use the server's default.
+pub fn method_from_json(value: Value, has_draft: bool) -> Result<Option<MethodSpec>, ApiError> {
+    let bad = |m: String| ApiError::invalid("treespec", m);
+    let Some(spec) = MethodSpec::from_json(value).map_err(|e| bad(engine_message(e)))? else {
         return Ok(None);
     };
-    let bad = |m: String| ApiError::invalid("treespec", m);
-    let method = match name {
-        "plain" => Method::Plain,
-        "chain" => Method::Chain { k: spec.k.unwrap_or(4) },
-        "tree" => Method::Tree { widths: spec.widths.clone().unwrap_or_else(|| vec![2, 2, 1, 1]) },
-        "specinfer" => Method::SpecInfer { expand: spec.expand.clone().unwrap_or_else(|| vec![2, 2, 1, 1]) },
-        "sequoia" => {
-            let d = SequoiaConfig::default();
-            let acceptance = spec
-                .acceptance
-                .clone()
-                .ok_or_else(|| bad("sequoia needs `acceptance`, e.g. [0.6, 0.2, 0.05]".into()))?;
-            Method::Sequoia(SequoiaConfig {
-                budget: spec.budget.unwrap_or(d.budget),
-                max_depth: spec.depth.or(d.max_depth),
-                acceptance,
-            })
-        }
-        "dyspec" => {
-            let d = DySpecConfig::default();
-            Method::DySpec(DySpecConfig {
-                budget: spec.budget.unwrap_or(d.budget),
-                max_depth: spec.depth.unwrap_or(d.max_depth),
-                ..d
-            })
-        }
-        "eagle2" => {
-            let d = Eagle2Config::default();
-            Method::Eagle2(Eagle2Config {
-                top_k: spec.eagle_top_k.unwrap_or(d.top_k),
-                depth: spec.depth.unwrap_or(d.depth),
-                total: spec.budget.unwrap_or(d.total),
-            })
-        }
-        "gsd" => {
-            let d = GsdConfig::default();
-            Method::Gsd(GsdConfig {
-                max_depth: spec.depth.unwrap_or(d.max_depth),
-                budget: spec.budget.unwrap_or(d.budget),
-                ..d
-            })
-        }
-        "staged" => {
-            let d = StagedConfig::default();
-            Method::Staged(StagedConfig { depth: spec.depth.unwrap_or(d.depth), ..d })
-        }
-        "lookup" => {
-            let d = LookupConfig::default();
-            Method::Lookup {
-                config: LookupConfig {
-                    max_ngram: spec.lookup_ngram.unwrap_or(d.max_ngram),
-                    max_tokens: spec.lookup_tokens.unwrap_or(d.max_tokens),
-                    branches: spec.lookup_branches.unwrap_or(d.branches),
-                    ..d
-                },
-                table: None,
-            }
-        }
-        "disco" => Method::Disco(Default::default()),
-        "auto" | "suffix" => {
-            return Err(ApiError::invalid(
-                "treespec.method",
-                format!(
-                    "'{name}' needs the measured cost curves and the server's shared history of \
-                     earlier requests: start the server with `--method {name}`, and leave `method` \
-                     out of the request to use it"
-                ),
-            ))
-        }
-        other => {
-            return Err(ApiError::invalid(
-                "treespec.method",
-                format!("unknown method '{other}' (one of {})", METHOD_NAMES.join(", ")),
-            ))
-        }
-    };
-    if method.needs_draft() && !has_draft {
+    if let Some(knob) = spec.knobs.process_wide().first() {
+        return Err(bad(format!(
+            "`{knob}` is set when the server starts (`treespec serve --{}`), not per request",
+            knob.replace('_', "-")
+        )));
+    }
+    if spec.method.needs_draft() && !has_draft {
         return Err(ApiError::invalid(
             "treespec.method",
             format!(
-                "method '{name}' needs a draft model and the server runs without one (start it with --md)"
+                "method '{}' needs a draft model and the server runs without one (start it with --md)",
+                spec.method
             ),
         ));
     }
-    Ok(Some(method))
+    spec.validate().map_err(|e| bad(engine_message(e)))?;
+    Ok(Some(spec))
+}
+
+/// An engine error's message without its "invalid request:" prefix.
+fn engine_message(e: treespec_engine::EngineError) -> String {
+    match e {
+        treespec_engine::EngineError::InvalidRequest(m) => m,
+        e => e.to_string(),
+    }
 }
 
 /// The check that needs the tokenized prompt: prompt and answer must fit the context. Returns
@@ -523,26 +455,32 @@ mod tests {
 
     #[test]
     fn treespec_extension() {
+        use treespec_engine::{MethodKind, METHOD_NAMES};
         let j = chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "k": 3}})).unwrap();
-        assert!(matches!(j.method, Some(Method::Chain { k: 3 })));
+        let m = j.method.unwrap();
+        assert_eq!((m.method, m.knobs.k), (MethodKind::Chain, Some(3)));
         let j =
             chat_json(json!({"messages": msg(), "treespec": {"method": "tree", "widths": [3, 1]}})).unwrap();
-        assert!(matches!(j.method, Some(Method::Tree { ref widths }) if widths == &[3, 1]));
+        assert_eq!(j.method.unwrap().knobs.widths, Some(vec![3, 1]));
         assert!(chat_json(json!({"messages": msg(), "treespec": {}})).unwrap().method.is_none());
         let e = chat_json(json!({"messages": msg(), "treespec": {"method": "magic"}})).unwrap_err();
         assert!(e.message.contains("unknown method 'magic'"));
         assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "kk": 3}})).is_err());
         assert!(chat_json(json!({"messages": msg(), "treespec": {"k": 3}})).is_err());
-        assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "sequoia"}})).is_err());
-        for name in METHOD_NAMES.iter().filter(|n| !matches!(**n, "sequoia" | "auto" | "suffix")) {
+        assert!(chat_json(json!({"messages": msg(), "treespec": {"method": "chain", "k": 0}})).is_err());
+        // Every method, auto and suffix included, may be asked for per request.
+        for name in METHOD_NAMES {
             chat_json(json!({"messages": msg(), "treespec": {"method": name}})).unwrap();
         }
-        let e = chat_json(json!({"messages": msg(), "treespec": {"method": "auto"}})).unwrap_err();
-        assert!(e.message.contains("--method auto"), "{}", e.message);
-        let spec = MethodSpec { method: Some("chain".into()), ..Default::default() };
-        assert!(method_from_spec(&spec, false).unwrap_err().message.contains("needs a draft"));
-        let spec = MethodSpec { method: Some("lookup".into()), ..Default::default() };
-        assert!(method_from_spec(&spec, false).is_ok());
+        let e =
+            chat_json(json!({"messages": msg(), "treespec": {"method": "lookup", "ngram": "/etc/passwd"}}))
+                .unwrap_err();
+        assert!(e.message.contains("set when the server starts"), "{}", e.message);
+        assert!(method_from_json(json!({"method": "chain"}), false)
+            .unwrap_err()
+            .message
+            .contains("needs a draft"));
+        assert!(method_from_json(json!({"method": "lookup"}), false).is_ok());
     }
 
     #[test]

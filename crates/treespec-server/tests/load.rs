@@ -30,7 +30,8 @@ async fn sixteen_streaming_clients() {
         _ => Method::Chain { k: 3 },
     };
     let options = LoadOptions { threads, ctx_size: 1024, ..LoadOptions::default() };
-    let config = LlamaConfig { model: path.clone(), draft: Some(path), options, method };
+    let context = std::sync::Arc::new(treespec_engine::registry::FixedContext::default());
+    let config = LlamaConfig { model: path.clone(), draft: Some(path), options, method, context };
     let metrics = Arc::new(Metrics::default());
     let pool = Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap());
     let app = router(pool, metrics.clone(), ServerConfig::default());

@@ -37,7 +37,8 @@ fn model_path() -> Option<PathBuf> {
 fn config(path: PathBuf) -> LlamaConfig {
     // One thread: llama.cpp's OpenMP workers spin-wait, and tests run in parallel.
     let options = LoadOptions { threads: 1, ctx_size: 1024, ..LoadOptions::default() };
-    LlamaConfig { model: path.clone(), draft: Some(path), options, method: Method::Chain { k: 3 } }
+    let context = std::sync::Arc::new(treespec_engine::registry::FixedContext::default());
+    LlamaConfig { model: path.clone(), draft: Some(path), options, method: Method::Chain { k: 3 }, context }
 }
 
 /// Greedy generation without the server.

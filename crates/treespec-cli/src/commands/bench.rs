@@ -11,17 +11,18 @@ use clap::Args;
 use serde_json::json;
 use treespec_bench::{
     check_method_names, compare_text, load_average, load_prompts, run_bench, select, summarize, write_all,
-    Backend, BenchConfig, MachineInfo, MethodConfig, MethodSpec, ModelFile, ProgressMode, Prompt, Results,
+    Backend, BenchConfig, BenchMethod, MachineInfo, MethodConfig, ModelFile, ProgressMode, Prompt, Results,
     RunConfig, SamplingConfig, Selection, Session, ToyBackend, SCHEMA,
 };
 use treespec_core::cost::CostCurve;
 use treespec_core::TokenId;
 use treespec_engine::auto_budget::CostModel;
-use treespec_engine::{CausalLm, Method, StopConditions, METHOD_NAMES};
+use treespec_engine::registry::{FixedContext, MethodContext};
+use treespec_engine::{CausalLm, Method, MethodKind, MethodSpec, StopConditions, METHOD_NAMES};
 use treespec_llama::LlamaLm;
 
-use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
-use super::costs::cost_model;
+use super::args::{MethodArgs, ModelArgs, SamplingArgs};
+use super::method_context::LoadedContext;
 use super::models::Models;
 
 /// The prompt set used when `--prompts` is not given (relative to the repository root).
@@ -45,13 +46,13 @@ pub struct BenchArgs {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Draft model (GGUF) for the methods that need one; may be the target file itself.
-    #[arg(long = "draft", visible_alias = "md")]
+    #[arg(long = "draft", visible_alias = "md", alias = "model-draft")]
     pub draft: Option<PathBuf>,
     /// CPU threads (default: all cores; more are capped to them).
     #[arg(short = 't', long, value_parser = super::threads::threads_arg)]
     pub threads: Option<usize>,
-    /// Context size in tokens.
-    #[arg(long = "ctx", default_value_t = 4096)]
+    /// Context size in tokens (llama.cpp: `-c`, `--ctx-size`).
+    #[arg(short = 'c', long = "ctx", alias = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
     /// Batch-invariant kernels (greedy output equals plain decoding token for token; slower).
     #[arg(long)]
@@ -136,7 +137,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print!("{}", compare_text(&ra, &rb, &a.display().to_string(), &b.display().to_string()));
         return Ok(());
     }
-    if args.method.method != "plain" {
+    if args.method.method != MethodKind::Plain {
         bail!("bench takes --methods a,b,c (plain is always run as the reference), not --method");
     }
     let n = args.n.unwrap_or(if args.quick { QUICK_N } else { DEFAULT_N });
@@ -200,7 +201,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(list) => list.clone(),
         None if args.quick => QUICK_METHODS.iter().map(|s| s.to_string()).collect(),
         None if has_draft => {
-            let sequoia = args.method.acceptance.is_some() || args.method.calibration.is_some();
+            let sequoia = args.method.knobs.acceptance.is_some() || args.method.knobs.calibration.is_some();
             METHOD_NAMES
                 .iter()
                 .filter(|m| **m != "tree" && (sequoia || **m != "sequoia"))
@@ -210,12 +211,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         None => ["plain", "lookup", "suffix", "auto"].iter().map(|s| s.to_string()).collect(),
     };
     let names = check_method_names(&names)?;
+    let kinds: Vec<MethodKind> =
+        names.iter().map(|n| n.parse().map_err(|e: String| anyhow!(e))).collect::<Result<_>>()?;
     if !has_draft {
-        let need: Vec<&str> = names
-            .iter()
-            .map(String::as_str)
-            .filter(|n| !matches!(*n, "plain" | "lookup" | "suffix" | "auto"))
-            .collect();
+        let need: Vec<&str> = kinds.iter().filter(|k| k.needs_draft()).map(|k| k.as_str()).collect();
         if !need.is_empty() {
             bail!(
                 "method(s) {} need a draft model: give --md DRAFT.gguf (it may be the target file itself)",
@@ -223,10 +222,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             );
         }
     }
-
-    // Method knobs are checked now (an n-gram table needs the loaded tokenizer: checked after).
-    if !names.iter().any(|n| args.method.needs_tokenizer(n)) {
-        specs(&args.method, &names, None, Some(&toy_costs()))?;
+    // Method knobs are checked now, before any model loads (files are read once they have).
+    let base = args.method.spec();
+    for &k in &kinds {
+        base.with_method(k).validate().with_context(|| format!("method {k}"))?;
     }
 
     let progress = if args.log { ProgressMode::Log } else { ProgressMode::Auto };
@@ -238,7 +237,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let chat = !args.no_chat;
     let repeat = args.repeat;
     let warmup = !args.no_warmup;
-    let make_cfg = |methods: Vec<MethodSpec>| RunConfig {
+    let make_cfg = |methods: Vec<BenchMethod>| RunConfig {
         methods,
         max_new_tokens: n,
         sampling: sampling.clone(),
@@ -257,7 +256,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let (output, mut machine, methods, options) = match &model_args {
         None => {
-            let methods = specs(&args.method, &names, None, Some(&toy_costs()))?;
+            let toy = FixedContext { costs: Some(toy_costs()), ..Default::default() };
+            let methods = bench_methods(&base, &kinds, &toy)?;
             let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.ctx);
             let machine = MachineInfo::collect(1, Vec::new());
             let out = run_bench(&mut backend, &prompts, &make_cfg(methods.clone()))?;
@@ -269,15 +269,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if let Some(path) = &args.dump_prompts {
                 return dump_prompts(&models, &prompts, chat, path);
             }
-            let needs_tok = names.iter().any(|n| args.method.needs_tokenizer(n));
-            let tok_id = if needs_tok { Some(tokenizer_id(&models.target)?) } else { None };
-            let costs = if names.iter().any(|n| args.method.needs_costs(n)) {
-                let with_draft = margs.draft.is_some();
-                Some(cost_model(margs, &models, with_draft, args.method.reprofile)?)
-            } else {
-                None
-            };
-            let methods = specs(&args.method, &names, tok_id, costs.as_ref())?;
+            let context = LoadedContext::new(&models, margs, args.method.reprofile);
+            let methods = bench_methods(&base, &kinds, &context)?;
             let mut files = vec![ModelFile::new("target", &margs.model)];
             if let Some(d) = &margs.draft {
                 files.push(ModelFile::new("draft", d));
@@ -318,7 +311,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             warmup,
             methods: methods
                 .iter()
-                .map(|m| MethodConfig { name: m.name.clone(), spec: spec_text(&m.method) })
+                .zip(&kinds)
+                .map(|(m, &k)| MethodConfig { name: m.name.clone(), spec: spec_json(&base.with_method(k)) })
                 .collect(),
             options,
             started_unix_s,
@@ -363,20 +357,19 @@ fn dump_prompts(models: &Models, prompts: &[Prompt], chat: bool, path: &Path) ->
     Ok(())
 }
 
-/// The engine methods for `names` with the shared knobs.
-fn specs(
-    knobs: &MethodArgs,
-    names: &[String],
-    tok: Option<treespec_core::ngram::TokenizerId>,
-    costs: Option<&CostModel>,
-) -> Result<Vec<MethodSpec>> {
-    names
+/// The methods `kinds`, each with the shared knobs `base`, resolved through the registry.
+fn bench_methods(
+    base: &MethodSpec,
+    kinds: &[MethodKind],
+    context: &dyn MethodContext,
+) -> Result<Vec<BenchMethod>> {
+    kinds
         .iter()
-        .map(|n| {
-            let mut method = knobs.method(n, tok, costs).with_context(|| format!("method {n}"))?;
+        .map(|&k| {
+            let mut method = base.with_method(k).resolve(context).with_context(|| format!("method {k}"))?;
             // A prompt's warm-up run and repeats must not draft from its own earlier answers.
             method.exclude_same_prompt();
-            Ok(MethodSpec { name: n.clone(), method })
+            Ok(BenchMethod { name: k.as_str().to_string(), method })
         })
         .collect()
 }
@@ -388,14 +381,10 @@ fn toy_costs() -> CostModel {
     CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))
 }
 
-/// A method's knobs for the report (debug form, bounded: a loaded table prints only its header).
-fn spec_text(m: &Method) -> String {
-    let s = format!("{m:?}");
-    if s.chars().count() > 600 {
-        s.chars().take(600).collect::<String>() + "…"
-    } else {
-        s
-    }
+/// A method's name and knobs for the report: the registry spec as JSON, so `--compare` can tell
+/// runs with different knobs apart.
+fn spec_json(spec: &MethodSpec) -> String {
+    serde_json::to_string(spec).unwrap_or_default()
 }
 
 /// The llama.cpp models behind the runner's seam: one target context and one draft context,

@@ -1,19 +1,21 @@
 //! `treespec demo`: the full speculative loop on enumerable toy models, to see the mechanics
 //! (acceptance by depth, forwards saved) in milliseconds and without any download.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use treespec_core::cost::CostCurve;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::drafters::{ChainDrafter, TreeDrafter};
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::registry::{FixedContext, MethodKnobs};
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter, StopConditions};
+use treespec_engine::{generate, GenerateRequest, MethodKind, MethodSpec, StopConditions};
 
 /// Options of `treespec demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Methods to compare (plain, chain, tree).
+    /// Methods to compare (any method; plain first gives the reference for the identity check).
     #[arg(long, value_delimiter = ',', default_value = "plain,chain,tree")]
-    methods: Vec<String>,
+    methods: Vec<MethodKind>,
     /// Toy vocabulary size.
     #[arg(long, default_value_t = 32)]
     vocab: usize,
@@ -23,12 +25,9 @@ pub struct DemoArgs {
     /// How far the draft's logits stray from the target's (0 = identical draft).
     #[arg(long, default_value_t = 1.0)]
     noise: f32,
-    /// Chain length for `chain`.
-    #[arg(short = 'k', long, default_value_t = 4)]
-    k: usize,
-    /// Children per node at each depth for `tree`.
-    #[arg(long, value_delimiter = ',', default_value = "3,2,2,1")]
-    widths: Vec<usize>,
+    /// The methods' knobs, as for `generate`.
+    #[command(flatten)]
+    knobs: MethodKnobs,
     /// New tokens to generate.
     #[arg(short = 'n', long, default_value_t = 200)]
     n: usize,
@@ -59,18 +58,21 @@ pub fn run(args: DemoArgs) -> Result<()> {
         "toy target: vocab {}, order {}; draft noise {}; temperature {}; {} new tokens",
         args.vocab, args.order, args.noise, args.temp, args.n
     );
+    // The toys' cost curves: a verify that grows slowly with the batch, a draft at a tenth of it.
+    let curve = |base, per| CostCurve::linear(base, per, 64).expect("valid linear curve");
+    let context = FixedContext {
+        costs: Some(CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))),
+        ..Default::default()
+    };
     let mut plain_tokens = None;
-    for method in &args.methods {
-        let mut drafter: Box<dyn Drafter> = match method.as_str() {
-            "plain" => Box::new(PlainDrafter),
-            "chain" => Box::new(ChainDrafter::new(ToyLm::new(draft.clone(), ctx), args.k)?),
-            "tree" => Box::new(TreeDrafter::new(ToyLm::new(draft.clone(), ctx), args.widths.clone())?),
-            other => bail!("unknown method '{other}' for the demo (plain, chain, tree)"),
-        };
+    for &kind in &args.methods {
+        let spec = MethodSpec { method: kind, knobs: args.knobs.clone() };
+        let method = spec.resolve(&context).with_context(|| format!("method {kind}"))?;
+        let mut drafter = method.build(Some(ToyLm::new(draft.clone(), ctx)))?;
         let mut lm = ToyLm::new(target.clone(), ctx);
         let out = generate(&mut lm, drafter.as_mut(), &request, None, &mut |_| true)?;
-        let same = match (&plain_tokens, method.as_str()) {
-            (None, "plain") => {
+        let same = match (&plain_tokens, kind) {
+            (None, MethodKind::Plain) => {
                 plain_tokens = Some(out.tokens.clone());
                 String::new()
             }
@@ -79,7 +81,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             }
             _ => String::new(),
         };
-        println!("{:>6}: {}{}", method, out.stats.summary_line(), same);
+        println!("{:>9}: {}{}", kind.as_str(), out.stats.summary_line(), same);
     }
     Ok(())
 }

@@ -8,8 +8,10 @@ use clap::Args;
 use serde_json::json;
 use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
 
-use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
-use super::costs::cost_model;
+use treespec_engine::registry::MethodContext;
+
+use super::args::{MethodArgs, ModelArgs, SamplingArgs};
+use super::method_context::LoadedContext;
 use super::models::{ModelBytes, Models};
 
 /// Options of `treespec generate`.
@@ -55,18 +57,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let sampling = args.sampling.params()?;
     let models = Models::load(&args.models)?;
-    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
-        Some(tokenizer_id(&models.target)?)
-    } else {
-        None
-    };
-    let costs = if args.method.needs_costs(&args.method.method) {
-        let with_draft = args.models.draft.is_some();
-        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
-    } else {
-        None
-    };
-    let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
+    let context = LoadedContext::new(&models, &args.models, args.method.reprofile);
+    let method = args.method.spec().resolve(&context)?;
     let prompt = models.prompt_tokens(&text, args.chat)?;
     let ctx = models.target.options().ctx_size;
     if prompt.len() >= ctx {
@@ -105,12 +97,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         true
     })?;
 
-    if let (Some(path), Some(shared), Some(id)) =
-        (&args.method.suffix_history, method.suffix_shared(), tok_id)
-    {
+    if let (Some(path), Some(shared)) = (&args.method.knobs.suffix_history, method.suffix_shared()) {
         shared
             .history()
-            .save(path, id)
+            .save(path, context.tokenizer()?)
             .with_context(|| format!("saving the suffix history {}", path.display()))?;
     }
     let rest = stream.finish();

@@ -8,8 +8,13 @@ pub mod demo;
 pub mod draft;
 pub mod generate;
 pub mod inspect;
+pub mod method_context;
 pub mod models;
 pub mod ngram;
 pub mod profile;
 pub mod serve;
+pub mod spellings;
 pub mod threads;
+
+#[cfg(test)]
+mod parity;

@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use treespec_llama::LlamaModel;
+use treespec_engine::registry::{FixedContext, MethodContext};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
-use super::args::{tokenizer_id, MethodArgs, ModelArgs};
-use super::costs::cost_model;
+use super::args::{MethodArgs, ModelArgs};
+use super::method_context::LoadedContext;
 use super::models::Models;
 
 /// Options of `treespec serve`.
@@ -42,21 +42,22 @@ pub struct ServeArgs {
 /// Run `serve` until Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<()> {
     let options = args.models.load_options();
-    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
-        Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?)
-    } else {
-        None
+    let models = Models::load(&args.models)?;
+    let loaded = LoadedContext::new(&models, &args.models, args.method.reprofile);
+    let method = args.method.spec().resolve(&loaded)?;
+    // Requests may name any method: the tokenizer and the cost curves are ready for them.
+    let context = Arc::new(FixedContext {
+        tokenizer: Some(loaded.tokenizer()?),
+        costs: Some(loaded.costs()?),
+        suffix: None,
+    });
+    let config = LlamaConfig {
+        model: args.models.model.clone(),
+        draft: args.models.draft.clone(),
+        options,
+        method,
+        context,
     };
-    let costs = if args.method.needs_costs(&args.method.method) {
-        let models = Models::load(&args.models)?;
-        let with_draft = args.models.draft.is_some();
-        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
-    } else {
-        None
-    };
-    let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
-    let config =
-        LlamaConfig { model: args.models.model.clone(), draft: args.models.draft.clone(), options, method };
     let metrics = Arc::new(Metrics::default());
     let pool = EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?;
     let app = router(
