@@ -1,109 +1,57 @@
 //! The llama.cpp worker: owns one target context (and one draft context) on its thread, reused
 //! by every request (the generation loop starts each request from an empty cache).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
-use treespec_engine::{Drafter, EngineError, Method, TokenBytes};
-use treespec_llama::{check_compatible, LlamaLm, LlamaModel, LoadOptions};
-use treespec_text::{ChatMessage, ChatTemplate};
+use treespec_engine::{Drafter, EngineError, Method};
+use treespec_llama::runtime::Prompt;
+use treespec_llama::{LlamaLm, ModelRuntime};
+use treespec_text::ChatMessage;
 
 use crate::engine_thread::{run_generation, EnginePool, Event, RunError, Worker};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::validate::{JobSpec, Limits, PromptInput};
 
-/// What to load.
+/// What the workers run on: the models, loaded once by the caller (who may also have read the
+/// tokenizer fingerprint and the cost curves from the same runtime to build `method`), shared by
+/// every worker thread.
 #[derive(Debug, Clone)]
 pub struct LlamaConfig {
-    /// Target GGUF.
-    pub model: PathBuf,
-    /// Draft GGUF (may be the target file: then the weights are shared).
-    pub draft: Option<PathBuf>,
-    /// Load options for both.
-    pub options: LoadOptions,
+    /// The loaded target and draft.
+    pub runtime: Arc<ModelRuntime>,
     /// The method used when a request names none.
     pub method: Method,
 }
 
-/// The loaded models, shared by the worker threads (each makes its own contexts).
-pub struct LoadedModels {
-    target: LlamaModel,
-    draft: Option<LlamaModel>,
-    has_draft: bool,
-    template: ChatTemplate,
-    eos: Vec<TokenId>,
-}
-
-impl LoadedModels {
-    /// Load the target (and draft), check they are compatible, read the chat template.
-    pub fn load(config: &LlamaConfig) -> Result<Self> {
-        let target = LlamaModel::load(&config.model, config.options.clone())
-            .with_context(|| format!("loading target model {}", config.model.display()))?;
-        let mut draft = None;
-        if let Some(path) = &config.draft {
-            if !same_file(path, &config.model) {
-                let d = LlamaModel::load(path, config.options.clone())
-                    .with_context(|| format!("loading draft model {}", path.display()))?;
-                check_compatible(&d, &target)?;
-                draft = Some(d);
-            }
+/// Tokenize a request's prompt: chat messages through the model's template (only the template's
+/// markup yields special tokens, as in `treespec generate --chat`), raw text as is.
+pub fn prompt_tokens(
+    runtime: &ModelRuntime,
+    prompt: &PromptInput,
+) -> std::result::Result<Vec<TokenId>, ApiError> {
+    let tokens = match prompt {
+        PromptInput::Text(t) => runtime.prompt_tokens(Prompt::Text(t)),
+        PromptInput::Chat(msgs) => {
+            let msgs: Vec<ChatMessage> = msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect();
+            runtime.prompt_tokens(Prompt::Messages(&msgs))
         }
-        let template = target.compiled_chat_template()?;
-        let mut eos: Vec<TokenId> = [target.eos(), target.eot()].into_iter().flatten().collect();
-        eos.dedup();
-        Ok(Self { target, draft, has_draft: config.draft.is_some(), template, eos })
-    }
-
-    fn draft(&self) -> Option<&LlamaModel> {
-        self.has_draft.then(|| self.draft.as_ref().unwrap_or(&self.target))
-    }
-
-    /// The target and the draft (the target itself when the draft is the same file).
-    pub fn models(&self) -> (&LlamaModel, Option<&LlamaModel>) {
-        (&self.target, self.draft())
-    }
-
-    /// End-of-generation tokens of the target.
-    pub fn eos_tokens(&self) -> Vec<TokenId> {
-        self.eos.clone()
-    }
-
-    /// Tokenize a prompt: chat messages through the model's template (only the template's markup
-    /// yields special tokens, as in `treespec generate --chat`), raw text as is.
-    pub fn prompt_tokens(&self, prompt: &PromptInput) -> std::result::Result<Vec<TokenId>, ApiError> {
-        let m = &self.target;
-        match prompt {
-            PromptInput::Text(t) => m.text_prompt(t).map_err(|e| ApiError::internal(e.to_string())),
-            PromptInput::Chat(msgs) => {
-                let msgs: Vec<ChatMessage> =
-                    msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect();
-                m.chat_prompt(&self.template, &msgs).map_err(|e| match e {
-                    EngineError::InvalidRequest(e) => {
-                        ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
-                    }
-                    e => ApiError::internal(e.to_string()),
-                })
-            }
+    };
+    tokens.map_err(|e| match (e, prompt) {
+        (EngineError::InvalidRequest(e), PromptInput::Chat(_)) => {
+            ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
         }
-    }
-}
-
-/// Token → bytes through the model's vocabulary (special tokens render as nothing).
-pub struct ModelBytes<'a>(pub &'a LlamaModel);
-
-impl TokenBytes for ModelBytes<'_> {
-    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
-        self.0.token_to_bytes(token, false).unwrap_or_default()
-    }
+        (e, _) => ApiError::internal(e.to_string()),
+    })
 }
 
 /// One worker's contexts.
 pub struct LlamaWorker<'m> {
-    models: &'m LoadedModels,
+    runtime: &'m ModelRuntime,
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
     method: Method,
@@ -113,10 +61,10 @@ impl<'m> LlamaWorker<'m> {
     /// Make the contexts, and check that the default method builds: a request without a
     /// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
     /// fail every such request with a 400.
-    pub fn new(models: &'m LoadedModels, method: Method) -> Result<Self> {
-        let target = models.target.new_lm()?;
-        let draft = models.draft().map(|d| d.new_lm()).transpose()?;
-        let mut worker = Self { models, target, draft, method };
+    pub fn new(runtime: &'m ModelRuntime, method: Method) -> Result<Self> {
+        let target = runtime.target().new_lm()?;
+        let draft = runtime.draft().map(|d| d.new_lm()).transpose()?;
+        let mut worker = Self { runtime, target, draft, method };
         let name = worker.method.name();
         drafter(&worker.method, worker.draft.as_mut())
             .with_context(|| format!("the server's default method '{name}' is invalid"))?;
@@ -138,33 +86,34 @@ impl Worker for LlamaWorker<'_> {
         spec: &JobSpec,
         emit: &mut dyn FnMut(Event) -> bool,
     ) -> Result<(String, usize, DecodeStats), RunError> {
-        let prompt = self.models.prompt_tokens(&spec.prompt)?;
+        let prompt = prompt_tokens(self.runtime, &spec.prompt)?;
         let method = spec.method.as_ref().unwrap_or(&self.method);
         let mut drafter =
             drafter(method, self.draft.as_mut()).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
-        let bytes = ModelBytes(&self.models.target);
-        let eos = self.models.eos.clone();
+        let bytes = self.runtime.token_bytes();
+        let eos = self.runtime.eos_tokens().to_vec();
         run_generation(&mut self.target, drafter.as_mut(), method.name(), prompt, spec, eos, &bytes, emit)
     }
 }
 
 impl EnginePool {
-    /// Load the models and start `workers` threads (each with its own contexts) behind a queue of
-    /// `queue` waiting jobs.
+    /// Start `workers` threads on the loaded models (each with its own contexts) behind a queue of
+    /// `queue` waiting jobs. Loads nothing: the runtime's weights are shared.
     pub fn llama(config: LlamaConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Result<Self> {
-        if config.method.needs_draft() && config.draft.is_none() {
-            anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", config.method.name());
+        let LlamaConfig { runtime: models, method } = config;
+        if method.needs_draft() && !models.has_draft() {
+            anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name());
         }
-        let models = Arc::new(LoadedModels::load(&config)?);
+        // Every chat request needs the template: a broken one stops the server at start.
+        models.chat_template().context("compiling the model's chat template")?;
         let limits =
-            Limits { context: config.options.ctx_size, has_draft: models.has_draft, ..Limits::default() };
-        let id = model_id(&config.model);
+            Limits { context: models.options().ctx_size, has_draft: models.has_draft(), ..Limits::default() };
+        let id = model_id(&models.paths().model);
         let (pool, q) = EnginePool::new(queue, id, limits, metrics);
         // Make every worker's contexts before answering anything, so a failure shows at start.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         for i in 0..workers.max(1) {
-            let (q, models, method, ready) =
-                (q.clone(), models.clone(), config.method.clone(), ready_tx.clone());
+            let (q, models, method, ready) = (q.clone(), models.clone(), method.clone(), ready_tx.clone());
             std::thread::Builder::new().name(format!("treespec-engine-{i}")).spawn(move || {
                 match LlamaWorker::new(&models, method) {
                     Ok(mut w) => {
@@ -189,11 +138,4 @@ impl EnginePool {
 /// The id served for a model file: its file stem.
 pub fn model_id(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => a == b,
-    }
 }

@@ -16,7 +16,7 @@ use treespec_engine::drafters::{
     SequoiaConfig, StagedConfig, SuffixConfig, SuffixShared,
 };
 use treespec_engine::{Method, METHOD_NAMES};
-use treespec_llama::{LlamaModel, LoadOptions};
+use treespec_llama::LoadOptions;
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -424,18 +424,4 @@ impl MethodArgs {
             other => bail!("unknown method '{other}' (one of {})", METHOD_NAMES.join(", ")),
         })
     }
-}
-
-/// A fingerprint of a model's tokenizer: every token's text, hashed (FNV-1a), and the vocab size.
-/// Identifies which tokenizer an n-gram table was built with.
-pub fn tokenizer_id(model: &LlamaModel) -> Result<TokenizerId> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let n = model.vocab_size();
-    for t in 0..n as u32 {
-        for b in model.token_text(t)?.bytes().chain(std::iter::once(0xff)) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    Ok(TokenizerId { fingerprint: h, vocab: n as u32 })
 }

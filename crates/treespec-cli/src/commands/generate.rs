@@ -8,9 +8,10 @@ use clap::Args;
 use serde_json::json;
 use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
 
-use super::args::{tokenizer_id, MethodArgs, ModelArgs, SamplingArgs};
-use super::costs::cost_model;
-use super::models::{ModelBytes, Models};
+use treespec_llama::runtime::Prompt;
+
+use super::args::{MethodArgs, ModelArgs, SamplingArgs};
+use super::models::{load_runtime, method_inputs};
 
 /// Options of `treespec generate`.
 #[derive(Debug, Args)]
@@ -54,26 +55,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("-n must be at least 1");
     }
     let sampling = args.sampling.params()?;
-    let models = Models::load(&args.models)?;
-    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
-        Some(tokenizer_id(&models.target)?)
-    } else {
-        None
-    };
-    let costs = if args.method.needs_costs(&args.method.method) {
-        let with_draft = args.models.draft.is_some();
-        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
-    } else {
-        None
-    };
+    let models = load_runtime(&args.models)?;
+    let (tok_id, costs) = method_inputs(&models, &args.method, &[args.method.method.as_str()])?;
     let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
-    let prompt = models.prompt_tokens(&text, args.chat)?;
-    let ctx = models.target.options().ctx_size;
+    let prompt = models.prompt_tokens(Prompt::text_or_user(&text, args.chat))?;
+    let ctx = models.options().ctx_size;
     if prompt.len() >= ctx {
         bail!("the prompt is {} tokens long but the context holds {ctx} (raise --ctx)", prompt.len());
     }
 
-    let mut target = models.target.new_lm()?;
+    let mut target = models.target().new_lm()?;
     let draft = match (method.uses_draft(), models.draft()) {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
@@ -84,9 +75,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_new_tokens: args.n,
         sampling,
         seed: args.sampling.seed,
-        stop: StopConditions { eos: models.eos_tokens(), stop_strings: args.stop.clone() },
+        stop: StopConditions { eos: models.eos_tokens().to_vec(), stop_strings: args.stop.clone() },
     };
-    let bytes = ModelBytes(&models.target);
+    let bytes = models.token_bytes();
     // The same text stream as the server: whole characters only, stop strings cut and held back.
     let mut stream = TextStream::new(&args.stop);
     let mut full = String::new();

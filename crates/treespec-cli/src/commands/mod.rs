@@ -2,8 +2,8 @@
 
 pub mod args;
 pub mod bench;
+pub mod bound;
 pub mod calibrate;
-pub mod costs;
 pub mod demo;
 pub mod draft;
 pub mod generate;

@@ -4,12 +4,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use treespec_llama::LlamaModel;
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
-use super::args::{tokenizer_id, MethodArgs, ModelArgs};
-use super::costs::cost_model;
-use super::models::Models;
+use super::args::{MethodArgs, ModelArgs};
+use super::models::{load_runtime, method_inputs};
 
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
@@ -41,24 +39,14 @@ pub struct ServeArgs {
 
 /// Run `serve` until Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let options = args.models.load_options();
-    let tok_id = if args.method.needs_tokenizer(&args.method.method) {
-        Some(tokenizer_id(&LlamaModel::load(&args.models.model, options.clone())?)?)
-    } else {
-        None
-    };
-    let costs = if args.method.needs_costs(&args.method.method) {
-        let models = Models::load(&args.models)?;
-        let with_draft = args.models.draft.is_some();
-        Some(cost_model(&args.models, &models, with_draft, args.method.reprofile)?)
-    } else {
-        None
-    };
+    // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
+    let runtime = Arc::new(load_runtime(&args.models)?);
+    let (tok_id, costs) = method_inputs(&runtime, &args.method, &[args.method.method.as_str()])?;
     let method = args.method.method(&args.method.method, tok_id, costs.as_ref())?;
-    let config =
-        LlamaConfig { model: args.models.model.clone(), draft: args.models.draft.clone(), options, method };
     let metrics = Arc::new(Metrics::default());
+    let config = LlamaConfig { runtime, method };
     let pool = EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?;
+    eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
     let app = router(
         Arc::new(pool),
         metrics,
