@@ -33,7 +33,7 @@ enum Command {
     /// Measure the target-forward cost curve T(n) on this machine.
     Profile(commands::profile::ProfileArgs),
     /// The best speed-up any draft chain can reach on this machine's measured cost curves.
-    Bound(Box<commands::costs::BoundArgs>),
+    Bound(Box<commands::bound::BoundArgs>),
     /// Write cheaper draft models (requantized, or layer-dropped from the target).
     Draft(commands::draft::DraftArgs),
     /// OpenAI-compatible HTTP server that decodes speculatively.
@@ -61,7 +61,7 @@ fn main() {
         Command::Bench(args) => commands::bench::run(*args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Draft(args) => commands::draft::run(args),
-        Command::Bound(args) => commands::costs::bound(*args),
+        Command::Bound(args) => commands::bound::bound(*args),
         Command::Ngram(args) => commands::ngram::run(args),
         Command::Calibrate(args) => commands::calibrate::calibrate(*args),
         Command::Disco(DiscoArgs { command: DiscoCommand::Train(args) }) => {

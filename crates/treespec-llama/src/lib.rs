@@ -4,7 +4,9 @@
 //! unsupported files); [`LlamaModel::new_lm`] makes a [`LlamaLm`], which implements
 //! [`treespec_engine::CausalLm`] by mapping token trees onto sequence ids of llama.cpp's unified
 //! KV cache (see `kv.rs`). The model also carries the tokenizer and metadata helpers the CLI needs,
-//! and [`check_compatible`] tells whether a draft model can draft for a target.
+//! and [`check_compatible`] tells whether a draft model can draft for a target. [`ModelRuntime`]
+//! (`runtime/`) is what the CLI, the benchmark and the server load: the pair, loaded once, with
+//! prompts, token text, the tokenizer fingerprint and the measured cost curves derived from it.
 //!
 //! Environment: `TREESPEC_LLAMA_LOG=1` shows llama.cpp's own log on stderr (quiet otherwise).
 //! Exact mode ([`LoadOptions::exact`]) sets `GGML_CPU_TILED_MM=0` for the process; see `load.rs`.
@@ -20,6 +22,7 @@ mod meta;
 mod precheck;
 mod prompt;
 mod quantize;
+pub mod runtime;
 mod threads;
 mod vocab;
 
@@ -27,9 +30,10 @@ pub use backend::LOG_ENV;
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use lm::LlamaLm;
-pub use load::{LlamaModel, LoadOptions, MAX_PATHS};
+pub use load::{models_loaded, LlamaModel, LoadOptions, MAX_PATHS};
 pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};
 pub use quantize::{write_draft, DraftOptions, DraftType};
+pub use runtime::{tokenizer_id, ModelBytes, ModelPaths, ModelRuntime};
 pub use threads::{available_cores, effective_threads};

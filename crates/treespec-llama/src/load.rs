@@ -21,7 +21,7 @@
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use treespec_engine::{EngineError, Result};
 
@@ -134,6 +134,16 @@ unsafe impl Sync for RawModel {}
 /// Set once any context has decoded: from then on ggml has read `GGML_CPU_TILED_MM`.
 pub(crate) static DECODED: AtomicBool = AtomicBool::new(false);
 
+/// Models loaded by [`LlamaModel::load`] in this process (see [`models_loaded`]).
+static MODELS_LOADED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many models [`LlamaModel::load`] has loaded in this process so far (failed loads do not
+/// count). A diagnostic: loading a GGUF file maps and reads gigabytes, so the runtime promises to
+/// load each file once, and `treespec serve` and the tests check that promise with this counter.
+pub fn models_loaded() -> usize {
+    MODELS_LOADED.load(Ordering::Relaxed)
+}
+
 /// Environment variable ggml reads (once per process) to enable its tiled K-quant matmul.
 const TILED_ENV: &str = "GGML_CPU_TILED_MM";
 
@@ -194,6 +204,7 @@ impl LlamaModel {
         };
         // SAFETY: fresh pointer from llama_model_load_from_file, owned by nobody else.
         let inner = unsafe { wrap_raw_model(raw) };
+        MODELS_LOADED.fetch_add(1, Ordering::Relaxed);
         Ok(Self {
             inner,
             raw: RawModel(raw),

@@ -13,7 +13,7 @@ use async_openai::types::{ChatCompletionRequestUserMessageArgs, CreateChatComple
 use async_openai::Client;
 use futures_util::StreamExt;
 use treespec_engine::Method;
-use treespec_llama::LoadOptions;
+use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
 const CLIENTS: usize = 16;
@@ -30,8 +30,8 @@ async fn sixteen_streaming_clients() {
         _ => Method::Chain { k: 3 },
     };
     let options = LoadOptions { threads, ctx_size: 1024, ..LoadOptions::default() };
-    let context = std::sync::Arc::new(treespec_engine::registry::FixedContext::default());
-    let config = LlamaConfig { model: path.clone(), draft: Some(path), options, method, context };
+    let runtime = ModelRuntime::load(ModelPaths::new(path.clone(), Some(path)), options).unwrap();
+    let config = LlamaConfig { runtime: Arc::new(runtime), method };
     let metrics = Arc::new(Metrics::default());
     let pool = Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap());
     let app = router(pool, metrics.clone(), ServerConfig::default());

@@ -4,11 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use treespec_core::ngram::TokenizerId;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
-use treespec_llama::{LlamaModel, LoadOptions};
+use treespec_llama::LoadOptions;
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -106,18 +105,4 @@ impl MethodArgs {
     pub fn spec(&self) -> MethodSpec {
         MethodSpec { method: self.method, knobs: self.knobs.clone() }
     }
-}
-
-/// A fingerprint of a model's tokenizer: every token's text, hashed (FNV-1a), and the vocab size.
-/// Identifies which tokenizer an n-gram table was built with.
-pub fn tokenizer_id(model: &LlamaModel) -> Result<TokenizerId> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let n = model.vocab_size();
-    for t in 0..n as u32 {
-        for b in model.token_text(t)?.bytes().chain(std::iter::once(0xff)) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    Ok(TokenizerId { fingerprint: h, vocab: n as u32 })
 }

@@ -19,11 +19,11 @@ use treespec_core::TokenId;
 use treespec_engine::auto_budget::CostModel;
 use treespec_engine::registry::{FixedContext, MethodContext};
 use treespec_engine::{CausalLm, Method, MethodKind, MethodSpec, StopConditions, METHOD_NAMES};
-use treespec_llama::LlamaLm;
+use treespec_llama::runtime::Prompt as PromptText;
+use treespec_llama::{LlamaLm, ModelRuntime};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
-use super::method_context::LoadedContext;
-use super::models::Models;
+use super::models::load_runtime;
 
 /// The prompt set used when `--prompts` is not given (relative to the repository root).
 pub const DEFAULT_PROMPTS: &str = "../shared/data/spec-bench/question.jsonl";
@@ -265,17 +265,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (out, machine, methods, options)
         }
         Some(margs) => {
-            let models = Models::load(margs)?;
+            let models = load_runtime(margs)?;
             if let Some(path) = &args.dump_prompts {
                 return dump_prompts(&models, &prompts, chat, path);
             }
-            let context = LoadedContext::new(&models, margs, args.method.reprofile);
-            let methods = bench_methods(&base, &kinds, &context)?;
+            if args.method.reprofile && kinds.iter().any(|&k| base.with_method(k).needs_costs()) {
+                models.cost_model(models.has_draft(), true)?;
+            }
+            let methods = bench_methods(&base, &kinds, &models)?;
             let mut files = vec![ModelFile::new("target", &margs.model)];
             if let Some(d) = &margs.draft {
                 files.push(ModelFile::new("draft", d));
             }
-            let threads = models.target.options().threads;
+            let threads = models.options().threads;
             let mut backend = LlamaBackend::new(&models, chat)?;
             let machine = MachineInfo::collect(threads, files);
             let out = run_bench(&mut backend, &prompts, &make_cfg(methods.clone()))?;
@@ -341,12 +343,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
 /// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
 /// the special tokens written out, so that another tool tokenizing it (special tokens parsed)
 /// decodes after the same prompt.
-fn dump_prompts(models: &Models, prompts: &[Prompt], chat: bool, path: &Path) -> Result<()> {
+fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path: &Path) -> Result<()> {
     let mut out = String::new();
     for p in prompts {
         let mut bytes = Vec::new();
-        for t in models.prompt_tokens(&p.text, chat)? {
-            bytes.extend(models.target.token_to_bytes(t, true)?);
+        for t in models.prompt_tokens(PromptText::text_or_user(&p.text, chat))? {
+            bytes.extend(models.target().token_to_bytes(t, true)?);
         }
         let text = String::from_utf8_lossy(&bytes);
         out.push_str(&json!({ "id": p.id, "category": p.category, "text": text }).to_string());
@@ -390,15 +392,15 @@ fn spec_json(spec: &MethodSpec) -> String {
 /// The llama.cpp models behind the runner's seam: one target context and one draft context,
 /// made once and reused by every run (`generate` and the drafters truncate them at the start).
 struct LlamaBackend<'m> {
-    models: &'m Models,
+    models: &'m ModelRuntime,
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
     chat: bool,
 }
 
 impl<'m> LlamaBackend<'m> {
-    fn new(models: &'m Models, chat: bool) -> Result<Self> {
-        let target = models.target.new_lm()?;
+    fn new(models: &'m ModelRuntime, chat: bool) -> Result<Self> {
+        let target = models.target().new_lm()?;
         let draft = models.draft().map(|d| d.new_lm()).transpose()?;
         Ok(Self { models, target, draft, chat })
     }
@@ -406,13 +408,13 @@ impl<'m> LlamaBackend<'m> {
 
 impl Backend for LlamaBackend<'_> {
     fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>> {
-        self.models.prompt_tokens(&prompt.text, self.chat)
+        Ok(self.models.prompt_tokens(PromptText::text_or_user(&prompt.text, self.chat))?)
     }
     fn context_size(&self) -> usize {
         self.target.context_size()
     }
     fn stop(&self) -> StopConditions {
-        StopConditions { eos: self.models.eos_tokens(), stop_strings: Vec::new() }
+        StopConditions { eos: self.models.eos_tokens().to_vec(), stop_strings: Vec::new() }
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
         // `auto` uses a draft model when one is given and does without otherwise.

@@ -15,9 +15,11 @@ use treespec_core::disco::DiscoModel;
 use treespec_core::sampling::Sampler;
 use treespec_core::TokenId;
 use treespec_engine::calibrate::{collect_training_data, measure_acceptance};
+use treespec_llama::runtime::Prompt;
+use treespec_llama::ModelRuntime;
 
 use super::args::{ModelArgs, SamplingArgs};
-use super::models::Models;
+use super::models::load_runtime;
 
 /// Which prompts to measure on.
 #[derive(Debug, Clone, Args)]
@@ -37,11 +39,11 @@ pub struct PromptSetArgs {
 }
 
 impl PromptSetArgs {
-    fn tokens(&self, models: &Models) -> Result<Vec<Vec<TokenId>>> {
+    fn tokens(&self, models: &ModelRuntime) -> Result<Vec<Vec<TokenId>>> {
         let all = load_prompts(&self.prompts)?;
         let sel =
             Selection { categories: self.categories.clone(), per_category: None, limit: Some(self.limit) };
-        select(&all, &sel)?.iter().map(|p| models.prompt_tokens(&p.text, true)).collect()
+        select(&all, &sel)?.iter().map(|p| Ok(models.prompt_tokens(Prompt::User(&p.text))?)).collect()
     }
 }
 
@@ -64,11 +66,11 @@ pub struct CalibrateArgs {
 
 /// Run `calibrate`.
 pub fn calibrate(args: CalibrateArgs) -> Result<()> {
-    let models = Models::load(&args.models)?;
+    let models = load_runtime(&args.models)?;
     let Some(draft_model) = models.draft() else { bail!("calibrate needs a draft model (--draft FILE)") };
     let prompts = args.prompts.tokens(&models)?;
     let sampler = Sampler::new(args.sampling.params()?)?;
-    let mut target = models.target.new_lm()?;
+    let mut target = models.target().new_lm()?;
     let mut draft = draft_model.new_lm()?;
     let v = measure_acceptance(
         &mut target,
@@ -112,10 +114,10 @@ pub struct DiscoTrainArgs {
 
 /// Run `disco train`.
 pub fn disco_train(args: DiscoTrainArgs) -> Result<()> {
-    let models = Models::load(&args.models)?;
+    let models = load_runtime(&args.models)?;
     let Some(draft_model) = models.draft() else { bail!("disco train needs a draft model (--draft FILE)") };
     let prompts = args.prompts.tokens(&models)?;
-    let mut target = models.target.new_lm()?;
+    let mut target = models.target().new_lm()?;
     let mut draft = draft_model.new_lm()?;
     let data = collect_training_data(&mut target, &mut draft, &prompts, args.prompts.n, args.max_tokens)?;
     if data.is_empty() {

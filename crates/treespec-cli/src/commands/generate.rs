@@ -8,11 +8,10 @@ use clap::Args;
 use serde_json::json;
 use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
 
-use treespec_engine::registry::MethodContext;
+use treespec_llama::runtime::Prompt;
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
-use super::method_context::LoadedContext;
-use super::models::{ModelBytes, Models};
+use super::models::{load_runtime, resolve};
 
 /// Options of `treespec generate`.
 #[derive(Debug, Args)]
@@ -56,16 +55,15 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("-n must be at least 1");
     }
     let sampling = args.sampling.params()?;
-    let models = Models::load(&args.models)?;
-    let context = LoadedContext::new(&models, &args.models, args.method.reprofile);
-    let method = args.method.spec().resolve(&context)?;
-    let prompt = models.prompt_tokens(&text, args.chat)?;
-    let ctx = models.target.options().ctx_size;
+    let models = load_runtime(&args.models)?;
+    let method = resolve(&models, &args.method.spec(), args.method.reprofile)?;
+    let prompt = models.prompt_tokens(Prompt::text_or_user(&text, args.chat))?;
+    let ctx = models.options().ctx_size;
     if prompt.len() >= ctx {
         bail!("the prompt is {} tokens long but the context holds {ctx} (raise --ctx)", prompt.len());
     }
 
-    let mut target = models.target.new_lm()?;
+    let mut target = models.target().new_lm()?;
     let draft = match (method.uses_draft(), models.draft()) {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
@@ -76,9 +74,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_new_tokens: args.n,
         sampling,
         seed: args.sampling.seed,
-        stop: StopConditions { eos: models.eos_tokens(), stop_strings: args.stop.clone() },
+        stop: StopConditions { eos: models.eos_tokens().to_vec(), stop_strings: args.stop.clone() },
     };
-    let bytes = ModelBytes(&models.target);
+    let bytes = models.token_bytes();
     // The same text stream as the server: whole characters only, stop strings cut and held back.
     let mut stream = TextStream::new(&args.stop);
     let mut full = String::new();
@@ -100,7 +98,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if let (Some(path), Some(shared)) = (&args.method.knobs.suffix_history, method.suffix_shared()) {
         shared
             .history()
-            .save(path, context.tokenizer()?)
+            .save(path, models.tokenizer_id()?)
             .with_context(|| format!("saving the suffix history {}", path.display()))?;
     }
     let rest = stream.finish();

@@ -2,13 +2,12 @@
 
 pub mod args;
 pub mod bench;
+pub mod bound;
 pub mod calibrate;
-pub mod costs;
 pub mod demo;
 pub mod draft;
 pub mod generate;
 pub mod inspect;
-pub mod method_context;
 pub mod models;
 pub mod ngram;
 pub mod profile;

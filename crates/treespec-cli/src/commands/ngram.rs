@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use treespec_core::ngram::NgramTable;
-use treespec_llama::{LlamaModel, LoadOptions};
-
-use super::args::tokenizer_id;
+use treespec_llama::{tokenizer_id, LlamaModel, LoadOptions};
 
 /// `treespec ngram …`.
 #[derive(Debug, Args)]

@@ -3,11 +3,11 @@
 //! far from flat and has steps (kernels change with batch size), which is what tree budgeting
 //! has to respect.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use treespec_engine::auto_budget::{time_forwards, ProfileSpec};
-use treespec_llama::LlamaModel;
+use treespec_llama::{ModelPaths, ModelRuntime};
 
 use super::args::ModelArgs;
 
@@ -43,8 +43,10 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     if args.prefix + args.max_n >= args.models.ctx {
         bail!("--prefix + --max-n must fit the context (--ctx {})", args.models.ctx);
     }
-    let model = LlamaModel::load(&args.models.model, args.models.load_options())
-        .with_context(|| format!("loading {}", args.models.model.display()))?;
+    // The target only: a draft given on the command line is not profiled here.
+    let paths = ModelPaths::new(args.models.model.clone(), None);
+    let runtime = ModelRuntime::load(paths, args.models.load_options())?;
+    let model = runtime.target();
     let sizes: Vec<usize> = (1..=args.max_n).collect();
     let spec =
         ProfileSpec { sizes: &sizes, repeat: args.repeat, prefix: args.prefix, last_only: args.last_only };

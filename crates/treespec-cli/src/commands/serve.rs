@@ -4,12 +4,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use treespec_engine::registry::{FixedContext, MethodContext};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
 use super::args::{MethodArgs, ModelArgs};
-use super::method_context::LoadedContext;
-use super::models::Models;
+use super::models::{load_runtime, resolve};
 
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
@@ -41,25 +39,13 @@ pub struct ServeArgs {
 
 /// Run `serve` until Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let options = args.models.load_options();
-    let models = Models::load(&args.models)?;
-    let loaded = LoadedContext::new(&models, &args.models, args.method.reprofile);
-    let method = args.method.spec().resolve(&loaded)?;
-    // Requests may name any method: the tokenizer and the cost curves are ready for them.
-    let context = Arc::new(FixedContext {
-        tokenizer: Some(loaded.tokenizer()?),
-        costs: Some(loaded.costs()?),
-        suffix: None,
-    });
-    let config = LlamaConfig {
-        model: args.models.model.clone(),
-        draft: args.models.draft.clone(),
-        options,
-        method,
-        context,
-    };
+    // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
+    let runtime = Arc::new(load_runtime(&args.models)?);
+    let method = resolve(&runtime, &args.method.spec(), args.method.reprofile)?;
     let metrics = Arc::new(Metrics::default());
+    let config = LlamaConfig { runtime, method };
     let pool = EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?;
+    eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
     let app = router(
         Arc::new(pool),
         metrics,

@@ -54,17 +54,22 @@ pub fn binary() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_treespec")), PathBuf::from)
 }
 
-/// Run `treespec ARGS`, killed after `limit`. OpenMP threads wait passively, since tests run in
-/// parallel.
-pub fn treespec(args: &[&str], limit: Duration) -> Run {
-    let mut child = Command::new(binary())
-        .args(args)
+/// `treespec ARGS` with no input and its output piped. OpenMP threads wait passively, since tests
+/// run in parallel.
+pub fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(binary());
+    c.args(args)
         .env("OMP_WAIT_POLICY", "passive")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Run `treespec ARGS`, killed after `limit`. OpenMP threads wait passively, since tests run in
+/// parallel.
+pub fn treespec(args: &[&str], limit: Duration) -> Run {
+    let mut child = command(args).spawn().unwrap();
     let start = Instant::now();
     let mut timed_out = false;
     while child.try_wait().unwrap().is_none() {

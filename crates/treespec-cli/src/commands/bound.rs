@@ -1,0 +1,60 @@
+//! `treespec bound`: the best speed-up any chain of drafted tokens can reach on this machine's
+//! measured cost curves (the runtime's, cached per model file; see `treespec_llama::runtime`).
+
+use anyhow::Result;
+
+use super::args::ModelArgs;
+use super::models::load_runtime;
+
+/// Options of `treespec bound`.
+#[derive(Debug, clap::Args)]
+pub struct BoundArgs {
+    #[command(flatten)]
+    pub models: ModelArgs,
+    /// Measured acceptance per depth (the last value repeats deeper), e.g. from a bench report's
+    /// "accept rate by depth".
+    #[arg(long, value_delimiter = ',', default_value = "0.8")]
+    pub acceptance: Vec<f64>,
+    /// Longest chain considered.
+    #[arg(long = "max-k", default_value_t = 16)]
+    pub max_k: usize,
+    /// Re-measure the cost curves instead of reading the cache.
+    #[arg(long)]
+    pub reprofile: bool,
+}
+
+/// `treespec bound`: the best tokens/s any chain of drafted tokens can reach on this machine's
+/// measured cost curves, for the measured acceptance and for perfect acceptance, with the draft
+/// model's cost and with a free draft (prompt lookup). A tree does no better than its best path
+/// plus the extra rows it pays for, so when no chain beats plain decoding here, no tree does.
+pub fn bound(args: BoundArgs) -> Result<()> {
+    if args.acceptance.iter().any(|a| !(0.0..=1.0).contains(a)) {
+        anyhow::bail!("--acceptance values must be in [0, 1]");
+    }
+    let runtime = load_runtime(&args.models)?;
+    let costs = runtime.cost_model(runtime.has_draft(), args.reprofile)?;
+    let t1 = costs.target.ms(1);
+    println!("target T(1) = {t1:.1} ms: plain decoding {:.1} tok/s", 1e3 / t1);
+    let mut drafts = vec![("free draft (lookup)", 0.0)];
+    if let Some(d) = &costs.draft {
+        println!("draft  T(1) = {:.1} ms ({:.0}% of a target step)", d.ms(1), 100.0 * d.ms(1) / t1);
+        drafts.push(("draft model", d.ms(1)));
+    }
+    println!("\n| draft | acceptance | best k | tokens/step | ms/step | tok/s | vs plain |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for (name, draft_ms) in drafts {
+        for (label, acc) in [("measured", args.acceptance.clone()), ("perfect", vec![1.0])] {
+            let rows = treespec_core::budget::chain_bound(&costs.target, draft_ms, &acc, args.max_k);
+            let best = rows.iter().max_by(|a, b| a.3.total_cmp(&b.3)).expect("k = 0 is always there");
+            println!(
+                "| {name} | {label} | {} | {:.2} | {:.1} | {:.1} | {:.2}× |",
+                best.0,
+                best.1,
+                best.2,
+                best.3 * 1e3,
+                best.3 * t1
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! One model runtime for the CLI, the benchmark and the server.
+//!
+//! Every entry point needs the same things from a target/draft pair: the loaded weights, the end
+//! tokens, the chat template, prompts as tokens, token text, the tokenizer fingerprint (n-gram
+//! tables and suffix histories are stamped with it) and the measured cost curves (`--budget auto`,
+//! `--method auto`). [`ModelRuntime`] loads each file once and derives the rest from the loaded
+//! models, the expensive parts (fingerprint, curves) lazily and at most once, so a command that
+//! needs several of them does not load a model per need: `treespec serve` used to load its target
+//! up to three times before answering a request.
+//!
+//! A runtime is `Send + Sync`: the server keeps one `Arc<ModelRuntime>` for all its worker threads,
+//! each making its own contexts ([`LlamaModel::new_lm`]) on the shared weights. That is sound
+//! because a loaded llama.cpp model is immutable (llama-cpp-2 declares its model `Send + Sync`,
+//! and `load.rs` makes the same claim for its copy of the pointer); the lazy parts sit behind a
+//! `OnceLock` or a `Mutex`.
+//!
+//! Errors are `anyhow` here, unlike the rest of the crate: this is the application layer, and its
+//! errors carry context (which file, which step) for the CLI and the server to print; the prompt
+//! path keeps [`treespec_engine::EngineError`] so the server can tell a refused chat from a bug.
+
+mod costs;
+mod fingerprint;
+mod models;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::Result;
+use treespec_core::ngram::TokenizerId;
+use treespec_core::TokenId;
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::EngineError;
+use treespec_text::{ChatMessage, ChatTemplate};
+
+pub use costs::default_cache_dir;
+pub use fingerprint::tokenizer_id;
+pub use models::{ModelBytes, ModelPaths, Prompt};
+
+use crate::load::{LlamaModel, LoadOptions};
+use costs::CostCache;
+use models::{eos_tokens, ModelPair};
+
+/// A loaded target (and draft) with everything derived from them; see the module documentation.
+#[derive(Debug)]
+pub struct ModelRuntime {
+    paths: ModelPaths,
+    pair: ModelPair,
+    eos: Vec<TokenId>,
+    /// Compiled on first use: a raw-text command must not fail on a template it never renders.
+    /// The error is kept as text (an `EngineError` is not `Clone`).
+    template: OnceLock<std::result::Result<ChatTemplate, String>>,
+    tokenizer: OnceLock<TokenizerId>,
+    costs: CostCache,
+}
+
+// The server shares one runtime across its worker threads.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<ModelRuntime>();
+};
+
+impl ModelRuntime {
+    /// Load the target and the draft (the target's weights when the draft is the same file,
+    /// symlinks included), checking that the draft can draft for the target. Cost curves are
+    /// cached under [`default_cache_dir`]; see [`Self::with_cost_cache_dir`].
+    pub fn load(paths: ModelPaths, options: LoadOptions) -> Result<Self> {
+        let pair = ModelPair::load(&paths, &options)?;
+        let eos = eos_tokens(&pair.target);
+        Ok(Self {
+            paths,
+            pair,
+            eos,
+            template: OnceLock::new(),
+            tokenizer: OnceLock::new(),
+            costs: CostCache::new(default_cache_dir()),
+        })
+    }
+
+    /// Keep the cost-curve files under `dir` instead (None: never read or write them).
+    pub fn with_cost_cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.costs = CostCache::new(dir);
+        self
+    }
+
+    /// The files this runtime loaded.
+    pub fn paths(&self) -> &ModelPaths {
+        &self.paths
+    }
+
+    /// The options both models were loaded with (contexts use them too).
+    pub fn options(&self) -> &LoadOptions {
+        self.pair.target.options()
+    }
+
+    /// The target model.
+    pub fn target(&self) -> &LlamaModel {
+        &self.pair.target
+    }
+
+    /// The draft model, if one was given: the target itself when it is the same file.
+    pub fn draft(&self) -> Option<&LlamaModel> {
+        self.pair.draft()
+    }
+
+    /// Whether a draft was given.
+    pub fn has_draft(&self) -> bool {
+        self.pair.draft().is_some()
+    }
+
+    /// End-of-generation tokens of the target.
+    pub fn eos_tokens(&self) -> &[TokenId] {
+        &self.eos
+    }
+
+    /// The target's chat template, compiled with its BOS/EOS texts on first use.
+    pub fn chat_template(&self) -> treespec_engine::Result<&ChatTemplate> {
+        let compiled = self
+            .template
+            .get_or_init(|| self.pair.target.compiled_chat_template().map_err(|e| e.to_string()));
+        compiled.as_ref().map_err(|e| EngineError::InvalidRequest(e.clone()))
+    }
+
+    /// Tokenize a prompt for the target. Chat prompts go through [`LlamaModel::chat_prompt`]: only
+    /// the template's markup yields special tokens, so the CLI's `--chat` and the server's messages
+    /// mean the same tokens. A template refusing the messages is an
+    /// [`EngineError::InvalidRequest`].
+    pub fn prompt_tokens(&self, prompt: Prompt<'_>) -> treespec_engine::Result<Vec<TokenId>> {
+        let target = &self.pair.target;
+        match prompt {
+            Prompt::Text(text) => target.text_prompt(text),
+            Prompt::User(text) => {
+                target.chat_prompt(self.chat_template()?, &[ChatMessage::new("user", text)])
+            }
+            Prompt::Messages(messages) => target.chat_prompt(self.chat_template()?, messages),
+        }
+    }
+
+    /// Token → bytes through the target's vocabulary.
+    pub fn token_bytes(&self) -> ModelBytes<'_> {
+        ModelBytes(&self.pair.target)
+    }
+
+    /// The target's tokenizer fingerprint ([`tokenizer_id`]), computed on first use.
+    pub fn tokenizer_id(&self) -> Result<TokenizerId> {
+        if let Some(id) = self.tokenizer.get() {
+            return Ok(*id);
+        }
+        let id = tokenizer_id(&self.pair.target)?;
+        Ok(*self.tokenizer.get_or_init(|| id))
+    }
+
+    /// The measured cost model: the target's curve, and the draft's when `with_draft` and a draft
+    /// was given. Read from the disk cache or profiled (seconds) on first need, then held;
+    /// `reprofile` ignores the disk cache (a curve already profiled by this runtime is reused).
+    pub fn cost_model(&self, with_draft: bool, reprofile: bool) -> Result<CostModel> {
+        self.costs.cost_model(&self.pair, &self.paths, with_draft, reprofile)
+    }
+}
+
+/// The loaded pair is what resolving a method asks about: the fingerprint and the cost curves
+/// (the draft's too when a draft is loaded), each computed on the first method that needs it.
+impl treespec_engine::registry::MethodContext for ModelRuntime {
+    fn tokenizer(&self) -> treespec_engine::Result<TokenizerId> {
+        self.tokenizer_id().map_err(|e| EngineError::Backend(format!("{e:#}")))
+    }
+
+    fn costs(&self) -> treespec_engine::Result<CostModel> {
+        self.cost_model(self.has_draft(), false).map_err(|e| EngineError::Backend(format!("{e:#}")))
+    }
+}
