@@ -18,9 +18,9 @@ impl std::fmt::Debug for TokenMask {
 }
 
 impl TokenMask {
-    fn from_vob(mut bits: SimpleVob, size: usize) -> Self {
-        // llguidance sizes masks to the trie; keep them exactly vocabulary-sized.
-        bits.resize(size);
+    fn from_vob(bits: SimpleVob, size: usize) -> Self {
+        // llguidance allocates every mask from the trie, whose size is the vocabulary's.
+        debug_assert_eq!(bits.len(), size);
         Self { bits }
     }
 

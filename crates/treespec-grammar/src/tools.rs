@@ -20,8 +20,8 @@ use crate::{GrammarError, GrammarSpec};
 pub struct ToolFunction {
     /// `function.name`.
     pub name: String,
-    /// `function.parameters`, a JSON schema for the arguments object (`{"type":"object"}`
-    /// when the tool gives none: a function without parameters takes `{}`).
+    /// `function.parameters`, a JSON schema for the arguments object. A tool without
+    /// parameters takes exactly `{}` (an object with no properties and no extra keys).
     pub parameters: Value,
 }
 
@@ -58,11 +58,16 @@ impl ToolFunction {
             if out.iter().any(|f| f.name == name) {
                 return Err(bad(format!("tools[{i}]: duplicate function name {name:?}")));
             }
-            let parameters = function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+            let parameters = function.get("parameters").cloned().unwrap_or_else(no_parameters);
             out.push(ToolFunction { name: name.to_string(), parameters });
         }
         Ok(out)
     }
+}
+
+/// The schema of a function that takes no arguments: `{}` only.
+fn no_parameters() -> Value {
+    json!({"type": "object", "properties": {}, "additionalProperties": false})
 }
 
 impl ToolChoice {

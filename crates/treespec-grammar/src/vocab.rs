@@ -171,6 +171,12 @@ impl Vocabulary {
         String::from_utf8_lossy(&self.env.tok_trie().decode_ext(tokens, false)).into_owned()
     }
 
+    /// Longest-match tokenization of `bytes` through the trie (the default split of forced
+    /// text; also a fallback for a custom tokenizer on bytes it cannot take).
+    pub fn greedy_tokenize(&self, bytes: &[u8]) -> Vec<TokenId> {
+        self.env.tok_trie().greedy_tokenize(bytes)
+    }
+
     pub(crate) fn factory(&self) -> &ParserFactory {
         &self.factory
     }
