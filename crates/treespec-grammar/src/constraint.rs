@@ -218,6 +218,27 @@ impl Constraint {
         if !self.is_allowed(token)? {
             return Err(GrammarError::Rejected { token });
         }
+        self.take(token)
+    }
+
+    /// Take tokens the caller has already checked against the masks of the states they pass
+    /// through (e.g. the accepted path of a verified draft tree, whose masks the verifier
+    /// computed): no mask is computed, only llguidance's cheap byte-level check, which refuses
+    /// (state unchanged from that token on) what the grammar cannot take at all. Taking a token
+    /// outside its mask this way leaves the output valid for the grammar but off the
+    /// constrained distribution, so use it only for checked tokens.
+    pub fn commit(&mut self, tokens: &[TokenId]) -> Result<(), GrammarError> {
+        for &token in tokens {
+            if !self.could_follow(token) {
+                return Err(GrammarError::Rejected { token });
+            }
+            self.take(token)?;
+        }
+        Ok(())
+    }
+
+    /// Move past an allowed `token`.
+    fn take(&mut self, token: TokenId) -> Result<(), GrammarError> {
         if self.matcher.is_stopped() {
             // Only EOS is allowed here and llguidance takes nothing more: hold it ourselves.
             self.end = Some(End::Held);

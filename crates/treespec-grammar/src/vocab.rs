@@ -67,12 +67,11 @@ impl TokenizerEnv for Env {
 /// one required key), llguidance splits them into tokens and the mask then allows only the
 /// first of those tokens, keeping the model on one tokenization of the fixed text. Those are
 /// the [`Constraint::forced_tokens`](crate::Constraint::forced_tokens), free drafts with
-/// acceptance 1. The split is greedy longest-match by default; [`with_tokenizer`]
-/// (Self::with_tokenizer) plugs in the model's tokenizer, [`without_forcing`]
-/// (Self::without_forcing) turns forcing off (pure byte-level masks). The choice changes the
-/// constrained target distribution, so plain and speculative decoding of one request must use
-/// the same `Vocabulary` to stay comparable (they do when both build on one [`Grammar`]
-/// (crate::Grammar)).
+/// acceptance 1. The split is greedy longest-match by default;
+/// [`with_tokenizer`](Self::with_tokenizer) plugs in the model's tokenizer and
+/// [`without_forcing`](Self::without_forcing) turns forcing off (pure byte-level masks, no
+/// forced tokens). The choice is part of the constrained target distribution: speculative
+/// decoding is lossless against plain constrained decoding with the same `Vocabulary`.
 #[derive(Clone)]
 pub struct Vocabulary {
     env: TokEnv,

@@ -249,3 +249,24 @@ fn bad_specs_are_errors_naming_the_problem() {
     assert!(Vocabulary::new(&[b"a".to_vec()], &[3], &[]).is_err());
     assert!(Vocabulary::new(&[b"a".to_vec()], &[], &[]).is_err());
 }
+
+#[test]
+fn commit_replays_checked_tokens_without_masks() {
+    let (vocab, eos) = toy_vocab();
+    let grammar = GrammarSpec::JsonSchema(schema()).compile(&vocab).unwrap();
+    let path = random_walk(&mut grammar.constraint(), 7, 400);
+    let (mut checked, mut committed) = (grammar.constraint(), grammar.constraint());
+    let half = path.len() / 2;
+    checked.advance_all(&path[..half]).unwrap();
+    committed.commit(&path[..half]).unwrap();
+    assert_eq!(committed.mask().unwrap().as_words(), checked.mask().unwrap().as_words());
+    // What the grammar cannot take at all is refused, and the state stays put.
+    assert!(matches!(
+        committed.commit(&[u32::from(b'\n')]),
+        Err(treespec_grammar::GrammarError::Rejected { .. })
+    ));
+    assert!(committed.commit(&[eos]).is_err());
+    assert_eq!(committed.len(), half);
+    committed.commit(&path[half..]).unwrap();
+    assert!(committed.is_finished());
+}
