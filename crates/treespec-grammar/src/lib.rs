@@ -1,0 +1,29 @@
+//! treespec-grammar: grammar-constrained decoding for structured output (issue #14), on
+//! [llguidance](https://github.com/guidance-ai/llguidance).
+//!
+//! A request's output format ([`GrammarSpec`]: any JSON object, a JSON schema, a Lark grammar,
+//! a regex, or the [`tool_call_grammar`] of OpenAI `tools`) is compiled against the target
+//! model's [`Vocabulary`] into a [`Grammar`]; each request then drives a [`Constraint`]:
+//!
+//! - [`Constraint::mask`]: the tokens allowed next. The target distribution of constrained
+//!   decoding is the model's distribution restricted to this mask and renormalised, at every
+//!   position; speculative decoding stays lossless by verifying against exactly that.
+//! - [`Constraint::advance`] / [`Constraint::rollback`]: move along a path of a draft tree and
+//!   back (cheap in llguidance), so one constraint can walk a whole tree depth-first.
+//! - [`Constraint::forced_tokens`]: tokens the grammar fixes (each the only one its mask
+//!   allows): free draft nodes, accepted with probability 1.
+//!
+//! End-of-generation tokens are allowed exactly where the grammar can end.
+
+mod constraint;
+mod error;
+mod spec;
+mod tools;
+mod vocab;
+
+pub use constraint::{Constraint, TokenMask};
+pub use error::GrammarError;
+pub use spec::{CompileOptions, Grammar, GrammarSpec, JsonWhitespace};
+pub use toktrie::TokenId;
+pub use tools::{tool_call_grammar, ToolChoice, ToolFunction};
+pub use vocab::{TokenizeFn, Vocabulary};

@@ -1,0 +1,128 @@
+//! The tool-call grammar for OpenAI `tools` + `tool_choice`.
+//!
+//! A forced tool call is one JSON object,
+//!
+//! ```text
+//! {"name": "<one of the function names>", "arguments": <an object valid for that function's parameters>}
+//! ```
+//!
+//! with `name` first and no other keys. `arguments` is the JSON object itself, not the
+//! JSON-encoded string OpenAI's wire format carries in `tool_calls[].function.arguments`; the
+//! server re-encodes it (and wraps it in its chat-template envelope, if one is decided on
+//! later). Parallel calls are not covered: one call per response.
+
+use serde_json::{json, Map, Value};
+
+use crate::{GrammarError, GrammarSpec};
+
+/// One callable function of an OpenAI `tools` array.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolFunction {
+    /// `function.name`.
+    pub name: String,
+    /// `function.parameters`, a JSON schema for the arguments object. A tool without
+    /// parameters takes exactly `{}` (an object with no properties and no extra keys).
+    pub parameters: Value,
+}
+
+/// OpenAI `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// `"none"`: plain text, no call.
+    None,
+    /// `"auto"`: the model chooses between text and a call; not grammar-constrained here.
+    Auto,
+    /// `"required"`: some call, to any of the tools.
+    Required,
+    /// `{"type": "function", "function": {"name": ...}}`: a call to this function.
+    Function(String),
+}
+
+impl ToolFunction {
+    /// Read an OpenAI `tools` array: `[{"type": "function", "function": {"name", "parameters"}}]`.
+    /// Errors on anything else, on missing or duplicate names.
+    pub fn from_openai_tools(tools: &Value) -> Result<Vec<ToolFunction>, GrammarError> {
+        let bad = |m: String| GrammarError::BadTools(m);
+        let list = tools.as_array().ok_or_else(|| bad("`tools` must be an array".into()))?;
+        let mut out: Vec<ToolFunction> = Vec::with_capacity(list.len());
+        for (i, tool) in list.iter().enumerate() {
+            if tool.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(format!("tools[{i}]: only {{\"type\": \"function\"}} tools are supported")));
+            }
+            let function = tool.get("function").ok_or_else(|| bad(format!("tools[{i}]: no `function`")))?;
+            let name = function
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| bad(format!("tools[{i}].function: no `name`")))?;
+            if out.iter().any(|f| f.name == name) {
+                return Err(bad(format!("tools[{i}]: duplicate function name {name:?}")));
+            }
+            let parameters = function.get("parameters").cloned().unwrap_or_else(no_parameters);
+            out.push(ToolFunction { name: name.to_string(), parameters });
+        }
+        Ok(out)
+    }
+}
+
+/// The schema of a function that takes no arguments: `{}` only.
+fn no_parameters() -> Value {
+    json!({"type": "object", "properties": {}, "additionalProperties": false})
+}
+
+impl ToolChoice {
+    /// Read an OpenAI `tool_choice` value (`"none"`, `"auto"`, `"required"` or a named
+    /// function).
+    pub fn from_openai(choice: &Value) -> Result<ToolChoice, GrammarError> {
+        match choice {
+            Value::String(s) if s == "none" => Ok(ToolChoice::None),
+            Value::String(s) if s == "auto" => Ok(ToolChoice::Auto),
+            Value::String(s) if s == "required" => Ok(ToolChoice::Required),
+            Value::Object(o) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(|n| ToolChoice::Function(n.to_string()))
+                .ok_or_else(|| GrammarError::BadTools("`tool_choice` object needs function.name".into())),
+            other => Err(GrammarError::BadTools(format!("unknown `tool_choice` {other}"))),
+        }
+    }
+}
+
+/// The schema of one call to `f`: `name` fixed to its name, `arguments` its parameters.
+fn call_schema(f: &ToolFunction) -> Value {
+    let mut properties = Map::new();
+    properties.insert("name".into(), json!({"const": f.name}));
+    properties.insert("arguments".into(), f.parameters.clone());
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": ["name", "arguments"],
+        "additionalProperties": false,
+    })
+}
+
+/// The grammar a tool call must follow, or `None` where `tool_choice` leaves the output free
+/// (`none`, `auto`). `Required` allows a call to any tool (`anyOf` of the calls: once the name
+/// is written, only that function's arguments are allowed); a named function fixes the whole
+/// `{"name": "f", "arguments": ` prefix, which then comes out as forced tokens.
+pub fn tool_call_grammar(
+    tools: &[ToolFunction],
+    choice: &ToolChoice,
+) -> Result<Option<GrammarSpec>, GrammarError> {
+    let calls: Vec<Value> = match choice {
+        ToolChoice::None | ToolChoice::Auto => return Ok(None),
+        ToolChoice::Required => tools.iter().map(call_schema).collect(),
+        ToolChoice::Function(name) => {
+            let f = tools.iter().find(|f| &f.name == name).ok_or_else(|| {
+                GrammarError::BadTools(format!("`tool_choice` names {name:?}, which is not in `tools`"))
+            })?;
+            vec![call_schema(f)]
+        }
+    };
+    match calls.len() {
+        0 => Err(GrammarError::BadTools("`tool_choice` is \"required\" but `tools` is empty".into())),
+        1 => Ok(Some(GrammarSpec::JsonSchema(calls.into_iter().next().expect("one")))),
+        _ => Ok(Some(GrammarSpec::JsonSchema(json!({"anyOf": calls})))),
+    }
+}
