@@ -20,7 +20,7 @@ use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::dyspec::{node_context, ranked_candidates, scoring_sampler};
+use super::candidates::{node_context, ranked_candidates, scoring_sampler};
 use crate::draft_state::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};

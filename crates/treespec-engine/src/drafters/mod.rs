@@ -3,6 +3,7 @@
 //! (auto).
 
 mod auto;
+mod candidates;
 mod chain;
 mod disco;
 mod dyspec;
