@@ -62,11 +62,6 @@ impl<M: CausalLm> DraftModel<M> {
         Ok(logits.row(0).to_vec())
     }
 
-    /// Note that a new tree node exists (not fed yet). Call in the tree's arena order.
-    pub fn add_node(&mut self) {
-        self.fed.push(None);
-    }
-
     /// Feed tree nodes `nodes` (each's parent already fed) in one forward; returns their logits
     /// rows in the same order.
     pub fn feed(&mut self, tree: &TokenTree, nodes: &[NodeId]) -> Result<Logits> {
@@ -84,11 +79,6 @@ impl<M: CausalLm> DraftModel<M> {
             self.fed[n] = Some(base + i);
         }
         self.forward(&batch)
-    }
-
-    /// Whether a tree node's logits were computed (its children can be drafted).
-    pub fn is_fed(&self, node: NodeId) -> bool {
-        self.fed.get(node).copied().flatten().is_some()
     }
 
     /// Commit the accepted path: keep the fed prefix of it, queue the rest plus the bonus.
