@@ -2,14 +2,15 @@
 //! generation loop, and pure-Rust toy models for tests and demos.
 
 pub mod auto_budget;
-pub mod calibrate;
-pub mod draft_state;
+pub mod draft_model;
 pub mod drafter;
 pub mod drafters;
 pub mod error;
 pub mod generate;
 pub mod methods;
 pub mod model;
+pub mod offline_measure;
+pub mod profile;
 pub mod stop;
 pub mod text_stream;
 pub mod toy;

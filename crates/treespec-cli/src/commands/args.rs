@@ -10,11 +10,11 @@ use treespec_core::ngram::{NgramTable, TokenizerId};
 use treespec_core::sampling::SamplingParams;
 use treespec_core::suffix::{GlobalHistory, DEFAULT_CAP_TOKENS};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::calibrate::AcceptanceVector;
 use treespec_engine::drafters::{
     AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig,
     SequoiaConfig, StagedConfig, SuffixConfig, SuffixShared,
 };
+use treespec_engine::offline_measure::AcceptanceVector;
 use treespec_engine::{Method, METHOD_NAMES};
 use treespec_llama::{LlamaModel, LoadOptions};
 

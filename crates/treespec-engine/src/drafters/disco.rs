@@ -26,7 +26,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::chain::draft_chain;
-use crate::draft_state::DraftModel;
+use crate::draft_model::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;

@@ -46,7 +46,7 @@ use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
 use crate::auto_budget::{AutoBudget, SharedCosts};
-use crate::draft_state::DraftModel;
+use crate::draft_model::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -78,7 +78,7 @@ pub struct DySpecConfig {
     pub threshold: Option<f32>,
     /// `--budget auto`: the measured cost curves. Each step then grows the tree only while the
     /// calibrated expected tokens pay for the target and draft time they cost, prunes it to the
-    /// best size (greedy), and drafts nothing where plain decoding is faster (see [`auto`]).
+    /// best size (greedy), and drafts nothing where plain decoding is faster (see [`cost_aware`]).
     pub costs: Option<Arc<SharedCosts>>,
 }
 
@@ -228,7 +228,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     }
 }
 
-mod auto;
+mod cost_aware;
 
 /// Where the next child of an event's parent comes from.
 enum Source {

@@ -32,7 +32,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
-use crate::draft_state::DraftModel;
+use crate::draft_model::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;

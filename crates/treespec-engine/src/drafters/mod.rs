@@ -1,6 +1,7 @@
 //! Every drafter: the ones that run a draft model (chain, tree, sequoia, dyspec, eagle2, gsd,
 //! staged, disco), the model-free ones (lookup, suffix) and the policy that picks per step
-//! (auto).
+//! (auto), plus what they share: drawing children from logits (`sample`) and ranking
+//! deterministic candidates (`candidates`).
 
 mod auto;
 mod candidates;

@@ -11,7 +11,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
-use crate::draft_state::DraftModel;
+use crate::draft_model::DraftModel;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
