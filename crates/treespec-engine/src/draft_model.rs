@@ -141,6 +141,30 @@ impl<M: CausalLm> DraftModel<M> {
     }
 }
 
+/// The [`Drafter`](crate::Drafter) methods of a drafter over a [`DraftModel`] field that only
+/// forward to it: `draft_forwards` (its forward count) and, with `observe`, `observe` (commit the
+/// accepted path), for drafters that learn nothing else from an outcome. Use inside the
+/// `impl Drafter` block: `forward_to_draft_model!(draft, observe);`.
+macro_rules! forward_to_draft_model {
+    ($field:ident) => {
+        fn draft_forwards(&self) -> u64 {
+            self.$field.forwards()
+        }
+    };
+    ($field:ident, observe) => {
+        forward_to_draft_model!($field);
+
+        fn observe(
+            &mut self,
+            tree: &::treespec_core::tree::TokenTree,
+            outcome: &::treespec_core::verify::VerifyOutcome,
+        ) -> $crate::error::Result<()> {
+            self.$field.observe(tree, outcome)
+        }
+    };
+}
+pub(crate) use forward_to_draft_model;
+
 #[cfg(test)]
 mod tests {
     use super::*;

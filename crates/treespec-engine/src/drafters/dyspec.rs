@@ -46,7 +46,7 @@ use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
 use crate::auto_budget::{AutoBudget, SharedCosts};
-use crate::draft_model::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -219,9 +219,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
         self.draft.observe(tree, outcome)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 
     fn extra_stats(&self) -> Vec<(&'static str, f64)> {
         self.auto.as_ref().map(|a| a.report()).unwrap_or_default()

@@ -32,7 +32,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
-use crate::draft_model::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -273,9 +273,7 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
         self.draft.observe(&shadow, &mapped)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 
     fn extra_stats(&self) -> Vec<(&'static str, f64)> {
         let s = &self.stats;
