@@ -10,7 +10,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use treespec_core::stats::DecodeStats;
-use treespec_engine::METHOD_NAMES;
+use treespec_engine::{ExtraStats, METHOD_NAMES};
 
 use crate::machine::MachineInfo;
 use crate::prompts::Prompt;
@@ -89,7 +89,7 @@ impl RunRecord {
         prompt_tokens: usize,
         finish_reason: &str,
         s: &DecodeStats,
-        extra: Vec<(String, f64)>,
+        extra: &ExtraStats,
     ) -> Self {
         Self {
             method: method.to_string(),
@@ -118,10 +118,7 @@ impl RunRecord {
             overhead_s: s.times.overhead.as_secs_f64(),
             identical_to_plain: None,
             first_divergence: None,
-            extra: extra
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)))
-                .collect(),
+            extra: extra.to_map().into_iter().collect(),
         }
     }
 }

@@ -14,6 +14,8 @@ use treespec_core::online_calibration::AcceptanceCalibrator;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 
+use crate::extra_stats::{BudgetDecisions, CalibratedAcceptance, ExtraStats};
+
 /// Decay per step of the running token and time sums behind the achieved rate.
 const RATE_DECAY: f64 = 0.95;
 /// A step that decided not to draft drafts anyway after this many such steps, so acceptance
@@ -299,20 +301,21 @@ impl AutoBudget {
         }
     }
 
-    /// Report lines for `extra_stats`.
-    pub fn report(&self) -> Vec<(&'static str, f64)> {
-        let mut out = vec![
-            ("auto_plain_steps", self.stats.plain_steps as f64),
-            ("auto_skipped_drafts", self.stats.skipped_drafts as f64),
-            ("auto_pruned_nodes", self.stats.pruned as f64),
-        ];
-        let names = ["calibrated_accept_d1", "calibrated_accept_d2", "calibrated_accept_d3"];
-        for (name, a) in names.iter().zip(self.calib.per_depth()) {
-            if let Some(a) = a {
-                out.push((name, a));
-            }
-        }
-        out
+    /// The decisions and calibration for `extra_stats`.
+    pub fn report(&self) -> ExtraStats {
+        let budget = BudgetDecisions {
+            plain_steps: self.stats.plain_steps,
+            skipped_drafts: self.stats.skipped_drafts,
+            pruned_nodes: self.stats.pruned,
+        };
+        ExtraStats { budget: Some(budget), calibrated: Some(self.calibrated()), ..ExtraStats::default() }
+    }
+
+    /// The calibrated acceptance at depths 1–3.
+    pub fn calibrated(&self) -> CalibratedAcceptance {
+        let d = self.calib.per_depth();
+        let at = |i: usize| d.get(i).copied().flatten();
+        CalibratedAcceptance { d1: at(0), d2: at(1), d3: at(2) }
     }
 }
 

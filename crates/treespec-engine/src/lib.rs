@@ -6,6 +6,7 @@ pub mod draft_model;
 pub mod drafter;
 pub mod drafters;
 pub mod error;
+pub mod extra_stats;
 pub mod generate;
 pub mod methods;
 pub mod model;
@@ -17,6 +18,7 @@ pub mod toy;
 
 pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
+pub use extra_stats::ExtraStats;
 pub use generate::{generate, GenerateOutput, GenerateRequest};
 pub use methods::{Method, METHOD_NAMES};
 pub use model::{CausalLm, Logits, TreeBatch};

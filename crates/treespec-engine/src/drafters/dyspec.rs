@@ -49,6 +49,7 @@ use crate::auto_budget::{AutoBudget, SharedCosts};
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::ExtraStats;
 use crate::model::CausalLm;
 
 /// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
@@ -221,7 +222,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
 
     forward_to_draft_model!(draft);
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+    fn extra_stats(&self) -> ExtraStats {
         self.auto.as_ref().map(|a| a.report()).unwrap_or_default()
     }
 }

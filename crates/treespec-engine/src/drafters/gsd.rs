@@ -35,6 +35,7 @@ use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScor
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::{ExtraStats, GsdCounts};
 use crate::model::CausalLm;
 
 /// GSD knobs.
@@ -275,13 +276,10 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
 
     forward_to_draft_model!(draft);
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+    fn extra_stats(&self) -> ExtraStats {
         let s = &self.stats;
-        vec![
-            ("gsd_merges", s.links as f64),
-            ("gsd_dag_nodes", s.dag_nodes as f64),
-            ("gsd_draft_rows_saved", s.reused as f64),
-        ]
+        let gsd = GsdCounts { merges: s.links, dag_nodes: s.dag_nodes, draft_rows_saved: s.reused };
+        ExtraStats { gsd: Some(gsd), ..ExtraStats::default() }
     }
 }
 
