@@ -17,7 +17,7 @@ use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, Method, StopConditions, METHOD_NAMES};
 
 use crate::prompts::Prompt;
-use crate::report::RunRecord;
+use crate::record::RunRecord;
 
 /// A target and a drafter ready for one generation.
 pub struct Session<'a> {
