@@ -74,7 +74,6 @@ impl NgramTable {
 
     /// Parse a table written by [`NgramTable::to_bytes`] for the tokenizer `expected`.
     pub fn from_bytes(bytes: &[u8], expected: TokenizerId) -> Result<Self> {
-        let corrupt = |m: String| Error::Invalid(format!("corrupt n-gram table: {m}"));
         if bytes.len() < HEADER_LEN + TRAILER_LEN {
             return Err(corrupt(format!(
                 "{} bytes is shorter than the {}-byte header and checksum (truncated?)",
@@ -121,41 +120,8 @@ impl NgramTable {
         for (t, c) in pairs {
             unigram[t as usize] = c;
         }
-        let n = r.len(8)?;
-        let mut bigrams: HashMap<TokenId, Vec<(TokenId, u32)>> = HashMap::with_capacity(n);
-        let mut prev: Option<TokenId> = None;
-        for _ in 0..n {
-            let v = r.token(vocab)?;
-            if prev.is_some_and(|p| p >= v) {
-                return Err(corrupt(format!("bigram context {v} out of order")));
-            }
-            prev = Some(v);
-            let m = r.len(8)?;
-            let list = r.pairs(m, vocab)?;
-            if unigram[v as usize] == 0 || list.iter().any(|&(w, _)| unigram[w as usize] == 0) {
-                return Err(corrupt(format!("bigram after {v} uses a token with no unigram count")));
-            }
-            bigrams.insert(v, list);
-        }
-        let n = r.len(12)?;
-        let mut trigrams: HashMap<(TokenId, TokenId), Vec<(TokenId, u32)>> = HashMap::with_capacity(n);
-        let mut prev: Option<(TokenId, TokenId)> = None;
-        for _ in 0..n {
-            let key = (r.token(vocab)?, r.token(vocab)?);
-            if prev.is_some_and(|p| p >= key) {
-                return Err(corrupt(format!("trigram context {key:?} out of order")));
-            }
-            prev = Some(key);
-            let m = r.len(8)?;
-            let list = r.pairs(m, vocab)?;
-            let Some(bl) = bigrams.get(&key.1) else {
-                return Err(corrupt(format!("trigram context {key:?} has no bigram context {}", key.1)));
-            };
-            if list.iter().any(|&(w, _)| bl.binary_search_by_key(&w, |&(t, _)| t).is_err()) {
-                return Err(corrupt(format!("trigram after {key:?} has no matching bigram")));
-            }
-            trigrams.insert(key, list);
-        }
+        let bigrams = read_bigrams(&mut r, vocab, &unigram)?;
+        let trigrams = read_trigrams(&mut r, vocab, &bigrams)?;
         if r.pos != r.buf.len() {
             return Err(corrupt(format!("{} unexpected bytes after the trigrams", r.buf.len() - r.pos)));
         }
@@ -198,6 +164,61 @@ fn put_pairs(out: &mut Vec<u8>, pairs: &[(TokenId, u32)]) {
         put_u32(out, t);
         put_u32(out, c);
     }
+}
+
+/// Followers (token, count) of each bigram context `v`, as the file stores them.
+type Bigrams = HashMap<TokenId, Vec<(TokenId, u32)>>;
+/// Followers (token, count) of each trigram context `(u, v)`, as the file stores them.
+type Trigrams = HashMap<(TokenId, TokenId), Vec<(TokenId, u32)>>;
+
+/// A file whose content is inconsistent.
+fn corrupt(m: String) -> Error {
+    Error::Invalid(format!("corrupt n-gram table: {m}"))
+}
+
+/// The bigram section: contexts ascending, every token with a unigram count.
+fn read_bigrams(r: &mut Reader<'_>, vocab: usize, unigram: &[u32]) -> Result<Bigrams> {
+    let n = r.len(8)?;
+    let mut bigrams: HashMap<TokenId, Vec<(TokenId, u32)>> = HashMap::with_capacity(n);
+    let mut prev: Option<TokenId> = None;
+    for _ in 0..n {
+        let v = r.token(vocab)?;
+        if prev.is_some_and(|p| p >= v) {
+            return Err(corrupt(format!("bigram context {v} out of order")));
+        }
+        prev = Some(v);
+        let m = r.len(8)?;
+        let list = r.pairs(m, vocab)?;
+        if unigram[v as usize] == 0 || list.iter().any(|&(w, _)| unigram[w as usize] == 0) {
+            return Err(corrupt(format!("bigram after {v} uses a token with no unigram count")));
+        }
+        bigrams.insert(v, list);
+    }
+    Ok(bigrams)
+}
+
+/// The trigram section: contexts ascending, every trigram backed by its bigram.
+fn read_trigrams(r: &mut Reader<'_>, vocab: usize, bigrams: &Bigrams) -> Result<Trigrams> {
+    let n = r.len(12)?;
+    let mut trigrams: HashMap<(TokenId, TokenId), Vec<(TokenId, u32)>> = HashMap::with_capacity(n);
+    let mut prev: Option<(TokenId, TokenId)> = None;
+    for _ in 0..n {
+        let key = (r.token(vocab)?, r.token(vocab)?);
+        if prev.is_some_and(|p| p >= key) {
+            return Err(corrupt(format!("trigram context {key:?} out of order")));
+        }
+        prev = Some(key);
+        let m = r.len(8)?;
+        let list = r.pairs(m, vocab)?;
+        let Some(bl) = bigrams.get(&key.1) else {
+            return Err(corrupt(format!("trigram context {key:?} has no bigram context {}", key.1)));
+        };
+        if list.iter().any(|&(w, _)| bl.binary_search_by_key(&w, |&(t, _)| t).is_err()) {
+            return Err(corrupt(format!("trigram after {key:?} has no matching bigram")));
+        }
+        trigrams.insert(key, list);
+    }
+    Ok(trigrams)
 }
 
 /// 64-bit FNV-1a: enough to catch damaged or truncated files (not an adversarial check).
