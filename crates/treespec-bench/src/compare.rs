@@ -2,8 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::Results;
-use crate::summary::SummaryRow;
+use crate::record::{Results, SummaryRow};
 
 /// Settings that differ between two result sets (a comparison across them is apples to oranges).
 pub fn config_differences(a: &Results, b: &Results) -> Vec<String> {

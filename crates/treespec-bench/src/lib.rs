@@ -9,6 +9,7 @@
 //! - [`summary`]: medians per (method, category) and over all prompts; speed-up = ratio of the
 //!   method's median tokens/s to plain's over the same runs; each row carries its run count and
 //!   min–max spread. The module docs hold the exact definitions.
+//! - [`record`]: the schema of `results.json` (runs, settings, summary rows).
 //! - [`report`]: `results.json`, `summary.md`, `speedup.svg`, `acceptance.svg` (plotters' SVG
 //!   backend without a font backend: text is written as SVG `<text>` and drawn by the viewer, so
 //!   no font file is needed to build, run or view).
@@ -17,6 +18,7 @@
 pub mod compare;
 pub mod machine;
 pub mod prompts;
+pub mod record;
 pub mod report;
 pub mod runner;
 pub mod summary;
@@ -24,7 +26,8 @@ pub mod summary;
 pub use compare::compare_text;
 pub use machine::{load_average, MachineInfo, ModelFile};
 pub use prompts::{load_prompts, select, Prompt, Selection};
-pub use report::{write_all, BenchConfig, MethodConfig, Results, RunRecord, SamplingConfig, SCHEMA};
+pub use record::{BenchConfig, MethodConfig, Results, RunRecord, SamplingConfig, SCHEMA};
+pub use report::write_all;
 pub use runner::{
     check_method_names, run_bench, Backend, BenchMethod, ProgressMode, RunConfig, RunOutput, Session,
     ToyBackend,

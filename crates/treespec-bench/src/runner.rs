@@ -17,7 +17,7 @@ use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, Method, StopConditions, METHOD_NAMES};
 
 use crate::prompts::Prompt;
-use crate::report::RunRecord;
+use crate::record::RunRecord;
 
 /// A target and a drafter ready for one generation.
 pub struct Session<'a> {
@@ -260,7 +260,6 @@ fn run_one(
     };
     let mut session = backend.session(&spec.method)?;
     let out = generate(session.target.as_mut(), session.drafter.as_mut(), &request, None, &mut |_| true)?;
-    let extra = session.drafter.extra_stats().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let record = RunRecord::new(
         &spec.name,
         prompt,
@@ -269,7 +268,7 @@ fn run_one(
         tokens.len(),
         out.finish_reason.as_str(),
         &out.stats,
-        extra,
+        &session.drafter.extra_stats(),
     );
     Ok((out.tokens, record))
 }

@@ -20,59 +20,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use crate::report::RunRecord;
-
-/// The category name of the rows over all prompts.
-pub const ALL: &str = "all";
-
-/// One row of the summary: a method in a category (or [`ALL`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SummaryRow {
-    /// Method name.
-    pub method: String,
-    /// Category, or "all".
-    pub category: String,
-    /// Distinct prompts aggregated.
-    pub n_prompts: usize,
-    /// Runs aggregated (prompts × repeats).
-    pub n_runs: usize,
-    /// Median decoding speed over the runs.
-    pub tokens_per_s: f64,
-    /// Slowest run.
-    pub tokens_per_s_min: f64,
-    /// Fastest run.
-    pub tokens_per_s_max: f64,
-    /// Median tokens/s of plain over the same prompts and repeats.
-    pub plain_tokens_per_s: f64,
-    /// `tokens_per_s / plain_tokens_per_s` (null when plain's median is 0).
-    pub speedup_vs_plain: Option<f64>,
-    /// Smallest paired per-run ratio (method run ÷ plain's run of the same prompt and repeat).
-    pub speedup_min: Option<f64>,
-    /// Largest paired per-run ratio.
-    pub speedup_max: Option<f64>,
-    /// Pooled emitted tokens per target forward (bonus included).
-    pub mean_accepted: f64,
-    /// Pooled acceptance rate at depth 1, 2, …
-    pub accept_rate_by_depth: Vec<f64>,
-    /// Walks that reached depth 1, 2, … (the sample size behind each rate).
-    pub depth_reached: Vec<u64>,
-    /// Drafting milliseconds per decode step.
-    pub draft_ms_per_step: f64,
-    /// Target forward + verification walk milliseconds per decode step.
-    pub verify_ms_per_step: f64,
-    /// Target forward milliseconds per decode step.
-    pub target_forward_ms_per_step: f64,
-    /// New tokens over all runs.
-    pub new_tokens: u64,
-    /// Target forwards over all runs.
-    pub target_forwards: u64,
-    /// Draft forwards over all runs.
-    pub draft_forwards: u64,
-    /// Runs identical to plain (temperature 0), else null.
-    pub identical_runs: Option<usize>,
-}
+use crate::record::{run_categories, run_methods, RunRecord};
+pub use crate::record::{SummaryRow, ALL};
 
 /// Median (mean of the two middle values for an even count); 0 for no values.
 pub fn median(values: &[f64]) -> f64 {
@@ -94,28 +43,6 @@ fn min_max(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
         None => Some((x, x)),
         Some((lo, hi)) => Some((lo.min(x), hi.max(x))),
     })
-}
-
-/// Categories in order of first appearance in the runs.
-pub fn run_categories(runs: &[RunRecord]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for r in runs {
-        if !out.contains(&r.category) {
-            out.push(r.category.clone());
-        }
-    }
-    out
-}
-
-/// Methods in order of first appearance in the runs.
-pub fn run_methods(runs: &[RunRecord]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for r in runs {
-        if !out.contains(&r.method) {
-            out.push(r.method.clone());
-        }
-    }
-    out
 }
 
 /// Summary rows: for each method, one row over all prompts ("all") and one per category.

@@ -12,11 +12,13 @@
 //! * [`stats`] — per-step acceptance records and their aggregation;
 //! * [`suffix`] — suffix drafting: match index, global history, continuation tries, pricing;
 //! * [`ngram`] — context n-grams and static Katz tables for prompt lookup;
-//! * [`budget`], [`cost`], [`calibration`] — cost-aware tree sizing on measured curves;
-//! * [`sequoia`], [`disco`] — method-specific planners and classifiers.
+//! * [`budget`], [`cost`], [`online_calibration`] — cost-aware tree sizing on measured curves, with
+//!   acceptance learned online from verified steps;
+//! * [`sequoia`], [`disco`] — method-specific planners and classifiers;
+//! * [`dist`] — probability vectors (sampling, residuals, draws without replacement);
+//! * [`error`] — the crate's error type.
 
 pub mod budget;
-pub mod calibration;
 pub mod cost;
 pub mod dag;
 pub mod disco;
@@ -24,6 +26,7 @@ pub mod dist;
 pub mod error;
 pub mod flatten;
 pub mod ngram;
+pub mod online_calibration;
 pub mod rng;
 pub mod sampling;
 pub mod sequoia;

@@ -101,15 +101,6 @@ impl TokenTree {
         Ok(id)
     }
 
-    /// Add a chain of deterministic candidates under `parent`; returns the last node.
-    pub fn add_chain(&mut self, parent: NodeId, tokens: &[TokenId]) -> Result<NodeId> {
-        let mut at = parent;
-        for &t in tokens {
-            at = self.add(at, t, Draw::Deterministic, 1.0)?;
-        }
-        Ok(at)
-    }
-
     /// Number of nodes including the root.
     pub fn len(&self) -> usize {
         self.nodes.len()

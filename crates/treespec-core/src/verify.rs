@@ -89,26 +89,34 @@ pub fn verify(
                 depth: tree.node(at).depth + 1,
                 candidates: children.len(),
                 tried: step.tried,
-                accepted: step.next.is_ok(),
+                accepted: matches!(step.next, Next::Accept(_)),
             });
         }
         match step.next {
-            Ok(child) => {
+            Next::Accept(child) => {
                 out.accepted.push(child);
                 out.tokens.push(tree.node(child).token);
                 at = child;
             }
-            Err(bonus) => {
-                out.tokens.push(bonus);
+            Next::Bonus(token) => {
+                out.tokens.push(token);
                 return Ok(out);
             }
         }
     }
 }
 
-/// One node's result: `Ok(child)` accepted, or `Err(bonus token)`.
+/// Where the walk goes from a node.
+enum Next {
+    /// This child was accepted: the walk continues there.
+    Accept(NodeId),
+    /// No child was accepted: this token (the correction, or the bonus after a leaf) ends the walk.
+    Bonus(TokenId),
+}
+
+/// One node's result: where the walk goes, and how many children were tried.
 struct Step {
-    next: std::result::Result<NodeId, TokenId>,
+    next: Next,
     tried: usize,
 }
 
@@ -116,8 +124,8 @@ fn greedy_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId) -> Re
     let want = target.greedy(at)?;
     let children = tree.children(at);
     match children.iter().position(|&c| tree.node(c).token == want) {
-        Some(i) => Ok(Step { next: Ok(children[i]), tried: i + 1 }),
-        None => Ok(Step { next: Err(want), tried: children.len() }),
+        Some(i) => Ok(Step { next: Next::Accept(children[i]), tried: i + 1 }),
+        None => Ok(Step { next: Next::Bonus(want), tried: children.len() }),
     }
 }
 
@@ -165,7 +173,7 @@ fn sampled_step(
             }
         };
         if accept {
-            return Ok(Step { next: Ok(c), tried: i + 1 });
+            return Ok(Step { next: Next::Accept(c), tried: i + 1 });
         }
         // Reject: move to the residual. A residual with no mass means the rejection had
         // probability 0 and only rounding got us here; keep p then.
@@ -193,7 +201,7 @@ fn sampled_step(
             }
         }
     }
-    Ok(Step { next: Err(p.sample(rng)), tried: children.len() })
+    Ok(Step { next: Next::Bonus(p.sample(rng)), tried: children.len() })
 }
 
 fn check_q<'a>(q: &'a Dist, p: &Dist, node: NodeId) -> Result<&'a Dist> {

@@ -8,6 +8,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use crate::error::Result;
+use crate::extra_stats::ExtraStats;
 
 /// What a drafter knows when it proposes.
 #[derive(Debug, Clone, Copy)]
@@ -60,8 +61,8 @@ pub trait Drafter {
     }
 
     /// Method-specific statistics for reports (e.g. GSD merges, staged second-stage acceptance).
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
-        Vec::new()
+    fn extra_stats(&self) -> ExtraStats {
+        ExtraStats::default()
     }
 }
 

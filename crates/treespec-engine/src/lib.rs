@@ -2,14 +2,16 @@
 //! generation loop, and pure-Rust toy models for tests and demos.
 
 pub mod auto_budget;
-pub mod calibrate;
-pub mod draft_state;
+pub mod draft_model;
 pub mod drafter;
 pub mod drafters;
 pub mod error;
+pub mod extra_stats;
 pub mod generate;
 pub mod methods;
 pub mod model;
+pub mod offline_measure;
+pub mod profile;
 pub mod registry;
 pub mod stop;
 pub mod text_stream;
@@ -17,6 +19,7 @@ pub mod toy;
 
 pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
+pub use extra_stats::ExtraStats;
 pub use generate::{generate, GenerateOutput, GenerateRequest};
 pub use methods::Method;
 pub use model::{CausalLm, Logits, TreeBatch};

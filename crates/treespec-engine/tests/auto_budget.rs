@@ -139,13 +139,13 @@ fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
     // it still takes suffix matches in a repetitive context.
     let mut both = auto(Some(&draft), cheap_verify());
     let out = run(&target, &mut both, &prompt, 64, &greedy, 0);
-    let model_steps = both.extra_stats().iter().find(|(k, _)| *k == "auto_model_steps").unwrap().1;
+    let model_steps = both.extra_stats().auto.unwrap().model_steps as f64;
     assert!(model_steps > 0.0 && out.stats.mean_accepted() > 2.0, "{:?}", both.extra_stats());
     let repetitive: Vec<TokenId> = (0..40).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
     let cyclic = ToyModel::new(8, 2, 3);
     let mut lookup = auto(None, cheap_verify());
     let out = run(&cyclic, &mut lookup, &repetitive, 64, &greedy, 0);
-    let suffix_steps = lookup.extra_stats().iter().find(|(k, _)| *k == "auto_suffix_steps").unwrap().1;
+    let suffix_steps = lookup.extra_stats().auto.unwrap().suffix_steps as f64;
     assert!(suffix_steps > 0.0, "{:?}", lookup.extra_stats());
     assert!(out.stats.drafted > 0);
 }

@@ -14,10 +14,10 @@ use common::{chi_square, FAMILY_ALPHA};
 use treespec_core::disco::{ConfidenceThreshold, DiscoModel, Features};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::sequoia::optimal_tree;
-use treespec_engine::calibrate::{collect_training_data, measure_acceptance, AcceptanceVector};
 use treespec_engine::drafters::{
     ChainDrafter, DiscoConfig, DiscoDrafter, DiscoMode, SequoiaConfig, SequoiaDrafter,
 };
+use treespec_engine::offline_measure::{collect_training_data, measure_acceptance, AcceptanceVector};
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{
     generate, Drafter, EngineError, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions,

@@ -124,7 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 "target_s": s.times.target.as_secs_f64(),
                 "verify_s": s.times.verify.as_secs_f64(),
                 "prefill_s": s.times.prefill.as_secs_f64(),
-                "extra": drafter.extra_stats().into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                "extra": drafter.extra_stats(),
             }
         });
         println!("{obj}");

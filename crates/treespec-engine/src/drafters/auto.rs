@@ -21,6 +21,7 @@ use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter};
 use crate::auto_budget::SharedCosts;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::{AutoChoices, ExtraStats};
 use crate::model::CausalLm;
 
 /// Knobs of the `auto` method.
@@ -144,16 +145,16 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.model.as_ref().map_or(0, |m| m.draft_forwards())
     }
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
-        let mut out = vec![
-            ("auto_plain_steps", self.counts[Choice::Plain as usize] as f64),
-            ("auto_suffix_steps", self.counts[Choice::Suffix as usize] as f64),
-            ("auto_model_steps", self.counts[Choice::Model as usize] as f64),
-        ];
-        out.extend(self.suffix.extra_stats());
-        if let Some(m) = &self.model {
-            out.extend(m.extra_stats().into_iter().filter(|(k, _)| k.starts_with("calibrated")));
+    fn extra_stats(&self) -> ExtraStats {
+        let auto = AutoChoices {
+            plain_steps: self.counts[Choice::Plain as usize],
+            suffix_steps: self.counts[Choice::Suffix as usize],
+            model_steps: self.counts[Choice::Model as usize],
+        };
+        ExtraStats {
+            auto: Some(auto),
+            calibrated: self.model.as_ref().and_then(|m| m.extra_stats().calibrated),
+            ..self.suffix.extra_stats()
         }
-        out
     }
 }

@@ -26,7 +26,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::chain::draft_chain;
-use crate::draft_state::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -163,7 +163,5 @@ impl<M: CausalLm> Drafter for DiscoDrafter<M> {
         self.draft.observe(tree, outcome)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 }

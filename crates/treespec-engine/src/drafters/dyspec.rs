@@ -34,22 +34,22 @@
 //! times the token's temperature-1 draft probability. The same heap/layer schedules apply, with an
 //! event's value being the value of the child it would add.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use treespec_core::dist::Dist;
 use treespec_core::rng::{Stream, StreamRng};
-use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::sampling::Sampler;
 use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::sample::top_tokens;
+use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
 use crate::auto_budget::{AutoBudget, SharedCosts};
-use crate::draft_state::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::ExtraStats;
 use crate::model::CausalLm;
 
 /// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
@@ -79,7 +79,7 @@ pub struct DySpecConfig {
     pub threshold: Option<f32>,
     /// `--budget auto`: the measured cost curves. Each step then grows the tree only while the
     /// calibrated expected tokens pay for the target and draft time they cost, prunes it to the
-    /// best size (greedy), and drafts nothing where plain decoding is faster (see [`auto`]).
+    /// best size (greedy), and drafts nothing where plain decoding is faster (see [`cost_aware`]).
     pub costs: Option<Arc<SharedCosts>>,
 }
 
@@ -220,16 +220,14 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
         self.draft.observe(tree, outcome)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+    fn extra_stats(&self) -> ExtraStats {
         self.auto.as_ref().map(|a| a.report()).unwrap_or_default()
     }
 }
 
-mod auto;
+mod cost_aware;
 
 /// Where the next child of an event's parent comes from.
 enum Source {
@@ -244,29 +242,14 @@ enum Source {
     Ranked { ranked: Vec<(TokenId, f32)>, next: usize },
 }
 
-/// A sampling event on the heap: ordered by value, ties to the older event (deterministic trees).
-struct Event {
-    value: f64,
-    seq: u64,
+/// A sampling event on the heap: its value is the score, ties to the older event (deterministic
+/// trees).
+type Event = ByScore<NextChild>;
+
+/// What a sampling event draws: one more child of `parent`, from `source`.
+struct NextChild {
     parent: NodeId,
     source: Source,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.value.total_cmp(&other.value).then(other.seq.cmp(&self.seq))
-    }
 }
 
 /// The state of one `propose` call.
@@ -311,9 +294,10 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
         })
     }
 
-    fn next_seq(&mut self) -> u64 {
+    /// A new event, younger than every earlier one.
+    fn event(&mut self, value: f64, parent: NodeId, source: Source) -> Event {
         self.seq += 1;
-        self.seq
+        Event { score: value, seq: self.seq, item: NextChild { parent, source } }
     }
 
     fn full(&self) -> bool {
@@ -328,48 +312,43 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
             let room = self.budget - self.tree.drafted();
             let ranked = ranked_candidates(self.ctx.sampler, &self.scorer, logits, &context, room)?;
             let Some(&(_, p)) = ranked.first() else { return Ok(None) };
-            return Ok(Some(Event {
-                value: value * p as f64,
-                seq: self.next_seq(),
-                parent: node,
-                source: Source::Ranked { ranked, next: 0 },
-            }));
+            let source = Source::Ranked { ranked, next: 0 };
+            return Ok(Some(self.event(value * p as f64, node, source)));
         } else {
             let q = Arc::new(self.ctx.sampler.distribution(logits, &context)?);
             Source::Sampled { left: (*q).clone(), q }
         };
-        Ok(Some(Event { value, seq: self.next_seq(), parent: node, source }))
+        Ok(Some(self.event(value, node, source)))
     }
 
     /// Carry out a ready event: add its child; return the child and the parent's next event.
     fn expand(&mut self, ev: Event) -> Result<(NodeId, Option<Event>)> {
-        let parent = ev.parent;
-        match ev.source {
+        let (value, NextChild { parent, source }) = (ev.score, ev.item);
+        match source {
             Source::Unfed => Err(EngineError::State("dyspec: expanding a node that was not fed".into())),
             Source::Sampled { q, left } => {
                 let y = left.sample(self.rng);
                 let r = left.prob(y) as f64;
-                let value = ev.value * r;
-                let child =
-                    self.tree.add(parent, y, Draw::WithoutReplacement { q: q.clone() }, value as f32)?;
-                self.values.push(value);
-                let sibling = left.without(y).map(|rest| Event {
-                    value: ev.value * (1.0 - r),
-                    seq: self.next_seq(),
+                let child_value = value * r;
+                let child = self.tree.add(
                     parent,
-                    source: Source::Sampled { q, left: rest },
-                });
+                    y,
+                    Draw::WithoutReplacement { q: q.clone() },
+                    child_value as f32,
+                )?;
+                self.values.push(child_value);
+                let sibling = left
+                    .without(y)
+                    .map(|rest| self.event(value * (1.0 - r), parent, Source::Sampled { q, left: rest }));
                 Ok((child, sibling))
             }
             Source::Ranked { ranked, next } => {
                 let (token, _) = ranked[next];
-                let child = self.tree.add(parent, token, Draw::Deterministic, ev.value as f32)?;
-                self.values.push(ev.value);
-                let sibling = ranked.get(next + 1).map(|&(_, p)| p).map(|p| Event {
-                    value: self.values[parent] * p as f64,
-                    seq: self.next_seq(),
-                    parent,
-                    source: Source::Ranked { ranked, next: next + 1 },
+                let child = self.tree.add(parent, token, Draw::Deterministic, value as f32)?;
+                self.values.push(value);
+                let sibling = ranked.get(next + 1).map(|&(_, p)| p).map(|p| {
+                    let sibling_value = self.values[parent] * p as f64;
+                    self.event(sibling_value, parent, Source::Ranked { ranked, next: next + 1 })
                 });
                 Ok((child, sibling))
             }
@@ -381,8 +360,8 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
         let mut heap = BinaryHeap::from([root]);
         while !self.full() {
             let Some(ev) = heap.pop() else { break };
-            if let Source::Unfed = ev.source {
-                let node = ev.parent;
+            if let Source::Unfed = ev.item.source {
+                let node = ev.item.parent;
                 let logits = self.draft.feed(&self.tree, &[node])?;
                 self.fed += 1;
                 if let Some(mut ready) = self.first_child_event(node, logits.row(0))? {
@@ -396,8 +375,7 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
             let (child, sibling) = self.expand(ev)?;
             heap.extend(sibling);
             if self.tree.node(child).depth < self.depth && !self.full() {
-                let seq = self.next_seq();
-                heap.push(Event { value: self.values[child], seq, parent: child, source: Source::Unfed });
+                heap.push(self.event(self.values[child], child, Source::Unfed));
             }
         }
         Ok(())
@@ -410,7 +388,7 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
         let mut rest: Vec<Event> = Vec::new();
         for d in 1..=self.depth {
             let mut new_nodes = Vec::new();
-            while !self.full() && layer.peek().is_some_and(|e| e.value >= threshold) {
+            while !self.full() && layer.peek().is_some_and(|e| e.score >= threshold) {
                 let ev = layer.pop().expect("peeked");
                 let (child, sibling) = self.expand(ev)?;
                 new_nodes.push(child);
@@ -439,69 +417,11 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
     }
 }
 
-/// The token history a node's draft distribution is conditioned on, as the repetition penalty
-/// sees it (empty when there is no penalty: nothing looks at it then).
-pub(super) fn node_context(ctx: &ProposeContext, tree: &TokenTree, node: NodeId) -> Vec<TokenId> {
-    let p = ctx.sampler.params();
-    if p.repetition_penalty == 1.0 || p.penalty_last_n == 0 {
-        return Vec::new();
-    }
-    let mut c = ctx.history.to_vec();
-    c.extend(tree.path_tokens(node));
-    c
-}
-
-/// The sampler that scores deterministic candidates: the sampler itself when sampling (values are
-/// the processed draft probabilities), temperature 1 with the same repetition penalty under greedy
-/// (a point mass would score every runner-up 0).
-pub(super) fn scoring_sampler(sampler: &Sampler) -> Result<Sampler> {
-    if !sampler.is_greedy() {
-        return Ok(sampler.clone());
-    }
-    let p = sampler.params();
-    Ok(Sampler::new(SamplingParams {
-        temperature: 1.0,
-        repetition_penalty: p.repetition_penalty,
-        penalty_last_n: p.penalty_last_n,
-        ..SamplingParams::default()
-    })?)
-}
-
-/// Up to `cap` deterministic candidates for a node, best first, with their `scorer` probabilities:
-/// under greedy the greedy token first (it is what the verifier follows), then the most probable
-/// others. Tokens of probability 0 are left out: they add a node of no value.
-pub(super) fn ranked_candidates(
-    sampler: &Sampler,
-    scorer: &Sampler,
-    logits: &[f32],
-    context: &[TokenId],
-    cap: usize,
-) -> Result<Vec<(TokenId, f32)>> {
-    if cap == 0 {
-        return Ok(Vec::new());
-    }
-    let probs = scorer.distribution(logits, context)?;
-    let mut out = Vec::with_capacity(cap);
-    if sampler.is_greedy() {
-        let best = sampler.greedy_token(logits, context)?;
-        out.push((best, probs.prob(best)));
-    }
-    for t in top_tokens(probs.probs(), cap + 1) {
-        if out.len() == cap {
-            break;
-        }
-        let p = probs.prob(t);
-        if p > 0.0 && !out.iter().any(|&(b, _)| b == t) {
-            out.push((t, p));
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::toy::{ToyLm, ToyModel};
+    use treespec_core::sampling::SamplingParams;
 
     fn ctx<'a>(
         history: &'a [TokenId],

@@ -20,8 +20,8 @@ use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::dyspec::{node_context, ranked_candidates, scoring_sampler};
-use crate::draft_state::DraftModel;
+use super::candidates::{node_context, ranked_candidates, scoring_sampler};
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -195,7 +195,5 @@ impl<M: CausalLm> Drafter for Eagle2Drafter<M> {
         self.draft.observe(&p.candidates, &mapped)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 }

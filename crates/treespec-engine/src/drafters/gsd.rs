@@ -23,19 +23,19 @@
 //! everything after it are treated as never fed (queued for the next step's first draft forward),
 //! and only the link-free prefix of the path is committed.
 
-use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use treespec_core::dag::TokenDag;
-use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::sampling::Sampler;
 use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use super::sample::top_tokens;
-use crate::draft_state::DraftModel;
+use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::{ExtraStats, GsdCounts};
 use crate::model::CausalLm;
 
 /// GSD knobs.
@@ -274,17 +274,12 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
         self.draft.observe(&shadow, &mapped)
     }
 
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft);
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+    fn extra_stats(&self) -> ExtraStats {
         let s = &self.stats;
-        vec![
-            ("gsd_merges", s.links as f64),
-            ("gsd_dag_nodes", s.dag_nodes as f64),
-            ("gsd_draft_rows_saved", s.reused as f64),
-        ]
+        let gsd = GsdCounts { merges: s.links, dag_nodes: s.dag_nodes, draft_rows_saved: s.reused };
+        ExtraStats { gsd: Some(gsd), ..ExtraStats::default() }
     }
 }
 
@@ -300,29 +295,11 @@ fn unroll_best_first(
     max_nodes: usize,
     max_depth: usize,
 ) -> Result<(TokenTree, Vec<NodeId>, Vec<bool>)> {
-    /// A DAG edge waiting to be copied: ordered by score, then first pushed first.
-    struct Entry {
-        score: f64,
-        seq: usize,
+    /// A DAG edge waiting to be copied (scored by its path score, first pushed first on ties).
+    struct Edge {
         dag: NodeId,
         parent: NodeId,
         linked: bool,
-    }
-    impl PartialEq for Entry {
-        fn eq(&self, other: &Self) -> bool {
-            self.cmp(other) == Ordering::Equal
-        }
-    }
-    impl Eq for Entry {}
-    impl PartialOrd for Entry {
-        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-    impl Ord for Entry {
-        fn cmp(&self, other: &Self) -> Ordering {
-            self.score.total_cmp(&other.score).then(other.seq.cmp(&self.seq))
-        }
     }
 
     let mut tree = TokenTree::new(root);
@@ -331,10 +308,11 @@ fn unroll_best_first(
     let mut heap = BinaryHeap::new();
     let mut seq = 0;
     let mut push_children =
-        |heap: &mut BinaryHeap<Entry>, at: NodeId, dag_node: NodeId, score: f64, l: bool| {
+        |heap: &mut BinaryHeap<ByScore<Edge>>, at: NodeId, dag_node: NodeId, score: f64, l: bool| {
             for &(c, link) in &dag.node(dag_node).edges {
                 let p = dag.node(c).draft_prob as f64;
-                heap.push(Entry { score: score * p, seq, dag: c, parent: at, linked: l || link });
+                let item = Edge { dag: c, parent: at, linked: l || link };
+                heap.push(ByScore { score: score * p, seq, item });
                 seq += 1;
             }
         };
@@ -342,68 +320,16 @@ fn unroll_best_first(
         push_children(&mut heap, ROOT, ROOT, 1.0, false);
     }
     while tree.len() < max_nodes {
-        let Some(e) = heap.pop() else { break };
+        let Some(ByScore { score, item: e, .. }) = heap.pop() else { break };
         let node = dag.node(e.dag);
         let id = tree.add(e.parent, node.token, Draw::Deterministic, node.draft_prob)?;
         origin.push(e.dag);
         linked.push(e.linked);
         if tree.node(id).depth < max_depth {
-            push_children(&mut heap, id, e.dag, e.score, e.linked);
+            push_children(&mut heap, id, e.dag, score, e.linked);
         }
     }
     Ok((tree, origin, linked))
-}
-
-/// The token history a node's draft distribution is conditioned on, for the repetition penalty
-/// (empty when no penalty is active, which is all the sampler needs then).
-fn node_context(ctx: &ProposeContext, tree: &TokenTree, node: NodeId) -> Vec<TokenId> {
-    let p = ctx.sampler.params();
-    if p.repetition_penalty == 1.0 || p.penalty_last_n == 0 {
-        return Vec::new();
-    }
-    let mut c = ctx.history.to_vec();
-    c.extend(tree.path_tokens(node));
-    c
-}
-
-/// The sampler whose probabilities rank candidates: the sampler itself when sampling, temperature
-/// 1 with the same penalty under greedy (whose processed distribution is a point mass).
-fn scoring_sampler(sampler: &Sampler) -> Result<Sampler> {
-    if !sampler.is_greedy() {
-        return Ok(sampler.clone());
-    }
-    let p = sampler.params();
-    Ok(Sampler::new(SamplingParams {
-        temperature: 1.0,
-        repetition_penalty: p.repetition_penalty,
-        penalty_last_n: p.penalty_last_n,
-        ..SamplingParams::default()
-    })?)
-}
-
-/// Up to `n` candidates, best first, with their scoring probabilities; under greedy the greedy
-/// token first (the verifier follows it). Zero-probability tokens are left out.
-fn ranked_candidates(
-    sampler: &Sampler,
-    scorer: &Sampler,
-    logits: &[f32],
-    context: &[TokenId],
-    n: usize,
-) -> Result<Vec<(TokenId, f32)>> {
-    let probs = scorer.distribution(logits, context)?;
-    let mut out: Vec<(TokenId, f32)> = Vec::with_capacity(n);
-    if sampler.is_greedy() {
-        let best = sampler.greedy_token(logits, context)?;
-        out.push((best, probs.prob(best)));
-    }
-    for t in top_tokens(probs.probs(), n + 1) {
-        let p = probs.prob(t);
-        if out.len() < n && p > 0.0 && !out.iter().any(|&(b, _)| b == t) {
-            out.push((t, p));
-        }
-    }
-    out.truncate(n);
-    Ok(out)
 }
 
 #[cfg(test)]

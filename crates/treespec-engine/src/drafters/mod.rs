@@ -1,8 +1,10 @@
 //! Every drafter: the ones that run a draft model (chain, tree, sequoia, dyspec, eagle2, gsd,
 //! staged, disco), the model-free ones (lookup, suffix) and the policy that picks per step
-//! (auto).
+//! (auto), plus what they share: drawing children from logits (`sample`) and ranking
+//! deterministic candidates (`candidates`).
 
 mod auto;
+mod candidates;
 mod chain;
 mod disco;
 mod dyspec;

@@ -14,11 +14,10 @@ use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
 use treespec_core::sequoia::{optimal_tree, validate_acceptance, OptimalTree};
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
-use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
-use crate::draft_state::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -32,7 +31,7 @@ pub struct SequoiaConfig {
     pub max_depth: Option<usize>,
     /// Positional acceptance vector `P[1..B]`: probability that the k-th drawn child is the
     /// accepted one. It depends on the model pair and the sampling settings, so there is no
-    /// default: it comes from `treespec calibrate` (see `crate::calibrate`) or the command line.
+    /// default: it comes from `treespec calibrate` (see `crate::offline_measure`) or the command line.
     pub acceptance: Vec<f32>,
 }
 
@@ -176,11 +175,5 @@ impl<M: CausalLm> Drafter for SequoiaDrafter<M> {
         Ok(tree)
     }
 
-    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
-        self.draft.observe(tree, outcome)
-    }
-
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft, observe);
 }

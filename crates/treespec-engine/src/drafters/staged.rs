@@ -35,6 +35,7 @@ use treespec_core::TokenId;
 use super::sample::{draw_children, SampleMode};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::{ExtraStats, StagedCounts};
 use crate::model::{CausalLm, TreeBatch};
 
 /// Staged-drafting knobs.
@@ -341,8 +342,9 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
         self.forwards
     }
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
-        vec![("staged_second_stage_acceptance", self.second_stage_acceptance())]
+    fn extra_stats(&self) -> ExtraStats {
+        let staged = StagedCounts { second_stage_acceptance: self.second_stage_acceptance() };
+        ExtraStats { staged: Some(staged), ..ExtraStats::default() }
     }
 }
 

@@ -32,6 +32,7 @@ use treespec_core::TokenId;
 use crate::auto_budget::{AutoBudget, SharedCosts};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::extra_stats::{ExtraStats, SuffixCounts};
 
 /// Most nodes the trie is built with before pricing (the pricing then keeps far fewer).
 const TRIE_NODES: usize = 256;
@@ -358,20 +359,18 @@ impl Drafter for SuffixDrafter {
         }
     }
 
-    fn extra_stats(&self) -> Vec<(&'static str, f64)> {
+    fn extra_stats(&self) -> ExtraStats {
         let s = &self.stats;
-        let mut out = vec![
-            ("suffix_local_hit_steps", s.local_hits as f64),
-            ("suffix_global_hit_steps", s.global_hits as f64),
-            ("suffix_drafting_steps", s.drafting_steps as f64),
-            ("suffix_explore_steps", s.explore_steps as f64),
-            ("suffix_verified_nodes", s.verified as f64),
-            ("suffix_accepted_nodes", s.accepted as f64),
-        ];
-        if s.verified > 0 {
-            out.push(("suffix_node_accept_rate", s.accepted as f64 / s.verified as f64));
-        }
-        out
+        let suffix = SuffixCounts {
+            local_hit_steps: s.local_hits,
+            global_hit_steps: s.global_hits,
+            drafting_steps: s.drafting_steps,
+            explore_steps: s.explore_steps,
+            verified_nodes: s.verified,
+            accepted_nodes: s.accepted,
+            node_accept_rate: (s.verified > 0).then(|| s.accepted as f64 / s.verified as f64),
+        };
+        ExtraStats { suffix: Some(suffix), ..ExtraStats::default() }
     }
 }
 

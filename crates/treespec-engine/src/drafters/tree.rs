@@ -7,11 +7,10 @@
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
-use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
-use crate::draft_state::DraftModel;
+use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::CausalLm;
@@ -92,11 +91,5 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
         Ok(tree)
     }
 
-    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
-        self.draft.observe(tree, outcome)
-    }
-
-    fn draft_forwards(&self) -> u64 {
-        self.draft.forwards()
-    }
+    forward_to_draft_model!(draft, observe);
 }

@@ -14,13 +14,13 @@ use treespec_core::suffix::{GlobalHistory, DEFAULT_CAP_TOKENS};
 
 use super::{Budget, MethodKind, MethodKnobs};
 use crate::auto_budget::{CostModel, SharedCosts};
-use crate::calibrate::AcceptanceVector;
 use crate::drafters::{
     AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
     StagedConfig, SuffixConfig, SuffixShared,
 };
 use crate::error::{EngineError, Result};
 use crate::methods::Method;
+use crate::offline_measure::AcceptanceVector;
 use crate::toy::{ToyLm, ToyModel};
 
 /// Sequoia's positional acceptance vector when none is given: measured by `treespec calibrate`

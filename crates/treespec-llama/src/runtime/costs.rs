@@ -14,7 +14,8 @@ use std::time::{Instant, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use treespec_core::cost::CostCurve;
-use treespec_engine::auto_budget::{measure_curve, CostModel, PROFILE_SIZES};
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::profile::{measure_curve, PROFILE_SIZES};
 
 use super::models::{ModelPair, ModelPaths};
 use crate::load::LlamaModel;

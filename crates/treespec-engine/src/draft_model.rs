@@ -62,11 +62,6 @@ impl<M: CausalLm> DraftModel<M> {
         Ok(logits.row(0).to_vec())
     }
 
-    /// Note that a new tree node exists (not fed yet). Call in the tree's arena order.
-    pub fn add_node(&mut self) {
-        self.fed.push(None);
-    }
-
     /// Feed tree nodes `nodes` (each's parent already fed) in one forward; returns their logits
     /// rows in the same order.
     pub fn feed(&mut self, tree: &TokenTree, nodes: &[NodeId]) -> Result<Logits> {
@@ -84,11 +79,6 @@ impl<M: CausalLm> DraftModel<M> {
             self.fed[n] = Some(base + i);
         }
         self.forward(&batch)
-    }
-
-    /// Whether a tree node's logits were computed (its children can be drafted).
-    pub fn is_fed(&self, node: NodeId) -> bool {
-        self.fed.get(node).copied().flatten().is_some()
     }
 
     /// Commit the accepted path: keep the fed prefix of it, queue the rest plus the bonus.
@@ -150,6 +140,30 @@ impl<M: CausalLm> DraftModel<M> {
         out
     }
 }
+
+/// The [`Drafter`](crate::Drafter) methods of a drafter over a [`DraftModel`] field that only
+/// forward to it: `draft_forwards` (its forward count) and, with `observe`, `observe` (commit the
+/// accepted path), for drafters that learn nothing else from an outcome. Use inside the
+/// `impl Drafter` block: `forward_to_draft_model!(draft, observe);`.
+macro_rules! forward_to_draft_model {
+    ($field:ident) => {
+        fn draft_forwards(&self) -> u64 {
+            self.$field.forwards()
+        }
+    };
+    ($field:ident, observe) => {
+        forward_to_draft_model!($field);
+
+        fn observe(
+            &mut self,
+            tree: &::treespec_core::tree::TokenTree,
+            outcome: &::treespec_core::verify::VerifyOutcome,
+        ) -> $crate::error::Result<()> {
+            self.$field.observe(tree, outcome)
+        }
+    };
+}
+pub(crate) use forward_to_draft_model;
 
 #[cfg(test)]
 mod tests {

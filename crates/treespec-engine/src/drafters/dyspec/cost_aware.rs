@@ -169,9 +169,9 @@ impl<M: CausalLm> Growth<'_, '_, M> {
             while !self.full() {
                 let Some(best) = best_event(&layer) else { break };
                 let ev = &layer[best];
-                let parent_raw = self.values[ev.parent];
-                let r = if parent_raw > 0.0 { ev.value / parent_raw } else { 0.0 };
-                let worth = cal.value[ev.parent] * auto.acceptance(d, r);
+                let parent_raw = self.values[ev.item.parent];
+                let r = if parent_raw > 0.0 { ev.score / parent_raw } else { 0.0 };
+                let worth = cal.value[ev.item.parent] * auto.acceptance(d, r);
                 if worth <= econ.rate * marginal_ms(&econ, self.tree.drafted()) {
                     break;
                 }
