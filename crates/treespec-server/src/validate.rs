@@ -174,7 +174,30 @@ fn unsupported(v: &Option<Value>, ok: impl Fn(&Value) -> bool) -> bool {
 }
 
 fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
-    // Fields that would change the result and are not implemented.
+    refuse_unsupported(&c)?;
+    let max_tokens = max_tokens(&c, limits)?;
+    let sampling = sampling::params(&c)?;
+    let seed = c.seed.unwrap_or(0) as u64;
+    let stop = stop_strings(c.stop, limits)?;
+    let method = match c.treespec {
+        None | Some(Value::Null) => None,
+        Some(v) => method_from_json(v, limits.has_draft)?,
+    };
+    Ok(JobSpec {
+        prompt,
+        max_tokens,
+        sampling,
+        seed,
+        stop,
+        method,
+        stream: c.stream,
+        include_usage: c.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+/// Fields that would change the result and are not implemented: a 400 naming the field (their
+/// neutral values are accepted, as clients often send them).
+fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
     let checks: [(&'static str, bool, &str); 21] = [
         ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
         ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
@@ -242,11 +265,15 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
         ("json_schema", unsupported(&c.json_schema, |_| false), "json_schema is not supported"),
         ("n_probs", unsupported(&c.n_probs, |v| v.as_i64() == Some(0)), "n_probs is not supported (only 0)"),
     ];
-    if let Some((param, _, msg)) = checks.iter().find(|(_, bad, _)| *bad) {
-        return Err(ApiError::invalid(*param, *msg).with_code("unsupported_parameter"));
+    match checks.iter().find(|(_, bad, _)| *bad) {
+        Some((param, _, msg)) => Err(ApiError::invalid(*param, *msg).with_code("unsupported_parameter")),
+        None => Ok(()),
     }
+}
 
-    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
+/// `max_completion_tokens` (or the older `max_tokens`): ≥ 1 and within the context.
+fn max_tokens(c: &CommonParams, limits: &Limits) -> Result<Option<usize>, ApiError> {
+    Ok(match c.max_completion_tokens.or(c.max_tokens) {
         None => None,
         Some(n) if n <= 0 => {
             return Err(ApiError::invalid("max_tokens", format!("max_tokens must be ≥ 1, got {n}")))
@@ -259,30 +286,19 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
             .with_code("context_length_exceeded"))
         }
         Some(n) => Some(n as usize),
-    };
-    let sampling = sampling::params(&c)?;
-    let seed = c.seed.unwrap_or(0) as u64;
-    let stop = c.stop.map(|s| s.into_vec()).unwrap_or_default();
+    })
+}
+
+/// Stop strings: at most `limits.max_stop`, none empty.
+fn stop_strings(stop: Option<crate::api::Stop>, limits: &Limits) -> Result<Vec<String>, ApiError> {
+    let stop = stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > limits.max_stop {
         return Err(ApiError::invalid("stop", format!("at most {} stop strings", limits.max_stop)));
     }
     if stop.iter().any(|s| s.is_empty()) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
-    let method = match c.treespec {
-        None | Some(Value::Null) => None,
-        Some(v) => method_from_json(v, limits.has_draft)?,
-    };
-    Ok(JobSpec {
-        prompt,
-        max_tokens,
-        sampling,
-        seed,
-        stop,
-        method,
-        stream: c.stream,
-        include_usage: c.stream_options.is_some_and(|o| o.include_usage),
-    })
+    Ok(stop)
 }
 
 /// The method named by a `treespec` extension object, through the engine's registry: the same
