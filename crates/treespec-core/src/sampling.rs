@@ -102,6 +102,16 @@ impl Sampler {
         self.params.is_greedy()
     }
 
+    /// How many trailing context tokens the processing reads: the repetition penalty's window, 0
+    /// without a penalty. Passing only that tail as `context` gives the same result.
+    pub fn context_window(&self) -> usize {
+        if self.params.repetition_penalty == 1.0 {
+            0
+        } else {
+            self.params.penalty_last_n
+        }
+    }
+
     /// The greedy token: argmax of the penalised logits. `context` is the token history (prompt +
     /// generated + tree path) the repetition penalty looks at.
     pub fn greedy_token(&self, logits: &[f32], context: &[TokenId]) -> Result<TokenId> {
@@ -186,17 +196,24 @@ pub fn check_logits(logits: &[f32]) -> Result<()> {
 
 /// Numerically stable softmax; −inf entries get probability 0.
 pub fn softmax(logits: &[f32]) -> Result<Vec<f32>> {
+    let (max, inv) = softmax_scale(logits)?;
+    Ok(logits.iter().map(|&x| (x - max).exp() * inv).collect())
+}
+
+/// `softmax(logits)[t]` for each of `tokens`, bit for bit, without building the whole row.
+pub fn softmax_at(logits: &[f32], tokens: &[TokenId]) -> Result<Vec<f32>> {
+    let (max, inv) = softmax_scale(logits)?;
+    Ok(tokens.iter().map(|&t| (logits[t as usize] - max).exp() * inv).collect())
+}
+
+/// The maximum logit and 1 / Σ exp(x − max) (summed in f64, in row order).
+fn softmax_scale(logits: &[f32]) -> Result<(f32, f32)> {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
         return Err(Error::NoMass);
     }
-    let mut out: Vec<f32> = logits.iter().map(|&x| (x - max).exp()).collect();
-    let total: f64 = out.iter().map(|&x| x as f64).sum();
-    let inv = (1.0 / total) as f32;
-    for x in &mut out {
-        *x *= inv;
-    }
-    Ok(out)
+    let total: f64 = logits.iter().map(|&x| (x - max).exp() as f64).sum();
+    Ok((max, (1.0 / total) as f32))
 }
 
 /// Set all but the k largest logits to −inf (ties broken towards the lower token id).
@@ -300,6 +317,17 @@ mod tests {
         // Low temperature sharpens.
         let cold = sampler(SamplingParams::with_temperature(0.5)).distribution(&logits, &[]).unwrap();
         assert!(cold.prob(0) > full.prob(0));
+    }
+
+    #[test]
+    fn softmax_at_matches_softmax_bit_for_bit() {
+        let logits = [0.3f32, -1.25, 7.5, f32::NEG_INFINITY, 2.0, 7.5];
+        let full = softmax(&logits).unwrap();
+        let some = softmax_at(&logits, &[5, 0, 3]).unwrap();
+        assert_eq!(
+            some.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            [5, 0, 3].map(|i| full[i].to_bits())
+        );
     }
 
     #[test]

@@ -51,20 +51,27 @@ impl<M: CausalLm> DraftModel<M> {
         Ok(())
     }
 
-    /// Start a step: feed the unfed chain and return the root's logits row.
+    /// Start a step: feed the unfed chain and return the root's logits row, owned: the tree
+    /// drafters keep it in their frontier while they feed the draft again.
     pub fn start_step(&mut self) -> Result<Vec<f32>> {
+        Ok(self.start_step_logits()?.row(0).to_vec())
+    }
+
+    /// [`start_step`](Self::start_step) with the root's row (row 0) borrowed from the draft
+    /// model's output, for a caller done with it before the next forward.
+    pub fn start_step_logits(&mut self) -> Result<Logits<'_>> {
         if self.unfed.is_empty() {
             return Err(EngineError::State("draft has no root to feed".into()));
         }
         let batch = TreeBatch::chain(&self.unfed, None, 0, true);
-        let logits = self.forward(&batch)?;
+        let logits = timed_forward(&mut self.model, &mut self.forwards, &mut self.timings, &batch)?;
         self.fed = vec![Some(self.unfed.len() - 1)];
-        Ok(logits.row(0).to_vec())
+        Ok(logits)
     }
 
     /// Feed tree nodes `nodes` (each's parent already fed) in one forward; returns their logits
-    /// rows in the same order.
-    pub fn feed(&mut self, tree: &TokenTree, nodes: &[NodeId]) -> Result<Logits> {
+    /// rows in the same order, borrowed from the draft model's output until its next call.
+    pub fn feed(&mut self, tree: &TokenTree, nodes: &[NodeId]) -> Result<Logits<'_>> {
         if self.fed.len() < tree.len() {
             self.fed.resize(tree.len(), None);
         }
@@ -129,15 +136,8 @@ impl<M: CausalLm> DraftModel<M> {
         self.fed = fed;
     }
 
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
-        self.forwards += 1;
-        let t = std::time::Instant::now();
-        let out = self.model.forward(batch);
-        if self.timings.len() < 256 {
-            // Bounded: drafters that never read timings must not grow this without limit.
-            self.timings.push((batch.len(), t.elapsed().as_secs_f64() * 1e3));
-        }
-        out
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
+        timed_forward(&mut self.model, &mut self.forwards, &mut self.timings, batch)
     }
 }
 
@@ -164,6 +164,24 @@ macro_rules! forward_to_draft_model {
     };
 }
 pub(crate) use forward_to_draft_model;
+
+/// One counted, timed draft forward (split from `DraftModel` so the returned rows borrow only
+/// the model, not the bookkeeping).
+fn timed_forward<'m, M: CausalLm>(
+    model: &'m mut M,
+    forwards: &mut u64,
+    timings: &mut Vec<(usize, f64)>,
+    batch: &TreeBatch,
+) -> Result<Logits<'m>> {
+    *forwards += 1;
+    let t = std::time::Instant::now();
+    let out = model.forward(batch);
+    if timings.len() < 256 {
+        // Bounded: drafters that never read timings must not grow this without limit.
+        timings.push((batch.len(), t.elapsed().as_secs_f64() * 1e3));
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {

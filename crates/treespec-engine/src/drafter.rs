@@ -3,7 +3,7 @@
 //! plugs into the same loop.
 
 use treespec_core::sampling::Sampler;
-use treespec_core::tree::TokenTree;
+use treespec_core::tree::{NodeId, TokenTree};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
@@ -28,6 +28,23 @@ impl ProposeContext<'_> {
     /// The root token (last token of the history).
     pub fn root(&self) -> TokenId {
         *self.history.last().expect("history always holds the root")
+    }
+
+    /// The tail of the history the sampler reads (the repetition penalty's window; empty
+    /// without a penalty, so nothing is copied then).
+    pub fn history_window(&self) -> &[TokenId] {
+        &self.history[self.history.len().saturating_sub(self.sampler.context_window())..]
+    }
+
+    /// The context a draft row of `node` is processed with: the history window, then the
+    /// tree's path to `node`. Empty (no allocation) without a repetition penalty.
+    pub fn node_context(&self, tree: &TokenTree, node: NodeId) -> Vec<TokenId> {
+        if self.sampler.context_window() == 0 {
+            return Vec::new();
+        }
+        let mut c = self.history_window().to_vec();
+        c.extend(tree.path_tokens(node));
+        c
     }
 }
 

@@ -8,7 +8,6 @@
 use std::time::Instant;
 
 use treespec_core::dist::Dist;
-use treespec_core::flatten::FlatTree;
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::stats::DecodeStats;
@@ -63,6 +62,9 @@ pub fn generate(
     validate(target, request, bytes)?;
     let context = target.context_size();
     let max_new = request.max_new_tokens.min(context - request.prompt.len() + 1);
+    let vocab = target.vocab_size();
+    // Token bytes are only looked at for stop strings.
+    let bytes = bytes.filter(|_| !request.stop.stop_strings.is_empty());
 
     let mut stats = DecodeStats::default();
     let (_, head) = request.prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
@@ -93,12 +95,12 @@ pub fn generate(
         check_tree(&tree, &ctx)?;
 
         let t = Instant::now();
-        let flat = FlatTree::new(&tree, target.committed_len());
-        let logits = target.forward(&TreeBatch::from_flat(&flat, 0))?;
+        // The target's rows stay in its output buffer: the verifier reads the ones it walks.
+        let logits = target.forward(&TreeBatch::from_tree(&tree, 0))?;
         let target_time = t.elapsed();
         stats.times.target += target_time;
         drafter.observe_cost(tree.len(), target_time.as_secs_f64() * 1e3);
-        if logits.rows() != tree.len() || logits.vocab() != target.vocab_size() {
+        if logits.rows() != tree.len() || logits.vocab() != vocab {
             return Err(EngineError::State(format!(
                 "target returned {} rows of {} logits for a tree of {} nodes",
                 logits.rows(),
@@ -203,18 +205,20 @@ fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
 /// The target's processed distributions for the rows of one verify batch, computed on demand.
 struct TreeRows<'a> {
     tree: &'a TokenTree,
-    logits: &'a Logits,
+    logits: &'a Logits<'a>,
     sampler: &'a Sampler,
     history: &'a [TokenId],
 }
 
 impl TreeRows<'_> {
-    /// The token history a row's distribution is conditioned on (for the repetition penalty).
+    /// The token history a row's distribution is conditioned on (for the repetition penalty):
+    /// only the last `penalty_last_n` tokens of history + path, the ones the penalty looks at.
     fn context(&self, node: NodeId) -> Vec<TokenId> {
-        if self.sampler.params().repetition_penalty == 1.0 {
+        let window = self.sampler.context_window();
+        if window == 0 {
             return Vec::new();
         }
-        let mut c = self.history.to_vec();
+        let mut c = self.history[self.history.len().saturating_sub(window)..].to_vec();
         c.extend(self.tree.path_tokens(node));
         c
     }

@@ -7,7 +7,9 @@
 //! `commit` keeps one root-to-node path of pending nodes (they sit at contiguous positions
 //! already) and drops every other pending node.
 
-use treespec_core::flatten::FlatTree;
+use std::borrow::Cow;
+
+use treespec_core::tree::TokenTree;
 use treespec_core::TokenId;
 
 use crate::error::Result;
@@ -26,13 +28,15 @@ pub struct TreeBatch {
 }
 
 impl TreeBatch {
-    /// A batch for a whole flattened tree fed on top of `pending_base` pending nodes (0 for a
-    /// fresh step), with logits for every row.
-    pub fn from_flat(flat: &FlatTree, pending_base: usize) -> Self {
+    /// A batch for a whole tree (rows in arena order, parents before children) fed on top of
+    /// `pending_base` pending nodes (0 for a fresh step), with logits for every row. Only tokens
+    /// and parent links: a backend derives positions and attention from the parents itself.
+    pub fn from_tree(tree: &TokenTree, pending_base: usize) -> Self {
+        let nodes = tree.nodes();
         Self {
-            tokens: flat.tokens.clone(),
-            parents: flat.parents.iter().map(|p| p.map(|p| p + pending_base)).collect(),
-            logits: vec![true; flat.len()],
+            tokens: nodes.iter().map(|n| n.token).collect(),
+            parents: nodes.iter().map(|n| n.parent.map(|p| p + pending_base)).collect(),
+            logits: vec![true; nodes.len()],
         }
     }
 
@@ -69,18 +73,35 @@ impl TreeBatch {
     }
 }
 
-/// Logits for the rows a batch asked for, in batch order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Logits {
+/// Logits for the rows a batch asked for, in batch order: row-major, `vocab` floats a row.
+///
+/// A backend may lend its own output buffer (`Logits<'a>` borrows the model until dropped), so
+/// a forward copies nothing and a reader touches only the rows it looks at. A caller that must
+/// keep rows past the model's next call takes [`Logits::into_owned`] or copies the row it needs.
+#[derive(Debug, Clone)]
+pub struct Logits<'a> {
     vocab: usize,
-    data: Vec<f32>,
+    data: Cow<'a, [f32]>,
 }
 
-impl Logits {
+impl Logits<'static> {
     /// Wrap row-major logits of `data.len() / vocab` rows.
     pub fn new(vocab: usize, data: Vec<f32>) -> Self {
         debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
-        Self { vocab, data }
+        Self { vocab, data: Cow::Owned(data) }
+    }
+}
+
+impl<'a> Logits<'a> {
+    /// Borrow row-major logits of `data.len() / vocab` rows.
+    pub fn borrowed(vocab: usize, data: &'a [f32]) -> Self {
+        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
+        Self { vocab, data: Cow::Borrowed(data) }
+    }
+
+    /// The same rows, owned (a copy when borrowed).
+    pub fn into_owned(self) -> Logits<'static> {
+        Logits { vocab: self.vocab, data: Cow::Owned(self.data.into_owned()) }
     }
 
     /// Vocabulary size.
@@ -96,6 +117,12 @@ impl Logits {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+impl PartialEq<Logits<'_>> for Logits<'_> {
+    fn eq(&self, other: &Logits<'_>) -> bool {
+        self.vocab == other.vocab && self.data[..] == other.data[..]
     }
 }
 
@@ -119,8 +146,9 @@ pub trait CausalLm {
     fn prefill(&mut self, tokens: &[TokenId]) -> Result<()>;
 
     /// Feed `batch` as pending nodes in ONE forward pass. Returns one logits row per node whose
-    /// `logits` flag is set, in batch order.
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits>;
+    /// `logits` flag is set, in batch order, possibly borrowed from the model's output buffer
+    /// (valid until the model's next mutable call).
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>>;
 
     /// Keep the pending nodes of `path` (pending indices; the first attached to the committed
     /// prefix, each next one a child of the previous) as committed tokens; drop all other pending
@@ -149,7 +177,7 @@ impl<M: CausalLm + ?Sized> CausalLm for &mut M {
     fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
         (**self).prefill(tokens)
     }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         (**self).forward(batch)
     }
     fn commit(&mut self, path: &[usize]) -> Result<()> {
@@ -176,7 +204,7 @@ impl<M: CausalLm + ?Sized> CausalLm for Box<M> {
     fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
         (**self).prefill(tokens)
     }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         (**self).forward(batch)
     }
     fn commit(&mut self, path: &[usize]) -> Result<()> {

@@ -260,7 +260,7 @@ impl CausalLm for Spy {
     fn prefill(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
         self.lm.prefill(tokens)
     }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits, EngineError> {
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>, EngineError> {
         self.lm.forward(batch)
     }
     fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {

@@ -17,7 +17,6 @@
 //!
 //! This module only plans; `lm.rs` applies the plan to the context.
 
-use treespec_core::TokenId;
 use treespec_engine::{EngineError, Result, TreeBatch};
 
 /// Sequence id of the committed prefix.
@@ -41,15 +40,6 @@ pub(crate) struct SeqCopy {
     pub end: usize,
 }
 
-/// One batch row to hand to llama.cpp.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Row {
-    pub token: TokenId,
-    pub pos: usize,
-    pub seqs: Vec<i32>,
-    pub logits: bool,
-}
-
 /// How to take a failed batch back out of the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Undo {
@@ -59,11 +49,11 @@ pub(crate) enum Undo {
     TrimSeq { seq: i32, from: usize },
 }
 
-/// What `forward` must do, in order: copies, then one decode of `rows`; `undo` on failure.
+/// What `forward` must do, in order: copies, then one decode of the batch's nodes (each row's
+/// position and sequence ids from [`PendingTree::row`]); `undo` on failure.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Plan {
     pub copies: Vec<SeqCopy>,
-    pub rows: Vec<Row>,
     pub undo: Vec<Undo>,
 }
 
@@ -111,8 +101,9 @@ impl PendingTree {
         })
     }
 
-    /// Add `batch` on top of `committed` committed tokens and return the plan to feed it.
-    /// On error `self` may be partly modified: call it on a clone and keep the clone on success.
+    /// Add `batch` on top of `committed` committed tokens and return the plan to feed it; the
+    /// batch's nodes are the last `batch.len()` pending nodes. On error nothing changes; if the
+    /// plan cannot be applied, [`rollback`](Self::rollback) takes the batch back out.
     pub fn extend(&mut self, batch: &TreeBatch, committed: usize) -> Result<Plan> {
         let n = batch.tokens.len();
         if batch.parents.len() != n || batch.logits.len() != n {
@@ -125,6 +116,15 @@ impl PendingTree {
         }
         let base = self.nodes.len();
         let mut plan = Plan::default();
+        if let Err(e) = self.add_nodes(batch, committed, &mut plan) {
+            self.rollback(base, &plan);
+            return Err(e);
+        }
+        Ok(plan)
+    }
+
+    fn add_nodes(&mut self, batch: &TreeBatch, committed: usize, plan: &mut Plan) -> Result<()> {
+        let base = self.nodes.len();
         for (i, &parent) in batch.parents.iter().enumerate() {
             let idx = base + i;
             let (depth, seqs) = match parent {
@@ -171,15 +171,41 @@ impl PendingTree {
             };
             self.nodes.push(Node { parent, depth, seqs, children: 0 });
         }
-        plan.rows = (0..n)
-            .map(|i| Row {
-                token: batch.tokens[i],
-                pos: committed + self.nodes[base + i].depth,
-                seqs: self.nodes[base + i].seqs.clone(),
-                logits: batch.logits[i],
+        Ok(())
+    }
+
+    /// Take back out the nodes from `base` on, added by the `extend` that returned `plan`: the
+    /// paths it opened go back to the free ids and leave the older nodes, whose child counts are
+    /// recounted. The tree is then exactly as before that `extend`.
+    pub fn rollback(&mut self, base: usize, plan: &Plan) {
+        let opened: Vec<i32> = plan
+            .undo
+            .iter()
+            .filter_map(|u| match *u {
+                Undo::DropSeq(s) => Some(s),
+                Undo::TrimSeq { .. } => None,
             })
             .collect();
-        Ok(plan)
+        self.nodes.truncate(base);
+        for node in &mut self.nodes {
+            node.seqs.retain(|s| !opened.contains(s));
+            node.children = 0;
+        }
+        for i in 0..self.nodes.len() {
+            if let Some(p) = self.nodes[i].parent {
+                self.nodes[p].children += 1;
+            }
+        }
+        // `free` is always sorted largest first (ids are only popped from its end).
+        self.free.extend(opened);
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// Depth and sequence ids of pending node `idx`: its batch row sits at position
+    /// `committed + depth` and carries those ids.
+    pub fn row(&self, idx: usize) -> (usize, &[i32]) {
+        let node = &self.nodes[idx];
+        (node.depth, &node.seqs)
     }
 
     /// Check that `path` is a chain from a root-attached node and return the id of a path through
@@ -224,8 +250,8 @@ mod tests {
         let mut t = PendingTree::new(4);
         let plan = t.extend(&batch(&[None, Some(0), Some(1)]), 5).unwrap();
         assert_eq!(plan.copies, vec![SeqCopy { src: 0, dst: 1, end: 5 }]);
-        assert_eq!(plan.rows.iter().map(|r| r.pos).collect::<Vec<_>>(), vec![5, 6, 7]);
-        assert!(plan.rows.iter().all(|r| r.seqs == vec![1]));
+        assert_eq!((0..3).map(|i| 5 + t.row(i).0).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert!((0..3).all(|i| t.row(i).1 == [1]));
         assert_eq!(t.paths(), 1);
     }
 
@@ -234,10 +260,10 @@ mod tests {
         // A; B, C under A; D beside A.
         let mut t = PendingTree::new(4);
         let plan = t.extend(&batch(&[None, Some(0), Some(0), None]), 3).unwrap();
-        assert_eq!(plan.rows[0].seqs, vec![1, 2]);
-        assert_eq!(plan.rows[1].seqs, vec![1]);
-        assert_eq!(plan.rows[2].seqs, vec![2]);
-        assert_eq!(plan.rows[3].seqs, vec![3]);
+        assert_eq!(t.row(0).1, [1, 2]);
+        assert_eq!(t.row(1).1, [1]);
+        assert_eq!(t.row(2).1, [2]);
+        assert_eq!(t.row(3).1, [3]);
         assert_eq!(
             plan.copies,
             vec![
@@ -254,10 +280,8 @@ mod tests {
         t.extend(&batch(&[None, Some(0)]), 2).unwrap();
         // Second call: child under node 1 (a leaf: continues path 1), and under node 0 (branched).
         let plan = t.extend(&batch(&[Some(1), Some(0)]), 2).unwrap();
-        assert_eq!(plan.rows[0].seqs, vec![1]);
-        assert_eq!(plan.rows[0].pos, 4);
-        assert_eq!(plan.rows[1].seqs, vec![2]);
-        assert_eq!(plan.rows[1].pos, 3);
+        assert_eq!(t.row(2), (2, &[1][..]));
+        assert_eq!(t.row(3), (1, &[2][..]));
         assert_eq!(plan.copies, vec![SeqCopy { src: 1, dst: 2, end: 3 }]);
         assert_eq!(plan.undo, vec![Undo::TrimSeq { seq: 1, from: 4 }, Undo::DropSeq(2)]);
         assert_eq!(t.path_seq(&[0, 3]).unwrap(), Some(2));
@@ -287,8 +311,25 @@ mod tests {
         let mut t = PendingTree::new(2);
         t.extend(&batch(&[None, None]), 0).unwrap();
         t.clear();
-        let plan = t.extend(&batch(&[None, None]), 0).unwrap();
-        assert_eq!(plan.rows[0].seqs, vec![1]);
-        assert_eq!(plan.rows[1].seqs, vec![2]);
+        t.extend(&batch(&[None, None]), 0).unwrap();
+        assert_eq!(t.row(0).1, [1]);
+        assert_eq!(t.row(1).1, [2]);
+    }
+
+    /// A failed extend, and a rollback after a good one, leave the tree exactly as it was.
+    #[test]
+    fn failed_extend_and_rollback_restore_the_tree() {
+        let mut t = PendingTree::new(3);
+        t.extend(&batch(&[None, Some(0), Some(0)]), 4).unwrap();
+        let before = format!("{t:?}");
+        // Two more paths under node 1 and beside: the third path id runs out on the second.
+        assert!(t.extend(&batch(&[Some(1), Some(1), None]), 4).is_err());
+        assert_eq!(format!("{t:?}"), before);
+        assert!(t.extend(&batch(&[Some(9)]), 4).is_err());
+        assert_eq!(format!("{t:?}"), before);
+        let plan = t.extend(&batch(&[Some(1), Some(0)]), 4).unwrap();
+        assert_ne!(format!("{t:?}"), before);
+        t.rollback(3, &plan);
+        assert_eq!(format!("{t:?}"), before);
     }
 }

@@ -30,7 +30,7 @@ use treespec_core::TokenId;
 use treespec_engine::{CausalLm, EngineError, Logits, Result, TreeBatch};
 
 use crate::backend;
-use crate::kv::{PendingTree, Plan, Row, Undo, BASE_SEQ};
+use crate::kv::{PendingTree, Plan, Undo, BASE_SEQ};
 use crate::load::{LlamaModel, DECODED};
 use crate::memory::{check_fits, mem_available};
 
@@ -172,21 +172,6 @@ impl<'m> LlamaLm<'m> {
         }
     }
 
-    /// Fill the batch with `rows` and run one `llama_decode`.
-    fn decode_rows(&mut self, rows: &[Row]) -> Result<()> {
-        self.ensure_batch(rows.len());
-        self.batch.clear();
-        for r in rows {
-            debug_assert!(r.seqs.len() <= self.n_seq);
-            self.batch
-                .add(LlamaToken(r.token as i32), r.pos as i32, &r.seqs, r.logits)
-                .map_err(|e| EngineError::Backend(format!("cannot fill llama.cpp batch: {e}")))?;
-        }
-        DECODED.store(true, Ordering::SeqCst);
-        backend::clear_captured();
-        self.ctx.decode(&mut self.batch).map_err(|e| backend_err("llama_decode failed", e))
-    }
-
     fn check_tokens(&self, tokens: &[TokenId]) -> Result<()> {
         match tokens.iter().position(|&t| t as usize >= self.n_vocab) {
             Some(i) => Err(EngineError::State(format!(
@@ -195,6 +180,32 @@ impl<'m> LlamaLm<'m> {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// The logits rows of the last decode of `rows`, lent from llama.cpp's output buffer (no
+    /// copy: the caller reads only the rows it needs). llama.cpp stores the rows asked for
+    /// contiguously in batch order (`llama_get_logits`); the first and last rows' addresses
+    /// confirm it, and the rows are copied one by one should they ever not be.
+    fn output_rows(&self, wanted: &[bool]) -> Logits<'_> {
+        let mut rows = wanted.iter().enumerate().filter(|(_, &w)| w).map(|(i, _)| i as i32);
+        let (Some(first), last) = (rows.next(), rows.next_back()) else {
+            return Logits::new(self.n_vocab, Vec::new());
+        };
+        let n = wanted.iter().filter(|&&w| w).count();
+        let start = self.ctx.get_logits_ith(first).as_ptr();
+        let end = self.ctx.get_logits_ith(last.unwrap_or(first)).as_ptr();
+        if std::ptr::eq(end, start.wrapping_add((n - 1) * self.n_vocab)) {
+            // SAFETY: rows `first..=last` are n rows of n_vocab floats each, contiguous (checked
+            // just above), inside llama.cpp's output buffer, which stays untouched until the next
+            // decode, and that needs `&mut self`, which the returned borrow of `self` excludes.
+            let data = unsafe { std::slice::from_raw_parts(start, n * self.n_vocab) };
+            return Logits::borrowed(self.n_vocab, data);
+        }
+        let mut data = Vec::with_capacity(n * self.n_vocab);
+        for (i, _) in wanted.iter().enumerate().filter(|(_, &w)| w) {
+            data.extend_from_slice(self.ctx.get_logits_ith(i as i32));
+        }
+        Logits::new(self.n_vocab, data)
     }
 
     fn seq_rm(&mut self, seq: i32, from: usize) -> Result<()> {
@@ -232,6 +243,26 @@ impl<'m> LlamaLm<'m> {
     }
 }
 
+/// Fill `batch` with `rows` and run one `llama_decode` (a free function so that the rows can
+/// borrow the pending tree while the context and batch are borrowed mutably).
+fn decode_into<'r>(
+    ctx: &mut LlamaContext<'_>,
+    batch: &mut LlamaBatch<'static>,
+    n_seq: usize,
+    rows: impl Iterator<Item = (TokenId, usize, &'r [i32], bool)>,
+) -> Result<()> {
+    batch.clear();
+    for (token, pos, seqs, logits) in rows {
+        debug_assert!(seqs.len() <= n_seq);
+        batch
+            .add(LlamaToken(token as i32), pos as i32, seqs, logits)
+            .map_err(|e| EngineError::Backend(format!("cannot fill llama.cpp batch: {e}")))?;
+    }
+    DECODED.store(true, Ordering::SeqCst);
+    backend::clear_captured();
+    ctx.decode(batch).map_err(|e| backend_err("llama_decode failed", e))
+}
+
 impl CausalLm for LlamaLm<'_> {
     fn vocab_size(&self) -> usize {
         self.n_vocab
@@ -266,12 +297,10 @@ impl CausalLm for LlamaLm<'_> {
             });
         }
         self.check_tokens(tokens)?;
-        let rows: Vec<Row> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, &token)| Row { token, pos: self.committed + i, seqs: vec![BASE_SEQ], logits: false })
-            .collect();
-        if let Err(e) = self.decode_rows(&rows) {
+        let committed = self.committed;
+        let rows = tokens.iter().enumerate().map(|(i, &t)| (t, committed + i, &[BASE_SEQ][..], false));
+        self.ensure_batch(tokens.len());
+        if let Err(e) = decode_into(&mut self.ctx, &mut self.batch, self.n_seq, rows) {
             let _ = self.seq_rm(BASE_SEQ, self.committed);
             return Err(e);
         }
@@ -279,7 +308,7 @@ impl CausalLm for LlamaLm<'_> {
         Ok(())
     }
 
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         if batch.is_empty() {
             return Ok(Logits::new(self.n_vocab, Vec::new()));
         }
@@ -294,28 +323,29 @@ impl CausalLm for LlamaLm<'_> {
             )));
         }
         self.check_tokens(&batch.tokens)?;
-        // Plan on a copy so a rejected batch leaves the bookkeeping untouched.
-        let mut next = self.tree.clone();
-        let plan = next.extend(batch, self.committed)?;
+        // The new nodes go straight into the pending tree; a batch llama.cpp rejects is taken
+        // back out of the tree and the cache.
+        let base = self.tree.len();
+        let plan = self.tree.extend(batch, self.committed)?;
         for c in &plan.copies {
-            self.ctx
-                .copy_kv_cache_seq(c.src, c.dst, None, Some(c.end as u32))
-                .map_err(|e| EngineError::Backend(format!("KV cache copy failed: {e}")))?;
-        }
-        if let Err(e) = self.decode_rows(&plan.rows) {
-            self.undo(&plan);
-            return Err(e);
-        }
-        self.tree = next;
-
-        let wanted = plan.rows.iter().filter(|r| r.logits).count();
-        let mut data = Vec::with_capacity(wanted * self.n_vocab);
-        for (i, r) in plan.rows.iter().enumerate() {
-            if r.logits {
-                data.extend_from_slice(self.ctx.get_logits_ith(i as i32));
+            if let Err(e) = self.ctx.copy_kv_cache_seq(c.src, c.dst, None, Some(c.end as u32)) {
+                self.undo(&plan);
+                self.tree.rollback(base, &plan);
+                return Err(EngineError::Backend(format!("KV cache copy failed: {e}")));
             }
         }
-        Ok(Logits::new(self.n_vocab, data))
+        self.ensure_batch(batch.len());
+        let (committed, tree) = (self.committed, &self.tree);
+        let rows = (0..batch.len()).map(|i| {
+            let (depth, seqs) = tree.row(base + i);
+            (batch.tokens[i], committed + depth, seqs, batch.logits[i])
+        });
+        if let Err(e) = decode_into(&mut self.ctx, &mut self.batch, self.n_seq, rows) {
+            self.undo(&plan);
+            self.tree.rollback(base, &plan);
+            return Err(e);
+        }
+        Ok(self.output_rows(&batch.logits))
     }
 
     fn commit(&mut self, path: &[usize]) -> Result<()> {

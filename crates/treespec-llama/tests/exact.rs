@@ -22,9 +22,9 @@ fn exact_mode_loads_and_trees_match_chains() {
         parents: vec![None, Some(0), Some(0), None],
         logits: vec![true; 4],
     };
-    let t = lm.forward(&tree).unwrap();
+    let t = lm.forward(&tree).unwrap().into_owned();
     lm.commit(&[]).unwrap();
-    let c = lm.forward(&TreeBatch::chain(&[1000, 3000], None, 0, false)).unwrap();
+    let c = lm.forward(&TreeBatch::chain(&[1000, 3000], None, 0, false)).unwrap().into_owned();
     let d = max_abs_diff(t.row(2), c.row(1));
     eprintln!("exact mode, SmolLM2: |tree - chain| = {d:e}");
     assert!(d < 1e-3);
@@ -43,14 +43,14 @@ fn exact_mode_single_row_equals_tree_row_over_a_long_cache() {
     let mut lm = model.new_lm().unwrap();
     let long: Vec<u32> = (0..700u32).map(|i| 300 + (i * 37) % 5000).collect();
     lm.prefill(&long).unwrap();
-    let single = lm.forward(&TreeBatch::chain(&[1000], None, 0, false)).unwrap();
+    let single = lm.forward(&TreeBatch::chain(&[1000], None, 0, false)).unwrap().into_owned();
     lm.commit(&[]).unwrap();
     let tree = TreeBatch {
         tokens: vec![1000, 2000, 3000],
         parents: vec![None, Some(0), Some(0)],
         logits: vec![true; 3],
     };
-    let t = lm.forward(&tree).unwrap();
+    let t = lm.forward(&tree).unwrap().into_owned();
     let d = max_abs_diff(single.row(0), t.row(0));
     eprintln!("exact mode, 700-token cache, 2 threads: |single - tree row| = {d:e}");
     assert_eq!(d, 0.0);

@@ -62,12 +62,13 @@ fn qwen_tree_vs_chain() {
                 parents: parents.clone(),
                 logits: vec![true; tokens.len()],
             })
-            .unwrap();
+            .unwrap()
+            .into_owned();
         lm.commit(&[]).unwrap();
         for leaf in leaves(&parents) {
             let path = path_to(&parents, leaf);
             let toks: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
-            let chain = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap();
+            let chain = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap().into_owned();
             lm.commit(&[]).unwrap();
             for (k, &node) in path.iter().enumerate() {
                 worst = worst.max(max_abs_diff(tree.row(node), chain.row(k)));

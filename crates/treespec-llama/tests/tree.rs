@@ -23,7 +23,7 @@ fn tree_batch(tokens: &[u32], parents: &[Option<usize>]) -> TreeBatch {
 /// chain on top of the committed prefix. Leaves nothing pending.
 fn chain_logits(lm: &mut LlamaLm<'_>, tokens: &[u32], path: &[usize]) -> Vec<Vec<f32>> {
     let toks: Vec<u32> = path.iter().map(|&i| tokens[i]).collect();
-    let out = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap();
+    let out = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap().into_owned();
     lm.commit(&[]).unwrap();
     (0..out.rows()).map(|r| out.row(r).to_vec()).collect()
 }
@@ -42,7 +42,7 @@ fn chain_logits_dfs(lm: &mut LlamaLm<'_>, tokens: &[u32], parents: &[Option<usiz
         lm.truncate(base + common).unwrap();
         let suffix = &path[common..];
         let toks: Vec<u32> = suffix.iter().map(|&i| tokens[i]).collect();
-        let logits = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap();
+        let logits = lm.forward(&TreeBatch::chain(&toks, None, 0, false)).unwrap().into_owned();
         for (k, &node) in suffix.iter().enumerate() {
             out[node] = logits.row(k).to_vec();
         }
@@ -79,7 +79,7 @@ fn check_random_trees(seed: u64, count: usize, independent: usize) -> f32 {
         let n = rng.random_range(1..=40);
         let parents = random_tree(&mut rng, width, depth, n);
         let tokens = random_tokens(&mut rng, parents.len(), lm.vocab_size());
-        let tree = lm.forward(&tree_batch(&tokens, &parents)).unwrap();
+        let tree = lm.forward(&tree_batch(&tokens, &parents)).unwrap().into_owned();
         assert_eq!(tree.rows(), parents.len());
         assert_eq!(lm.pending_len(), parents.len());
         lm.commit(&[]).unwrap();
@@ -157,7 +157,7 @@ fn commit_then_decode_matches_incremental_decoding() {
         assert_eq!(spec.pending_len(), 0);
 
         let next = random_tokens(&mut rng, 1, spec.vocab_size())[0];
-        let got = spec.forward(&TreeBatch::chain(&[next], None, 0, false)).unwrap();
+        let got = spec.forward(&TreeBatch::chain(&[next], None, 0, false)).unwrap().into_owned();
         spec.commit(&[0]).unwrap();
         history.push(next);
 
@@ -166,7 +166,7 @@ fn commit_then_decode_matches_incremental_decoding() {
         plain.prefill(&prompt).unwrap();
         let mut last = None;
         for &tok in &history[prompt.len()..] {
-            last = Some(plain.forward(&TreeBatch::chain(&[tok], None, 0, false)).unwrap());
+            last = Some(plain.forward(&TreeBatch::chain(&[tok], None, 0, false)).unwrap().into_owned());
             plain.commit(&[0]).unwrap();
         }
         let want = last.unwrap();
@@ -177,10 +177,10 @@ fn commit_then_decode_matches_incremental_decoding() {
     let first = history[prompt.len()];
     spec.truncate(prompt.len()).unwrap();
     assert_eq!(spec.committed_len(), prompt.len());
-    let again = spec.forward(&TreeBatch::chain(&[first], None, 0, false)).unwrap();
+    let again = spec.forward(&TreeBatch::chain(&[first], None, 0, false)).unwrap().into_owned();
     let mut plain = model.new_lm().unwrap();
     plain.prefill(&prompt).unwrap();
-    let want = plain.forward(&TreeBatch::chain(&[first], None, 0, false)).unwrap();
+    let want = plain.forward(&TreeBatch::chain(&[first], None, 0, false)).unwrap().into_owned();
     worst = worst.max(compare("after truncate", again.row(0), want.row(0)));
 
     eprintln!("commit/truncate vs incremental: max |logit diff| = {worst:e}");
@@ -199,7 +199,7 @@ fn feed_in_chunks(
     let mut start = 0;
     for &len in chunks {
         let end = start + len;
-        let logits = lm.forward(&tree_batch(&tokens[start..end], &parents[start..end])).unwrap();
+        let logits = lm.forward(&tree_batch(&tokens[start..end], &parents[start..end])).unwrap().into_owned();
         out.extend((0..logits.rows()).map(|r| logits.row(r).to_vec()));
         start = end;
     }
@@ -280,11 +280,11 @@ fn multi_call_trees_equal_one_shot_trees() {
         let path = path_to(&lp, leaves[rng.random_range(0..leaves.len())]);
         lm.commit(&path).unwrap();
         let next = random_tokens(&mut rng, 1, lm.vocab_size());
-        let got = lm.forward(&TreeBatch::chain(&next, None, 0, false)).unwrap();
+        let got = lm.forward(&TreeBatch::chain(&next, None, 0, false)).unwrap().into_owned();
         lm.truncate(lm.committed_len() - path.len()).unwrap();
         let mut chain_toks: Vec<u32> = path.iter().map(|&i| lt[i]).collect();
         chain_toks.extend(&next);
-        let want = lm.forward(&TreeBatch::chain(&chain_toks, None, 0, true)).unwrap();
+        let want = lm.forward(&TreeBatch::chain(&chain_toks, None, 0, true)).unwrap().into_owned();
         lm.commit(&[]).unwrap();
         worst = worst.max(compare(&format!("case {t} after commit"), got.row(0), want.row(0)));
     }
@@ -303,7 +303,7 @@ fn logits_only_for_flagged_rows() {
     lm.prefill(&prompt(model)).unwrap();
     let tokens = [1000, 2000, 3000, 4000];
     let parents = [None, Some(0), Some(0), None];
-    let all = lm.forward(&tree_batch(&tokens, &parents)).unwrap();
+    let all = lm.forward(&tree_batch(&tokens, &parents)).unwrap().into_owned();
     lm.commit(&[]).unwrap();
     let some = lm
         .forward(&TreeBatch {
@@ -340,10 +340,10 @@ fn tree_larger_than_ubatch() {
     let prompt = prompt(&small);
     let mut a = small.new_lm().unwrap();
     a.prefill(&prompt).unwrap();
-    let split = a.forward(&tree_batch(&tokens, &parents)).unwrap();
+    let split = a.forward(&tree_batch(&tokens, &parents)).unwrap().into_owned();
     let mut b = model().new_lm().unwrap();
     b.prefill(&prompt).unwrap();
-    let whole = b.forward(&tree_batch(&tokens, &parents)).unwrap();
+    let whole = b.forward(&tree_batch(&tokens, &parents)).unwrap().into_owned();
     let worst = (0..parents.len()).map(|i| max_abs_diff(split.row(i), whole.row(i))).fold(0.0, f32::max);
     eprintln!("{} nodes with n_ubatch 8 vs 512: max |logit diff| = {worst:e}", parents.len());
     assert!(worst < TOL, "max logit difference {worst} exceeds {TOL}{EXACT_HINT}");

@@ -1,14 +1,18 @@
 //! `treespec generate`: one prompt, streamed to stdout, statistics to stderr (or one JSON object).
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use treespec_core::TokenId;
 use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
 
 use treespec_llama::runtime::Prompt;
+use treespec_llama::ModelBytes;
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve};
@@ -76,14 +80,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed: args.sampling.seed,
         stop: StopConditions { eos: models.eos_tokens().to_vec(), stop_strings: args.stop.clone() },
     };
-    let bytes = models.token_bytes();
+    let bytes = SeenBytes { inner: models.token_bytes(), seen: RefCell::default() };
     // The same text stream as the server: whole characters only, stop strings cut and held back.
     let mut stream = TextStream::new(&args.stop);
     let mut full = String::new();
     let json = args.json;
     let out = generate(&mut target, drafter.as_mut(), &request, Some(&bytes), &mut |tokens| {
         for &t in tokens {
-            stream.push(&bytes.token_bytes(t));
+            stream.push(&bytes.take(t));
         }
         let ready = stream.take();
         if !json && !ready.is_empty() {
@@ -135,4 +139,33 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("[{}] finish: {} | {}", method.name(), out.finish_reason.as_str(), s.summary_line());
     }
     Ok(())
+}
+
+/// Token bytes that `generate` looked up (it does so for stop strings only), kept for the text
+/// stream so that no token is detokenized twice.
+struct SeenBytes<'a> {
+    inner: ModelBytes<'a>,
+    seen: RefCell<VecDeque<(TokenId, Vec<u8>)>>,
+}
+
+impl SeenBytes<'_> {
+    /// `token`'s bytes: the ones `generate` already looked up, else a fresh lookup.
+    fn take(&self, token: TokenId) -> Vec<u8> {
+        let mut seen = self.seen.borrow_mut();
+        match seen.pop_front() {
+            Some((t, b)) if t == token => b,
+            _ => {
+                seen.clear();
+                self.inner.token_bytes(token)
+            }
+        }
+    }
+}
+
+impl TokenBytes for SeenBytes<'_> {
+    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
+        let b = self.inner.token_bytes(token);
+        self.seen.borrow_mut().push_back((token, b.clone()));
+        b
+    }
 }

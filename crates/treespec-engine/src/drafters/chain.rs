@@ -61,17 +61,18 @@ pub(crate) fn draft_chain<M: CausalLm>(
     if k == 0 {
         return Ok(tree);
     }
-    let mut logits = draft.start_step()?;
-    let mut context = ctx.history.to_vec();
+    // Only the repetition penalty reads the context: its window of history, then the drafted
+    // tokens (nothing copied without a penalty).
+    let mut context = ctx.history_window().to_vec();
     let mut at = ROOT;
     for i in 0..k {
-        if i > 0 {
-            logits = draft.feed(&tree, &[at])?.row(0).to_vec();
-        }
+        // The row is borrowed from the draft's output: it is read before the next feed.
+        let out = if i == 0 { draft.start_step_logits()? } else { draft.feed(&tree, &[at])? };
+        let logits = out.row(0);
         let kids = draw_children(
             &mut tree,
             at,
-            &logits,
+            logits,
             &context,
             1,
             SampleMode::WithoutReplacement,
@@ -80,9 +81,11 @@ pub(crate) fn draft_chain<M: CausalLm>(
         )?;
         let Some(&child) = kids.first() else { break };
         let token = tree.node(child).token;
-        context.push(token);
+        if ctx.sampler.context_window() > 0 {
+            context.push(token);
+        }
         at = child;
-        if !keep_going(&logits, token, i)? {
+        if !keep_going(logits, token, i)? {
             break;
         }
     }

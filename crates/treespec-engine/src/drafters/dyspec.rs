@@ -362,7 +362,8 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
             let Some(ev) = heap.pop() else { break };
             if let Source::Unfed = ev.item.source {
                 let node = ev.item.parent;
-                let logits = self.draft.feed(&self.tree, &[node])?;
+                // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
+                let logits = self.draft.feed(&self.tree, &[node])?.into_owned();
                 self.fed += 1;
                 if let Some(mut ready) = self.first_child_event(node, logits.row(0))? {
                     // Keep the popped event's place among equal values: under sampling its value
@@ -400,7 +401,8 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
             }
             // Feed every new node, not only those above the threshold: the batch is one forward
             // either way, and the fill may want their first children.
-            let logits = self.draft.feed(&self.tree, &new_nodes)?;
+            // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
+            let logits = self.draft.feed(&self.tree, &new_nodes)?.into_owned();
             self.fed += new_nodes.len() as u64;
             for (i, &n) in new_nodes.iter().enumerate() {
                 layer.extend(self.first_child_event(n, logits.row(i))?);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use treespec_core::rng::StreamRng;
-use treespec_core::sampling::{softmax, Sampler};
+use treespec_core::sampling::{softmax_at, Sampler};
 use treespec_core::tree::{Draw, NodeId, TokenTree};
 use treespec_core::TokenId;
 
@@ -58,12 +58,17 @@ pub fn draw_children(
     let parent_prob = tree.node(parent).draft_prob;
     if sampler.is_greedy() {
         let best = sampler.greedy_token(logits, context)?;
-        let probs = softmax(logits)?;
         // The greedy token first (it may differ from the raw top-1 under a repetition penalty).
         let mut tokens = vec![best];
-        tokens.extend(top_tokens(logits, width).into_iter().filter(|&t| t != best));
-        for t in tokens.into_iter().take(width) {
-            out.push(tree.add(parent, t, Draw::Deterministic, parent_prob * probs[t as usize])?);
+        if width > 1 {
+            // (A vocabulary-sized index sort, skipped for a single child.)
+            tokens.extend(top_tokens(logits, width).into_iter().filter(|&t| t != best));
+        }
+        tokens.truncate(width);
+        // Only the chosen tokens' probabilities, not a whole softmax row.
+        let probs = softmax_at(logits, &tokens)?;
+        for (t, p) in tokens.into_iter().zip(probs) {
+            out.push(tree.add(parent, t, Draw::Deterministic, parent_prob * p)?);
         }
         return Ok(out);
     }

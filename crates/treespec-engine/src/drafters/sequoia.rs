@@ -144,8 +144,7 @@ impl<M: CausalLm> Drafter for SequoiaDrafter<M> {
             let mut to_feed: Vec<(usize, NodeId)> = Vec::new();
             for (s, node, logits) in &frontier {
                 let kids = shape.children(*s);
-                let mut context = ctx.history.to_vec();
-                context.extend(tree.path_tokens(*node));
+                let context = ctx.node_context(&tree, *node);
                 let drawn = draw_children(
                     &mut tree,
                     *node,

@@ -64,8 +64,7 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
         for (d, &width) in self.widths.iter().enumerate().take(depth) {
             let mut layer = Vec::new();
             'nodes: for (node, logits) in &frontier {
-                let mut context = ctx.history.to_vec();
-                context.extend(tree.path_tokens(*node));
+                let context = ctx.node_context(&tree, *node);
                 let room = ctx.max_nodes - tree.drafted();
                 let kids = draw_children(
                     &mut tree,

@@ -92,7 +92,7 @@ impl CausalLm for ToyLm {
         Ok(())
     }
 
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits> {
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         if batch.tokens.len() != batch.parents.len() || batch.tokens.len() != batch.logits.len() {
             return Err(EngineError::State("batch fields of different lengths".into()));
         }

@@ -208,7 +208,8 @@ impl<M: CausalLm> Growth<'_, '_, M> {
             if look <= now {
                 break;
             }
-            let logits = self.draft.feed(&self.tree, &feed)?;
+            // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
+            let logits = self.draft.feed(&self.tree, &feed)?.into_owned();
             self.fed += feed.len() as u64;
             layer.clear();
             for (i, &n) in feed.iter().enumerate() {
