@@ -11,10 +11,11 @@ use treespec_core::dist::Dist;
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::stats::DecodeStats;
-use treespec_core::tree::{NodeId, TokenTree};
-use treespec_core::verify::{verify, TargetDists};
+use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
+use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
+use crate::constraint::TokenConstraint;
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::model::{CausalLm, Logits, TreeBatch};
@@ -57,6 +58,19 @@ pub fn generate(
     bytes: Option<&dyn TokenBytes>,
     on_tokens: &mut dyn FnMut(&[TokenId]) -> bool,
 ) -> Result<GenerateOutput> {
+    generate_constrained(target, drafter, request, None, bytes, on_tokens)
+}
+
+/// [`generate`] under a grammar: every target distribution is the grammar-masked one, tokens the
+/// grammar forces are verified as a free chain, and generation ends where the grammar does.
+pub fn generate_constrained(
+    target: &mut dyn CausalLm,
+    drafter: &mut dyn Drafter,
+    request: &GenerateRequest,
+    mut constraint: Option<&mut dyn TokenConstraint>,
+    bytes: Option<&dyn TokenBytes>,
+    on_tokens: &mut dyn FnMut(&[TokenId]) -> bool,
+) -> Result<GenerateOutput> {
     let start = Instant::now();
     let sampler = Sampler::new(request.sampling.clone())?;
     validate(target, request, bytes)?;
@@ -89,8 +103,17 @@ pub fn generate(
             max_depth: (max_new - out.len() - 1).min(room),
             sampler: &sampler,
         };
+        let forced = match constraint.as_mut() {
+            Some(c) if c.is_finished() => {
+                finish = FinishReason::Eos;
+                break 'steps;
+            }
+            Some(c) => c.forced(ctx.max_depth.min(ctx.max_nodes))?,
+            None => Vec::new(),
+        };
         let t = Instant::now();
-        let tree = drafter.propose(&ctx)?;
+        let tree =
+            if forced.is_empty() { drafter.propose(&ctx)? } else { forced_chain(ctx.root(), &forced)? };
         stats.times.draft += t.elapsed();
         check_tree(&tree, &ctx)?;
 
@@ -110,14 +133,27 @@ pub fn generate(
         }
 
         let t = Instant::now();
-        let mut rows = TreeRows { tree: &tree, logits: &logits, sampler: &sampler, history: &history };
+        let mut rows = TreeRows {
+            tree: &tree,
+            logits: &logits,
+            sampler: &sampler,
+            history: &history,
+            constraint: constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint),
+        };
         let outcome = verify(&tree, &mut rows, sampler.is_greedy(), &mut verify_rng)?;
         stats.record_step(tree.drafted(), &outcome);
         stats.times.verify += t.elapsed();
 
         let t = Instant::now();
         target.commit(&outcome.path())?;
-        drafter.observe(&tree, &outcome)?;
+        if let Some(c) = constraint.as_mut() {
+            c.commit(&outcome.tokens)?;
+        }
+        if forced.is_empty() {
+            drafter.observe(&tree, &outcome)?;
+        } else {
+            observe_as_plain_steps(drafter, &outcome.tokens)?;
+        }
         history.extend_from_slice(&outcome.tokens);
         let mut emitted = Vec::with_capacity(outcome.tokens.len());
         for &tok in &outcome.tokens {
@@ -202,15 +238,43 @@ fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
     Ok(())
 }
 
-/// The target's processed distributions for the rows of one verify batch, computed on demand.
-struct TreeRows<'a> {
+/// The grammar's forced tokens as a chain of deterministic drafts under the root: each has
+/// probability 1 under the masked target, so the whole chain is accepted and the bonus token is
+/// sampled after it.
+fn forced_chain(root: TokenId, forced: &[TokenId]) -> Result<TokenTree> {
+    let mut tree = TokenTree::new(root);
+    let mut at = ROOT;
+    for &t in forced {
+        at = tree.add(at, t, Draw::Deterministic, 1.0)?;
+    }
+    Ok(tree)
+}
+
+/// The drafter did not propose a forced chain: it learns the emitted tokens as plain steps (a
+/// root-only tree each), so its draft model stays in step and its acceptance statistics are not
+/// skewed by drafts it never made.
+fn observe_as_plain_steps(drafter: &mut dyn Drafter, tokens: &[TokenId]) -> Result<()> {
+    let mut root = None;
+    for &t in tokens {
+        let tree = TokenTree::new(root.unwrap_or(t));
+        let outcome = VerifyOutcome { accepted: Vec::new(), tokens: vec![t], depths: Vec::new() };
+        drafter.observe(&tree, &outcome)?;
+        root = Some(t);
+    }
+    Ok(())
+}
+
+/// The target's processed distributions for the rows of one verify batch, computed on demand
+/// (grammar-masked under a constraint).
+struct TreeRows<'a, 'c> {
     tree: &'a TokenTree,
     logits: &'a Logits<'a>,
     sampler: &'a Sampler,
     history: &'a [TokenId],
+    constraint: Option<&'c mut (dyn TokenConstraint + 'c)>,
 }
 
-impl TreeRows<'_> {
+impl TreeRows<'_, '_> {
     /// The token history a row's distribution is conditioned on (for the repetition penalty):
     /// only the last `penalty_last_n` tokens of history + path, the ones the penalty looks at.
     fn context(&self, node: NodeId) -> Vec<TokenId> {
@@ -224,11 +288,28 @@ impl TreeRows<'_> {
     }
 }
 
-impl TargetDists for TreeRows<'_> {
+impl<'a> TreeRows<'a, '_> {
+    /// The node's target row, masked by the grammar state after its path when constrained.
+    fn row(&mut self, node: NodeId) -> treespec_core::Result<std::borrow::Cow<'a, [f32]>> {
+        let logits: &'a Logits<'a> = self.logits;
+        let row = logits.row(node);
+        let Some(c) = self.constraint.as_deref_mut() else { return Ok(std::borrow::Cow::Borrowed(row)) };
+        let mut masked = row.to_vec();
+        c.mask_logits(&self.tree.path_tokens(node), &mut masked)
+            .map_err(|e| treespec_core::Error::Invalid(format!("grammar: {e}")))?;
+        Ok(std::borrow::Cow::Owned(masked))
+    }
+}
+
+impl TargetDists for TreeRows<'_, '_> {
     fn dist(&mut self, node: NodeId) -> treespec_core::Result<Dist> {
-        self.sampler.distribution(self.logits.row(node), &self.context(node))
+        let context = self.context(node);
+        let row = self.row(node)?;
+        self.sampler.distribution(&row, &context)
     }
     fn greedy(&mut self, node: NodeId) -> treespec_core::Result<TokenId> {
-        self.sampler.greedy_token(self.logits.row(node), &self.context(node))
+        let context = self.context(node);
+        let row = self.row(node)?;
+        self.sampler.greedy_token(&row, &context)
     }
 }

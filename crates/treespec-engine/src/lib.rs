@@ -2,6 +2,7 @@
 //! generation loop, and pure-Rust toy models for tests and demos.
 
 pub mod auto_budget;
+pub mod constraint;
 pub mod draft_model;
 pub mod drafter;
 pub mod drafters;
@@ -17,10 +18,11 @@ pub mod stop;
 pub mod text_stream;
 pub mod toy;
 
+pub use constraint::{DfaConstraint, TokenConstraint};
 pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
-pub use generate::{generate, GenerateOutput, GenerateRequest};
+pub use generate::{generate, generate_constrained, GenerateOutput, GenerateRequest};
 pub use methods::Method;
 pub use model::{CausalLm, Logits, TreeBatch};
 pub use registry::{MethodKind, MethodSpec, METHOD_NAMES};
