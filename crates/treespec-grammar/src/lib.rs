@@ -16,12 +16,14 @@
 //! End-of-generation tokens are allowed exactly where the grammar can end.
 
 mod constraint;
+mod decoding;
 mod error;
 mod spec;
 mod tools;
 mod vocab;
 
 pub use constraint::{Constraint, TokenMask};
+pub use decoding::DecodingConstraint;
 pub use error::GrammarError;
 pub use spec::{CompileOptions, Grammar, GrammarSpec, JsonWhitespace};
 pub use toktrie::TokenId;

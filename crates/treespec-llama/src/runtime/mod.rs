@@ -21,6 +21,7 @@
 mod costs;
 mod fingerprint;
 mod models;
+mod token_table;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -35,6 +36,7 @@ use treespec_text::{ChatMessage, ChatTemplate};
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
 pub use models::{ModelBytes, ModelPaths, Prompt};
+pub use token_table::TokenTable;
 
 use crate::load::{LlamaModel, LoadOptions};
 use costs::CostCache;
@@ -50,6 +52,7 @@ pub struct ModelRuntime {
     /// The error is kept as text (an `EngineError` is not `Clone`).
     template: OnceLock<std::result::Result<ChatTemplate, String>>,
     tokenizer: OnceLock<TokenizerId>,
+    token_table: OnceLock<TokenTable>,
     costs: CostCache,
 }
 
@@ -72,6 +75,7 @@ impl ModelRuntime {
             eos,
             template: OnceLock::new(),
             tokenizer: OnceLock::new(),
+            token_table: OnceLock::new(),
             costs: CostCache::new(default_cache_dir()),
         })
     }
@@ -147,6 +151,16 @@ impl ModelRuntime {
         }
         let id = tokenizer_id(&self.pair.target)?;
         Ok(*self.tokenizer.get_or_init(|| id))
+    }
+
+    /// Every token's bytes, read on first use (structured output builds its grammar vocabulary
+    /// from it) and kept.
+    pub fn token_table(&self) -> treespec_engine::Result<&TokenTable> {
+        if let Some(t) = self.token_table.get() {
+            return Ok(t);
+        }
+        let table = TokenTable::read(&self.pair.target)?;
+        Ok(self.token_table.get_or_init(|| table))
     }
 
     /// The measured cost model: the target's curve, and the draft's when `with_draft` and a draft
