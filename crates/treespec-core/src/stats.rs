@@ -56,6 +56,8 @@ pub struct DecodeStats {
     pub accepted: u64,
     /// Tokens emitted by the verifier before truncation (accepted + bonus), summed over steps.
     pub emitted: u64,
+    /// Tokens a grammar forced (verified as free drafts; counted in `drafted` and `accepted` too).
+    pub forced: u64,
     /// Per depth (index 0 = depth 1) acceptance counts.
     pub per_depth: Vec<DepthCounts>,
     /// Time per phase.

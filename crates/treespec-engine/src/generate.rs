@@ -142,6 +142,7 @@ pub fn generate_constrained(
         };
         let outcome = verify(&tree, &mut rows, sampler.is_greedy(), &mut verify_rng)?;
         stats.record_step(tree.drafted(), &outcome);
+        stats.forced += forced.len() as u64;
         stats.times.verify += t.elapsed();
 
         let t = Instant::now();

@@ -9,13 +9,16 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use treespec_core::TokenId;
-use treespec_engine::{generate, GenerateRequest, StopConditions, TextStream, TokenBytes};
+use treespec_engine::{
+    generate_constrained, GenerateRequest, StopConditions, TextStream, TokenBytes, TokenConstraint,
+};
 
 use treespec_llama::runtime::Prompt;
 use treespec_llama::ModelBytes;
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve};
+use super::structured::StructuredArgs;
 
 /// Options of `treespec generate`.
 #[derive(Debug, Args)]
@@ -44,6 +47,8 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub structured: StructuredArgs,
 }
 
 /// Run `generate`.
@@ -73,6 +78,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         _ => None,
     };
     let mut drafter = method.build(draft)?;
+    let mut constraint = args.structured.constraint(&models)?;
     let request = GenerateRequest {
         prompt,
         max_new_tokens: args.n,
@@ -85,19 +91,27 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut stream = TextStream::new(&args.stop);
     let mut full = String::new();
     let json = args.json;
-    let out = generate(&mut target, drafter.as_mut(), &request, Some(&bytes), &mut |tokens| {
-        for &t in tokens {
-            stream.push(&bytes.take(t));
-        }
-        let ready = stream.take();
-        if !json && !ready.is_empty() {
-            let mut lock = std::io::stdout().lock();
-            let _ = lock.write_all(ready.as_bytes());
-            let _ = lock.flush();
-        }
-        full.push_str(&ready);
-        true
-    })?;
+    let grammar = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    let out = generate_constrained(
+        &mut target,
+        drafter.as_mut(),
+        &request,
+        grammar,
+        Some(&bytes),
+        &mut |tokens| {
+            for &t in tokens {
+                stream.push(&bytes.take(t));
+            }
+            let ready = stream.take();
+            if !json && !ready.is_empty() {
+                let mut lock = std::io::stdout().lock();
+                let _ = lock.write_all(ready.as_bytes());
+                let _ = lock.flush();
+            }
+            full.push_str(&ready);
+            true
+        },
+    )?;
 
     if let (Some(path), Some(shared)) = (&args.method.knobs.suffix_history, method.suffix_shared()) {
         shared
@@ -119,6 +133,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 "target_forwards": s.target_forwards,
                 "draft_forwards": s.draft_forwards,
                 "drafted": s.drafted,
+                "forced": s.forced,
                 "accepted": s.accepted,
                 "mean_accepted": s.mean_accepted(),
                 "accept_rate_by_depth": s.depth_rates(),

@@ -13,6 +13,7 @@ pub mod ngram;
 pub mod profile;
 pub mod serve;
 pub mod spellings;
+pub mod structured;
 pub mod threads;
 
 #[cfg(test)]
