@@ -87,13 +87,13 @@ pub struct CommonParams {
     pub logprobs: Option<Value>,
     /// Top log probabilities (unsupported).
     pub top_logprobs: Option<Value>,
-    /// Tools (unsupported).
+    /// Function tools (`structured.rs`).
     pub tools: Option<Value>,
-    /// Tool choice (unsupported).
+    /// `auto`, `none`, `required` or a named function (`structured.rs`).
     pub tool_choice: Option<Value>,
     /// Functions (deprecated, unsupported).
     pub functions: Option<Value>,
-    /// Response format (only `text`).
+    /// `text`, `json_object` or `json_schema` (`structured.rs`).
     pub response_format: Option<Value>,
     /// Logit bias (unsupported).
     pub logit_bias: Option<Value>,
@@ -170,8 +170,58 @@ impl Usage {
 pub struct ResponseMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null for a tool call).
+    pub content: Option<String>,
+    /// The tool call of a forced call (`tool_choice` `required` or named).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// One tool call in a response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCall {
+    /// `call_…`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments: a JSON object, encoded as a string.
+    pub arguments: String,
+}
+
+/// A streamed piece of a tool call: the first holds id, type and name (arguments empty), the
+/// next ones only argument text.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallDelta {
+    /// Always 0 (one call per response).
+    pub index: u32,
+    /// Only in the first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, only in the first piece.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name (first piece) and/or argument text.
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCallDelta {
+    /// Only in the first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More argument text.
+    pub arguments: String,
 }
 
 /// One choice of a non-streaming chat completion.
@@ -183,7 +233,7 @@ pub struct ChatChoice {
     pub message: ResponseMessage,
     /// Always null (unsupported).
     pub logprobs: Option<()>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -215,6 +265,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Pieces of a tool call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat completion chunk.

@@ -16,7 +16,8 @@ use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
-    generate, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions, TextStream, TokenBytes,
+    generate_constrained, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions,
+    TextStream, TokenBytes, TokenConstraint,
 };
 
 use treespec_core::cost::CostCurve;
@@ -222,7 +223,8 @@ impl GenerationBackend for EnginePool {
 }
 
 /// Run one tokenized job on a target/drafter pair, streaming text with stop-string hold-back.
-/// Shared by every worker.
+/// Shared by every worker. `constraint`: the request's grammar state, when it asked for
+/// structured output (every target distribution masked; generation ends when it is complete).
 #[allow(clippy::too_many_arguments)] // the model-side inputs of one job, each distinct
 pub fn run_generation(
     target: &mut dyn CausalLm,
@@ -232,6 +234,7 @@ pub fn run_generation(
     spec: &JobSpec,
     eos: Vec<TokenId>,
     bytes: &dyn TokenBytes,
+    constraint: Option<&mut dyn TokenConstraint>,
     emit: &mut dyn FnMut(Event) -> bool,
 ) -> Result<RunSummary, RunError> {
     let prompt_tokens = prompt.len();
@@ -248,7 +251,7 @@ pub fn run_generation(
     };
     // Text goes out as soon as it is final: whole characters, never the start of a stop string.
     let mut text = TextStream::new(&spec.stop);
-    let result = generate(target, drafter, &request, Some(bytes), &mut |tokens| {
+    let result = generate_constrained(target, drafter, &request, constraint, Some(bytes), &mut |tokens| {
         for &t in tokens {
             text.push(&bytes.token_bytes(t));
         }
@@ -359,6 +362,13 @@ impl ToyWorker {
 
 impl Worker for ToyWorker {
     fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
+        if spec.output.grammar().is_some() {
+            return Err(ApiError::invalid(
+                spec.output.param(),
+                "structured output needs a model vocabulary and the toy backend has none",
+            )
+            .into());
+        }
         let vocab = self.config.vocab.min(26) as u32;
         let prompt: Vec<TokenId> = Self::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
         let method = self.methods.for_request(spec.method.as_ref())?;
@@ -379,6 +389,7 @@ impl Worker for ToyWorker {
             spec,
             Vec::new(),
             &Letters,
+            None,
             &mut slow_emit,
         )
     }

@@ -1,9 +1,18 @@
 //! treespec-server: an OpenAI-compatible HTTP server that decodes speculatively.
 //!
-//! Layers, outside in: [`routes`] (axum handlers, SSE) → [`validate`] (every request check, no
-//! model; [`sampling`] for the sampling fields) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in front of
-//! model-owning worker threads; toy and llama.cpp workers). [`api`] holds the wire types,
-//! [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
+//! Layers, outside in: [`routes`] (axum handlers, SSE; [`tool_calls`] turns a forced tool call's
+//! JSON into `tool_calls`, whole or in deltas) → [`validate`] (every request check, no model;
+//! [`sampling`] for the sampling fields, [`structured`] for `response_format`, `tools` and
+//! `tool_choice`) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in
+//! front of model-owning worker threads; toy and llama.cpp workers). [`api`] holds the wire
+//! types, [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
+//!
+//! Structured output (issue #14): `response_format` `json_object` / `json_schema` and forced
+//! tool calls (`tool_choice` `required` or a named function) decode under a grammar
+//! (treespec-grammar, compiled per request against the model's vocabulary, built once per
+//! server) with `generate_constrained`: speculative and lossless against constrained plain
+//! decoding. `tool_choice: "auto"` is plain text (no free-form tool-call parsing yet); tool
+//! messages in the history, logprobs and presence/frequency penalties are refused with 400.
 
 pub mod api;
 pub mod engine_thread;
@@ -14,6 +23,8 @@ pub mod metrics;
 pub mod routes;
 pub mod sampling;
 pub mod serve;
+pub mod structured;
+pub mod tool_calls;
 pub mod validate;
 
 use std::sync::Arc;

@@ -2,11 +2,12 @@
 //! by every request (the generation loop starts each request from an empty cache).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 use treespec_core::TokenId;
-use treespec_engine::{Drafter, EngineError, Method};
+use treespec_engine::{Drafter, EngineError, Method, TokenConstraint};
+use treespec_grammar::{DecodingConstraint, Vocabulary};
 use treespec_llama::runtime::Prompt;
 use treespec_llama::{LlamaLm, ModelRuntime};
 use treespec_text::ChatMessage;
@@ -55,19 +56,53 @@ pub struct LlamaWorker<'m> {
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
     methods: Arc<ServerMethods>,
+    vocab: Arc<OnceLock<Vocabulary>>,
+}
+
+/// The target's vocabulary for grammars, built on the first structured request and shared by
+/// every worker (greedy forcing, as the CLI's `--json-schema`).
+fn vocabulary<'v>(
+    runtime: &ModelRuntime,
+    cell: &'v OnceLock<Vocabulary>,
+) -> std::result::Result<&'v Vocabulary, ApiError> {
+    if let Some(v) = cell.get() {
+        return Ok(v);
+    }
+    let table = runtime.token_table().map_err(|e| ApiError::internal(format!("token table: {e}")))?;
+    let vocab = Vocabulary::new(&table.tokens, &table.eos, &table.special)
+        .map_err(|e| ApiError::internal(format!("grammar vocabulary: {e}")))?;
+    Ok(cell.get_or_init(|| vocab))
+}
+
+/// The request's grammar state, compiled against the model's vocabulary (≈1 ms); a grammar
+/// llguidance refuses is the request's fault (400 naming its field).
+pub fn constraint(
+    runtime: &ModelRuntime,
+    cell: &OnceLock<Vocabulary>,
+    spec: &JobSpec,
+) -> std::result::Result<Option<DecodingConstraint>, ApiError> {
+    let Some(grammar) = spec.output.grammar() else { return Ok(None) };
+    let vocab = vocabulary(runtime, cell)?;
+    let compiled =
+        grammar.compile(vocab).map_err(|e| ApiError::invalid(spec.output.param(), e.to_string()))?;
+    Ok(Some(DecodingConstraint::new(compiled.constraint())))
 }
 
 impl<'m> LlamaWorker<'m> {
     /// Make the contexts, and check that the default method builds: a request without a
     /// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
     /// fail every such request with a 400.
-    pub fn new(runtime: &'m ModelRuntime, methods: Arc<ServerMethods>) -> Result<Self> {
+    pub fn new(
+        runtime: &'m ModelRuntime,
+        methods: Arc<ServerMethods>,
+        vocab: Arc<OnceLock<Vocabulary>>,
+    ) -> Result<Self> {
         let target = runtime.target().new_lm()?;
         let mut draft = runtime.draft().map(|d| d.new_lm()).transpose()?;
         let default = methods.default_method();
         drafter(default, draft.as_mut())
             .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
-        Ok(Self { runtime, target, draft, methods })
+        Ok(Self { runtime, target, draft, methods, vocab })
     }
 }
 
@@ -82,12 +117,23 @@ fn drafter<'a>(
 impl Worker for LlamaWorker<'_> {
     fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
         let prompt = prompt_tokens(self.runtime, &spec.prompt)?;
+        let mut constraint = constraint(self.runtime, &self.vocab, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
         let mut drafter = drafter(&method, self.draft.as_mut())
             .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let bytes = self.runtime.token_bytes();
         let eos = self.runtime.eos_tokens().to_vec();
-        run_generation(&mut self.target, drafter.as_mut(), method.name(), prompt, spec, eos, &bytes, emit)
+        run_generation(
+            &mut self.target,
+            drafter.as_mut(),
+            method.name(),
+            prompt,
+            spec,
+            eos,
+            &bytes,
+            constraint.as_mut().map(|c| c as &mut dyn TokenConstraint),
+            emit,
+        )
     }
 }
 
@@ -107,12 +153,14 @@ impl EnginePool {
         let (pool, q) = EnginePool::new(queue, id, limits, metrics);
         // Requests' methods resolve on the same runtime: fingerprint and curves on first need.
         let methods = Arc::new(ServerMethods::new(method, models.clone()));
+        let vocab = Arc::new(OnceLock::new());
         // Make every worker's contexts before answering anything, so a failure shows at start.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         for i in 0..workers.max(1) {
             let (q, models, methods, ready) = (q.clone(), models.clone(), methods.clone(), ready_tx.clone());
+            let vocab = vocab.clone();
             std::thread::Builder::new().name(format!("treespec-engine-{i}")).spawn(move || {
-                match LlamaWorker::new(&models, methods) {
+                match LlamaWorker::new(&models, methods, vocab) {
                     Ok(mut w) => {
                         let _ = ready.send(Ok(()));
                         drop(ready);

@@ -23,6 +23,7 @@ use crate::api::*;
 use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::tool_calls::ToolCallText;
 use crate::validate::{self, JobSpec};
 
 /// Shared state of the handlers.
@@ -160,7 +161,7 @@ enum Kind {
 }
 
 async fn respond(s: AppState, spec: JobSpec, kind: Kind) -> Result<Response, ApiError> {
-    let (stream, include_usage) = (spec.stream, spec.include_usage);
+    let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let (tx, mut rx) = unbounded_channel();
     s.backend.submit(Job { spec, events: tx })?;
     // The first event tells whether the prompt was accepted: errors before any output are
@@ -171,7 +172,7 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind) -> Result<Response, Api
         _ => return Err(ApiError::internal("the model thread stopped")),
     };
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
-    let meta = Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage };
+    let meta = Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call };
     if stream {
         let events = sse_events(rx, meta);
         return Ok(Sse::new(events).into_response());
@@ -194,6 +195,35 @@ struct Meta {
     model: String,
     kind: Kind,
     include_usage: bool,
+    /// The answer is a forced tool call (chat only).
+    tool_call: bool,
+}
+
+/// The tool-call reader of a response whose answer is a call.
+fn call_text(tool_call: bool) -> Option<ToolCallText> {
+    tool_call.then(|| ToolCallText::new(format!("call_{}", &new_id("c")[2..])))
+}
+
+/// The finish reason of a tool call: `tool_calls`, or `length` when it was cut.
+fn call_finish(f: &Finished) -> &'static str {
+    if f.finish_reason == "length" {
+        "length"
+    } else {
+        "tool_calls"
+    }
+}
+
+/// The reply message and finish reason: text, or the tool call parsed out of it (text again
+/// when it was cut before the call's arguments began).
+fn chat_message(text: String, f: &Finished, tool_call: bool) -> (ResponseMessage, &'static str) {
+    if let Some(mut call) = call_text(tool_call) {
+        call.push(&text);
+        if let Some((_, call)) = call.finish() {
+            let message = ResponseMessage { role: "assistant", content: None, tool_calls: Some(vec![call]) };
+            return (message, call_finish(f));
+        }
+    }
+    (ResponseMessage { role: "assistant", content: Some(text), tool_calls: None }, f.finish_reason)
 }
 
 impl Meta {
@@ -207,20 +237,18 @@ impl Meta {
             mean_accepted: f.stats.mean_accepted(),
         };
         match self.kind {
-            Kind::Chat => to_json(&ChatCompletionResponse {
-                id: self.id.clone(),
-                object: "chat.completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![ChatChoice {
-                    index: 0,
-                    message: ResponseMessage { role: "assistant", content: text },
-                    logprobs: None,
-                    finish_reason: f.finish_reason,
-                }],
-                usage,
-                treespec: stats,
-            }),
+            Kind::Chat => {
+                let (message, finish_reason) = chat_message(text, f, self.tool_call);
+                to_json(&ChatCompletionResponse {
+                    id: self.id.clone(),
+                    object: "chat.completion",
+                    created: self.created,
+                    model: self.model.clone(),
+                    choices: vec![ChatChoice { index: 0, message, logprobs: None, finish_reason }],
+                    usage,
+                    treespec: stats,
+                })
+            }
             Kind::Completion => to_json(&CompletionResponse {
                 id: self.id.clone(),
                 object: "text_completion",
@@ -238,14 +266,8 @@ impl Meta {
         }
     }
 
-    /// One streamed chunk: text and/or finish reason, or (with `usage`) the usage chunk.
-    fn chunk(
-        &self,
-        role: bool,
-        text: Option<String>,
-        finish: Option<&'static str>,
-        usage: Option<Usage>,
-    ) -> SseEvent {
+    /// One streamed chunk: a delta and/or finish reason, or (with `usage`) the usage chunk.
+    fn chunk(&self, delta: Delta, finish: Option<&'static str>, usage: Option<Usage>) -> SseEvent {
         let value = match self.kind {
             Kind::Chat => to_json(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -255,12 +277,7 @@ impl Meta {
                 choices: if usage.is_some() {
                     vec![]
                 } else {
-                    vec![ChunkChoice {
-                        index: 0,
-                        delta: Delta { role: role.then_some("assistant"), content: text },
-                        logprobs: None,
-                        finish_reason: finish,
-                    }]
+                    vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }]
                 },
                 usage,
             }),
@@ -274,7 +291,7 @@ impl Meta {
                 } else {
                     vec![CompletionChoice {
                         index: 0,
-                        text: text.unwrap_or_default(),
+                        text: delta.content.unwrap_or_default(),
                         logprobs: None,
                         finish_reason: finish,
                     }]
@@ -297,55 +314,88 @@ enum Phase {
     Finished,
 }
 
-/// The SSE body: a role chunk (chat), text chunks, a finish chunk, the usage chunk if asked,
-/// `[DONE]`. Dropping this stream (client gone) drops the receiver, which cancels the job.
+/// A text delta.
+fn text_delta(text: String) -> Delta {
+    Delta { content: Some(text), ..Delta::default() }
+}
+
+/// The SSE body: a role chunk (chat), text chunks (or tool-call pieces), a finish chunk, the
+/// usage chunk if asked, `[DONE]`. Dropping this stream (client gone) drops the receiver, which
+/// cancels the job.
 fn sse_events(rx: UnboundedReceiver<Event>, meta: Meta) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    stream::unfold((rx, meta, Phase::First), |(mut rx, meta, phase)| async move {
+    let call = call_text(meta.tool_call);
+    stream::unfold((rx, meta, call, Phase::First), |(mut rx, meta, mut call, phase)| async move {
         match phase {
             Phase::First if meta.kind == Kind::Chat => {
-                let e = meta.chunk(true, Some(String::new()), None, None);
-                Some((vec![e], (rx, meta, Phase::Streaming)))
+                let content = (!meta.tool_call).then(String::new);
+                let e =
+                    meta.chunk(Delta { role: Some("assistant"), content, ..Delta::default() }, None, None);
+                Some((vec![e], (rx, meta, call, Phase::Streaming)))
             }
-            Phase::First | Phase::Streaming => loop {
-                match rx.recv().await {
-                    Some(Event::Text(t)) if t.is_empty() => continue,
-                    Some(Event::Text(t)) => {
-                        let e = meta.chunk(false, Some(t), None, None);
-                        break Some((vec![e], (rx, meta, Phase::Streaming)));
-                    }
-                    Some(Event::Started { .. }) => continue,
-                    Some(Event::Done(f)) => {
-                        let mut out = vec![meta.chunk(false, None, Some(f.finish_reason), None)];
-                        if meta.include_usage {
-                            out.push(meta.chunk(
-                                false,
-                                None,
-                                None,
-                                Some(Usage::new(f.prompt_tokens, f.completion_tokens)),
-                            ));
+            Phase::First | Phase::Streaming => {
+                let out = loop {
+                    match rx.recv().await {
+                        Some(Event::Text(t)) if t.is_empty() => continue,
+                        Some(Event::Text(t)) => match call.as_mut() {
+                            None => break vec![meta.chunk(text_delta(t), None, None)],
+                            Some(c) => {
+                                let pieces = c.push(&t);
+                                if !pieces.is_empty() {
+                                    let delta = Delta { tool_calls: Some(pieces), ..Delta::default() };
+                                    break vec![meta.chunk(delta, None, None)];
+                                }
+                            }
+                        },
+                        Some(Event::Started { .. }) => continue,
+                        Some(Event::Done(f)) => break finish_chunks(&meta, call.as_mut(), &f),
+                        Some(Event::Error(e)) => break error_chunks(&e),
+                        None => {
+                            break error_chunks(&ApiError::internal("the generation ended without a result"))
                         }
-                        out.push(SseEvent::default().data("[DONE]"));
-                        break Some((out, (rx, meta, Phase::Finished)));
                     }
-                    Some(Event::Error(e)) => {
-                        let out = vec![
-                            SseEvent::default().data(e.body().to_string()),
-                            SseEvent::default().data("[DONE]"),
-                        ];
-                        break Some((out, (rx, meta, Phase::Finished)));
-                    }
-                    None => {
-                        let e = ApiError::internal("the generation ended without a result");
-                        let out = vec![
-                            SseEvent::default().data(e.body().to_string()),
-                            SseEvent::default().data("[DONE]"),
-                        ];
-                        break Some((out, (rx, meta, Phase::Finished)));
-                    }
-                }
-            },
+                };
+                // Only the end (finish or error, then `[DONE]`) comes as more than one event.
+                let done = out.len() > 1;
+                Some((out, (rx, meta, call, if done { Phase::Finished } else { Phase::Streaming })))
+            }
             Phase::Finished => None,
         }
     })
     .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}
+
+/// The last chunks: the tool call's last piece (or its text, if it never became a call), the
+/// finish reason, the usage if asked, `[DONE]`.
+fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    let mut finish = f.finish_reason;
+    if let Some(call) = call {
+        match call.finish() {
+            Some((last, _)) => {
+                finish = call_finish(f);
+                if let Some(last) = last {
+                    out.push(meta.chunk(
+                        Delta { tool_calls: Some(vec![last]), ..Delta::default() },
+                        None,
+                        None,
+                    ));
+                }
+            }
+            None if !call.text().is_empty() => {
+                out.push(meta.chunk(text_delta(call.text().into()), None, None))
+            }
+            None => {}
+        }
+    }
+    out.push(meta.chunk(Delta::default(), Some(finish), None));
+    if meta.include_usage {
+        out.push(meta.chunk(Delta::default(), None, Some(Usage::new(f.prompt_tokens, f.completion_tokens))));
+    }
+    out.push(SseEvent::default().data("[DONE]"));
+    out
+}
+
+/// An error in the stream, then `[DONE]`.
+fn error_chunks(e: &ApiError) -> Vec<SseEvent> {
+    vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
 }

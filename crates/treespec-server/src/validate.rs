@@ -11,6 +11,7 @@ use treespec_engine::MethodSpec;
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
 use crate::sampling;
+use crate::structured::{self, Output};
 
 /// A chat message after validation (role normalised).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct JobSpec {
     pub stream: bool,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
+    /// Free text, grammar-constrained text or a tool call (see [`crate::structured`]).
+    pub output: Output,
 }
 
 /// Limits known to the HTTP layer.
@@ -173,8 +176,12 @@ fn unsupported(v: &Option<Value>, ok: impl Fn(&Value) -> bool) -> bool {
     v.as_ref().is_some_and(|v| !v.is_null() && !ok(v))
 }
 
-fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
+fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
     refuse_unsupported(&c)?;
+    let (output, note) = structured::output(&c, matches!(prompt, PromptInput::Chat(_)))?;
+    if let (PromptInput::Chat(messages), Some(note)) = (&mut prompt, note) {
+        structured::add_system_note(messages, note);
+    }
     let max_tokens = max_tokens(&c, limits)?;
     let sampling = sampling::params(&c)?;
     let seed = c.seed.unwrap_or(0) as u64;
@@ -192,13 +199,14 @@ fn common(prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSp
         method,
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
+        output,
     })
 }
 
 /// Fields that would change the result and are not implemented: a 400 naming the field (their
 /// neutral values are accepted, as clients often send them).
 fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
-    let checks: [(&'static str, bool, &str); 21] = [
+    let checks: [(&'static str, bool, &str); 18] = [
         ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
         ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
         ("logprobs", unsupported(&c.logprobs, |v| v == &Value::Bool(false)), "logprobs are not supported"),
@@ -207,18 +215,7 @@ fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
             unsupported(&c.top_logprobs, |v| v.as_i64() == Some(0)),
             "top_logprobs are not supported",
         ),
-        (
-            "tools",
-            unsupported(&c.tools, |v| v.as_array().is_some_and(|a| a.is_empty())),
-            "tools are not supported",
-        ),
-        ("tool_choice", unsupported(&c.tool_choice, |v| v == "none"), "tool_choice is not supported"),
         ("functions", unsupported(&c.functions, |_| false), "functions are not supported"),
-        (
-            "response_format",
-            unsupported(&c.response_format, |v| v.get("type").and_then(Value::as_str) == Some("text")),
-            "only response_format {\"type\": \"text\"} is supported",
-        ),
         (
             "logit_bias",
             unsupported(&c.logit_bias, |v| v.as_object().is_some_and(|o| o.is_empty())),
@@ -442,9 +439,6 @@ mod tests {
             ("n", json!(2), json!(1)),
             ("logprobs", json!(true), json!(false)),
             ("top_logprobs", json!(3), json!(0)),
-            ("tools", json!([{"type": "function"}]), json!([])),
-            ("tool_choice", json!("auto"), json!("none")),
-            ("response_format", json!({"type": "json_object"}), json!({"type": "text"})),
             ("logit_bias", json!({"5": 10}), json!({})),
             ("presence_penalty", json!(0.5), json!(0)),
             ("frequency_penalty", json!(0.5), json!(0.0)),
@@ -455,6 +449,40 @@ mod tests {
             chat_json(json!({"messages": msg(), field: good})).unwrap();
             chat_json(json!({"messages": msg(), field: null})).unwrap();
         }
+    }
+
+    #[test]
+    fn structured_output_fields() {
+        use treespec_grammar::GrammarSpec;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let j = chat_json(json!({"messages": msg(), "response_format": {"type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": true}}}))
+        .unwrap();
+        assert_eq!(j.output, Output::Constrained(GrammarSpec::JsonSchema(schema)));
+        let e =
+            chat_json(json!({"messages": msg(), "response_format": {"type": "json_schema"}})).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("response_format")));
+        // A forced call: a grammar, and the tools described in a leading system message.
+        let tools =
+            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "required"})).unwrap();
+        assert!(j.output.is_tool_call());
+        let PromptInput::Chat(m) = j.prompt else { panic!() };
+        assert!(m[0].role == "system" && m[0].content.contains("\"f\"") && m.len() == 2);
+        // auto: plain text, the prompt unchanged.
+        let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "auto"})).unwrap();
+        assert_eq!(
+            (j.output, j.prompt),
+            (Output::Text, chat_json(json!({"messages": msg()})).unwrap().prompt)
+        );
+        let e = chat_json(json!({"messages": msg(), "tools": [{"type": "function"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
+        // response_format on completions too; tool calls only on chat.
+        let l = Limits::default();
+        let p = |v: Value| completion(parse_json(v.to_string().as_bytes())?, &l);
+        let j = p(json!({"prompt": "a", "response_format": {"type": "json_object"}})).unwrap();
+        assert_eq!(j.output, Output::Constrained(GrammarSpec::JsonObject));
+        assert!(p(json!({"prompt": "a", "tools": tools, "tool_choice": "required"})).is_err());
     }
 
     #[test]

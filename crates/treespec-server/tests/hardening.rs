@@ -162,6 +162,7 @@ fn text_of_one_token() -> String {
         method: None,
         stream: false,
         include_usage: false,
+        output: Default::default(),
     };
     let mut text = String::new();
     let mut done = false;
@@ -173,6 +174,7 @@ fn text_of_one_token() -> String {
         &spec,
         Vec::new(),
         &PartialEmoji,
+        None,
         &mut |e| {
             match e {
                 Event::Text(t) => text.push_str(&t),

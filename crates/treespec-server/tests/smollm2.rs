@@ -5,6 +5,8 @@
 //! Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-models.sh); set
 //! TREESPEC_SKIP_MODEL_TESTS=1 to skip.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use async_openai::types::{
     ChatCompletionStreamOptions, CreateChatCompletionRequestArgs, CreateCompletionRequestArgs,
 };
 use async_openai::Client;
+use common::model_path;
 use futures_util::StreamExt;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TokenBytes};
@@ -21,18 +24,6 @@ use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
 use treespec_server::llama::prompt_tokens;
 use treespec_server::validate::{Message, PromptInput};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
-
-fn model_path() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("TREESPEC_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipping: {} is missing and TREESPEC_SKIP_MODEL_TESTS=1", p.display());
-        return None;
-    }
-    panic!("{} is missing: run scripts/fetch-models.sh (or set TREESPEC_SKIP_MODEL_TESTS=1)", p.display());
-}
 
 fn config(path: PathBuf) -> LlamaConfig {
     // One thread: llama.cpp's OpenMP workers spin-wait, and tests run in parallel.
