@@ -19,6 +19,9 @@ pub struct Prompt {
     pub category: String,
     /// The first turn (or `prompt`).
     pub text: String,
+    /// `schema`: a JSON Schema the answer must follow (structured output; `bench --structured`
+    /// constrains the generation to it).
+    pub schema: Option<Value>,
 }
 
 /// Read a prompt file. Blank lines are skipped; any other line must be a JSON object with
@@ -86,7 +89,12 @@ fn parse_line(line: &str, lineno: usize) -> Result<Prompt> {
         Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         Some(other) => bail!("`category` must be a non-empty string, found {}", kind(other)),
     };
-    Ok(Prompt { id, category, text })
+    let schema = match obj.get("schema") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(other) => bail!("`schema` must be a JSON Schema object, found {}", kind(other)),
+    };
+    Ok(Prompt { id, category, text, schema })
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -197,11 +205,16 @@ mod tests {
     fn parses_both_formats_and_uses_the_first_turn() {
         let p = parse_prompts(FILE).unwrap();
         assert_eq!(p.len(), 5);
-        assert_eq!(p[0], Prompt { id: "1".into(), category: "a".into(), text: "one".into() });
+        assert_eq!(p[0], Prompt { id: "1".into(), category: "a".into(), text: "one".into(), schema: None });
         assert_eq!(p[3].id, "x4");
         assert_eq!(
             p[4],
-            Prompt { id: "6".into(), category: DEFAULT_CATEGORY.into(), text: "plain five".into() }
+            Prompt {
+                id: "6".into(),
+                category: DEFAULT_CATEGORY.into(),
+                text: "plain five".into(),
+                schema: None
+            }
         );
     }
 

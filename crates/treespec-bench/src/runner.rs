@@ -14,7 +14,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_core::sampling::SamplingParams;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, Method, StopConditions, METHOD_NAMES};
+use treespec_engine::{
+    generate_constrained, CausalLm, Drafter, GenerateRequest, Method, StopConditions, TokenConstraint,
+    METHOD_NAMES,
+};
 
 use crate::prompts::Prompt;
 use crate::record::RunRecord;
@@ -37,6 +40,14 @@ pub trait Backend {
     fn stop(&self) -> StopConditions;
     /// The target and the drafter for one run of `method`.
     fn session(&mut self, method: &Method) -> Result<Session<'_>>;
+    /// A fresh grammar constraint for `prompt`'s `schema` (structured output); `None` when the
+    /// prompt has none. Backends without a grammar engine refuse schemas.
+    fn constraint(&mut self, prompt: &Prompt) -> Result<Option<Box<dyn TokenConstraint>>> {
+        match &prompt.schema {
+            None => Ok(None),
+            Some(_) => bail!("this backend cannot constrain output to a schema (prompt {})", prompt.id),
+        }
+    }
 }
 
 /// Toy models behind the [`Backend`] seam: the harness end to end with no model files. Prompt
@@ -82,12 +93,15 @@ pub struct BenchMethod {
     pub name: String,
     /// The method and its knobs.
     pub method: Method,
+    /// Constrain the output to each prompt's `schema` (structured output). An unconstrained
+    /// run of the same prompts is the cost-of-constraints reference.
+    pub constrained: bool,
 }
 
 impl BenchMethod {
     /// Wrap a method under its own name.
     pub fn new(method: Method) -> Self {
-        Self { name: method.name().to_string(), method }
+        Self { name: method.name().to_string(), method, constrained: false }
     }
 }
 
@@ -258,8 +272,17 @@ fn run_one(
         seed,
         stop: StopConditions { eos: backend.stop().eos, stop_strings: Vec::new() },
     };
+    let mut constraint = if spec.constrained { backend.constraint(prompt)? } else { None };
     let mut session = backend.session(&spec.method)?;
-    let out = generate(session.target.as_mut(), session.drafter.as_mut(), &request, None, &mut |_| true)?;
+    let grammar = constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint);
+    let out = generate_constrained(
+        session.target.as_mut(),
+        session.drafter.as_mut(),
+        &request,
+        grammar,
+        None,
+        &mut |_| true,
+    )?;
     let record = RunRecord::new(
         &spec.name,
         prompt,
@@ -336,7 +359,9 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
                 let (out, mut record) = run_one(backend, spec, p, tokens, cfg, r).with_context(|| {
                     format!("{} on prompt {} ({}), repeat {r}", spec.name, p.id, p.category)
                 })?;
-                if greedy {
+                // An unconstrained reference row is not expected to match constrained plain.
+                let comparable = spec.constrained == cfg.methods[0].constrained;
+                if greedy && comparable {
                     match &plain {
                         None => {
                             record.identical_to_plain = Some(true);

@@ -148,7 +148,9 @@ pub fn generate_constrained(
         let t = Instant::now();
         target.commit(&outcome.path())?;
         if let Some(c) = constraint.as_mut() {
-            c.commit(&outcome.tokens)?;
+            // Nothing after an end-of-generation token is emitted (a tree may draft past one).
+            let eos = outcome.tokens.iter().position(|t| request.stop.eos.contains(t));
+            c.commit(&outcome.tokens[..eos.map_or(outcome.tokens.len(), |i| i + 1)])?;
         }
         if forced.is_empty() {
             drafter.observe(&tree, &outcome)?;

@@ -39,37 +39,35 @@ fn grammar() -> DfaConstraint {
 
 /// The exact joint over V^len continuations: the masked, processed conditionals multiplied.
 fn exact_joint(model: &ToyModel, sampler: &Sampler, prompt: &[TokenId], len: usize) -> Vec<f64> {
-    fn rec(
-        m: &ToyModel,
-        s: &Sampler,
-        ctx: &mut Vec<TokenId>,
-        path: &mut Vec<TokenId>,
-        left: usize,
-        prob: f64,
-        index: usize,
-        out: &mut [f64],
-    ) {
-        if left == 0 {
-            out[index] = prob;
-            return;
-        }
-        let mut logits = m.logits(ctx);
-        grammar().mask_logits(path, &mut logits).unwrap();
-        let dist = s.distribution(&logits, ctx).unwrap();
-        for t in 0..V as TokenId {
-            let p = dist.prob(t) as f64;
-            if p > 0.0 {
-                ctx.push(t);
-                path.push(t);
-                rec(m, s, ctx, path, left - 1, prob * p, index * V + t as usize, out);
-                ctx.pop();
-                path.pop();
+    struct Walk<'a> {
+        model: &'a ToyModel,
+        sampler: &'a Sampler,
+        prompt: &'a [TokenId],
+        out: Vec<f64>,
+    }
+    impl Walk<'_> {
+        fn rec(&mut self, path: &mut Vec<TokenId>, left: usize, prob: f64, index: usize) {
+            if left == 0 {
+                self.out[index] = prob;
+                return;
+            }
+            let ctx: Vec<TokenId> = self.prompt.iter().chain(path.iter()).copied().collect();
+            let mut logits = self.model.logits(&ctx);
+            grammar().mask_logits(path, &mut logits).unwrap();
+            let dist = self.sampler.distribution(&logits, &ctx).unwrap();
+            for t in 0..V as TokenId {
+                let p = dist.prob(t) as f64;
+                if p > 0.0 {
+                    path.push(t);
+                    self.rec(path, left - 1, prob * p, index * V + t as usize);
+                    path.pop();
+                }
             }
         }
     }
-    let mut out = vec![0.0; V.pow(len as u32)];
-    rec(model, sampler, &mut prompt.to_vec(), &mut Vec::new(), len, 1.0, 0, &mut out);
-    out
+    let mut walk = Walk { model, sampler, prompt, out: vec![0.0; V.pow(len as u32)] };
+    walk.rec(&mut Vec::new(), len, 1.0, 0);
+    walk.out
 }
 
 fn drafter(kind: &str, draft: &ToyModel) -> Box<dyn Drafter> {

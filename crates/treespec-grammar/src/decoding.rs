@@ -39,6 +39,11 @@ impl DecodingConstraint {
 
 impl TokenConstraint for DecodingConstraint {
     fn mask_logits(&mut self, path: &[TokenId], logits: &mut [f32]) -> treespec_engine::Result<()> {
+        if path.iter().any(|&t| self.inner.vocab().is_eos(t)) {
+            // The path went through an end-of-generation token: what a tree drafts after it is
+            // cut by the loop (and never committed), so its rows need no grammar.
+            return Ok(());
+        }
         self.seek(path).map_err(engine)?;
         let mask = self.inner.mask().map_err(engine)?;
         if mask.count() == 0 {

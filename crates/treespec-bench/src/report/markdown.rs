@@ -146,7 +146,8 @@ fn per_method_table(s: &mut String, r: &Results) {
         let rates: Vec<String> = row.accept_rate_by_depth.iter().take(6).map(|x| format!("{x:.2}")).collect();
         let ident = match row.identical_runs {
             Some(n) => format!("{n}/{}", row.n_runs),
-            None => "unchecked (temp > 0)".into(),
+            None if r.config.sampling.temperature > 0.0 => "unchecked (temp > 0)".into(),
+            None => "– (unconstrained)".into(),
         };
         let _ = writeln!(
             s,

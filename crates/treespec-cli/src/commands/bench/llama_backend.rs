@@ -6,7 +6,8 @@ use anyhow::{anyhow, Context, Result};
 use serde_json::json;
 use treespec_bench::{Backend, Prompt, Session};
 use treespec_core::TokenId;
-use treespec_engine::{CausalLm, Method, StopConditions};
+use treespec_engine::{CausalLm, Method, StopConditions, TokenConstraint};
+use treespec_grammar::{DecodingConstraint, GrammarSpec, Vocabulary};
 use treespec_llama::runtime::Prompt as PromptText;
 use treespec_llama::{LlamaLm, ModelRuntime};
 
@@ -33,6 +34,8 @@ pub fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path:
 /// made once and reused by every run (`generate` and the drafters truncate them at the start).
 pub struct LlamaBackend<'m> {
     models: &'m ModelRuntime,
+    /// The grammar vocabulary, built on the first constrained run.
+    vocabulary: Option<Vocabulary>,
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
     chat: bool,
@@ -42,7 +45,7 @@ impl<'m> LlamaBackend<'m> {
     pub fn new(models: &'m ModelRuntime, chat: bool) -> Result<Self> {
         let target = models.target().new_lm()?;
         let draft = models.draft().map(|d| d.new_lm()).transpose()?;
-        Ok(Self { models, target, draft, chat })
+        Ok(Self { models, vocabulary: None, target, draft, chat })
     }
 }
 
@@ -67,5 +70,17 @@ impl Backend for LlamaBackend<'_> {
         };
         let drafter = method.build(draft)?;
         Ok(Session { target: Box::new(&mut self.target), drafter })
+    }
+    fn constraint(&mut self, prompt: &Prompt) -> Result<Option<Box<dyn TokenConstraint>>> {
+        let Some(schema) = &prompt.schema else { return Ok(None) };
+        if self.vocabulary.is_none() {
+            let t = self.models.token_table()?;
+            self.vocabulary = Some(Vocabulary::new(&t.tokens, &t.eos, &t.special)?);
+        }
+        let vocab = self.vocabulary.as_ref().expect("built above");
+        let grammar = GrammarSpec::JsonSchema(schema.clone())
+            .compile(vocab)
+            .with_context(|| format!("the schema of prompt {}", prompt.id))?;
+        Ok(Some(Box::new(DecodingConstraint::new(grammar.constraint()))))
     }
 }

@@ -110,6 +110,11 @@ pub struct BenchArgs {
     /// `scripts/peer-bench.sh run`, which runs llama.cpp's own tools on the same prompts.
     #[arg(long = "dump-prompts", value_name = "FILE")]
     pub dump_prompts: Option<PathBuf>,
+    /// Structured output: constrain every method to each prompt's `schema` (prompt files with a
+    /// `schema` field, e.g. `scripts/structured-set.sh`), and add `plain-free`, plain decoding
+    /// without the constraint, to show what the constraints cost.
+    #[arg(long)]
+    pub structured: bool,
     /// Print the per-method change between two result directories, then exit.
     #[arg(long, num_args = 2, value_names = ["DIR1", "DIR2"])]
     pub compare: Option<Vec<PathBuf>>,
@@ -198,7 +203,7 @@ impl Plan {
 
     fn run_config(&self, args: &BenchArgs, methods: Vec<BenchMethod>) -> RunConfig {
         RunConfig {
-            methods,
+            methods: if args.structured { structured(methods) } else { methods },
             max_new_tokens: self.n,
             sampling: self.sampling.clone(),
             seed: args.sampling.seed,
@@ -390,9 +395,22 @@ fn bench_methods(
             let mut method = base.with_method(k).resolve(context).with_context(|| format!("method {k}"))?;
             // A prompt's warm-up run and repeats must not draft from its own earlier answers.
             method.exclude_same_prompt();
-            Ok(BenchMethod { name: k.as_str().to_string(), method })
+            Ok(BenchMethod { name: k.as_str().to_string(), method, constrained: false })
         })
         .collect()
+}
+
+/// With `--structured`: every method constrained, plus unconstrained plain decoding.
+fn structured(mut methods: Vec<BenchMethod>) -> Vec<BenchMethod> {
+    for m in &mut methods {
+        m.constrained = true;
+    }
+    methods.push(BenchMethod {
+        name: "plain-free".into(),
+        method: treespec_engine::Method::Plain,
+        constrained: false,
+    });
+    methods
 }
 
 /// Cost curves for the toy backend (and for checking knobs before the models load): a cheap
