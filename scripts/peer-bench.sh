@@ -84,13 +84,14 @@ print(m.group(1) if m else "nan")'
 run() {
     local prompts="$1" out="$2"
     shift 2
-    local model="" draft="" n=128 threads=2
+    local model="" draft="" n=128 threads=2 structured=0
     while (($#)); do
         case "$1" in
             -m) model="$2"; shift 2 ;;
             -md) draft="$2"; shift 2 ;;
             -n) n="$2"; shift 2 ;;
             -t) threads="$2"; shift 2 ;;
+            --structured) structured=1; shift ;;
             *) die "unknown option $1" ;;
         esac
     done
@@ -111,10 +112,13 @@ run() {
         jq -j .text <<<"$line" >"$tmp/prompt.txt"
         local tools=(plain ngram-mod lookup)
         [[ -n "$draft" ]] && tools+=(draft)
+        # Structured: plain decoding under the prompt's JSON Schema (llama.cpp's grammar sampler).
+        ((structured)) && tools=(json-schema)
         for tool in "${tools[@]}"; do
             local cmd
             case "$tool" in
                 plain) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt") ;;
+                json-schema) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt" -j "$(jq -c .schema <<<"$line")") ;;
                 ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
                 lookup) cmd=("$bin/llama-lookup" "${common[@]}" --spec-draft-n-max 8 -f "$tmp/prompt.txt") ;;
                 draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
@@ -133,8 +137,8 @@ case "${1:-}" in
     build) build ;;
     run)
         shift
-        (($# >= 2)) || die "usage: $0 run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T]"
+        (($# >= 2)) || die "usage: $0 run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T] [--structured]"
         run "$@"
         ;;
-    *) die "usage: $0 build | run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T]" ;;
+    *) die "usage: $0 build | run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n N] [-t T] [--structured]" ;;
 esac

@@ -16,7 +16,7 @@ use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
     generate_constrained, CausalLm, Drafter, GenerateRequest, Method, StopConditions, TokenConstraint,
-    METHOD_NAMES,
+    WithoutForcing, METHOD_NAMES,
 };
 
 use crate::prompts::Prompt;
@@ -96,12 +96,15 @@ pub struct BenchMethod {
     /// Constrain the output to each prompt's `schema` (structured output). An unconstrained
     /// run of the same prompts is the cost-of-constraints reference.
     pub constrained: bool,
+    /// Under a constraint, verify the grammar's forced tokens as free drafts (off: one target
+    /// forward per token, strict constrained plain decoding).
+    pub forced_drafts: bool,
 }
 
 impl BenchMethod {
     /// Wrap a method under its own name.
     pub fn new(method: Method) -> Self {
-        Self { name: method.name().to_string(), method, constrained: false }
+        Self { name: method.name().to_string(), method, constrained: false, forced_drafts: true }
     }
 }
 
@@ -272,7 +275,13 @@ fn run_one(
         seed,
         stop: StopConditions { eos: backend.stop().eos, stop_strings: Vec::new() },
     };
-    let mut constraint = if spec.constrained { backend.constraint(prompt)? } else { None };
+    let mut constraint = match (spec.constrained, spec.forced_drafts) {
+        (false, _) => None,
+        (true, true) => backend.constraint(prompt)?,
+        (true, false) => {
+            backend.constraint(prompt)?.map(|c| Box::new(WithoutForcing(c)) as Box<dyn TokenConstraint>)
+        }
+    };
     let mut session = backend.session(&spec.method)?;
     let grammar = constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint);
     let out = generate_constrained(
@@ -296,6 +305,31 @@ fn run_one(
     Ok((out.tokens, record))
 }
 
+/// Tokenize every prompt first: one that does not fit fails now, not an hour in.
+fn tokenize_all(backend: &mut dyn Backend, prompts: &[Prompt], max_new: usize) -> Result<Vec<Vec<TokenId>>> {
+    let ctx = backend.context_size();
+    let mut tokenized = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let t = backend
+            .prompt_tokens(p)
+            .with_context(|| format!("tokenizing prompt {} ({})", p.id, p.category))?;
+        if t.is_empty() {
+            bail!("prompt {} ({}) has no tokens", p.id, p.category);
+        }
+        if t.len() + max_new >= ctx {
+            bail!(
+                "prompt {} ({}) is {} tokens; with -n {max_new} it does not fit the context of {ctx} (raise --ctx, \
+                 lower -n, or leave the prompt out)",
+                p.id,
+                p.category,
+                t.len(),
+            );
+        }
+        tokenized.push(t);
+    }
+    Ok(tokenized)
+}
+
 /// Run the benchmark: every method of `cfg` on every prompt, `cfg.repeat` times, interleaved.
 pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig) -> Result<RunOutput> {
     let start = Instant::now();
@@ -311,28 +345,7 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
     if cfg.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
-    // Tokenize everything first: a prompt that does not fit fails now, not an hour in.
-    let ctx = backend.context_size();
-    let mut tokenized = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let t = backend
-            .prompt_tokens(p)
-            .with_context(|| format!("tokenizing prompt {} ({})", p.id, p.category))?;
-        if t.is_empty() {
-            bail!("prompt {} ({}) has no tokens", p.id, p.category);
-        }
-        if t.len() + cfg.max_new_tokens >= ctx {
-            bail!(
-                "prompt {} ({}) is {} tokens; with -n {} it does not fit the context of {ctx} (raise --ctx, \
-                 lower -n, or leave the prompt out)",
-                p.id,
-                p.category,
-                t.len(),
-                cfg.max_new_tokens
-            );
-        }
-        tokenized.push(t);
-    }
+    let tokenized = tokenize_all(backend, prompts, cfg.max_new_tokens)?;
 
     let measured = cfg.methods.len() * prompts.len() * cfg.repeat;
     let warm = if cfg.warmup { cfg.methods.len() } else { 0 };

@@ -25,6 +25,41 @@ pub trait TokenConstraint: Send {
     fn is_finished(&self) -> bool;
 }
 
+impl<T: TokenConstraint + ?Sized> TokenConstraint for Box<T> {
+    fn mask_logits(&mut self, path: &[TokenId], logits: &mut [f32]) -> Result<()> {
+        (**self).mask_logits(path, logits)
+    }
+    fn forced(&mut self, max: usize) -> Result<Vec<TokenId>> {
+        (**self).forced(max)
+    }
+    fn commit(&mut self, tokens: &[TokenId]) -> Result<()> {
+        (**self).commit(tokens)
+    }
+    fn is_finished(&self) -> bool {
+        (**self).is_finished()
+    }
+}
+
+/// A constraint whose forced tokens are not used as drafts: constrained plain decoding in the
+/// strict sense, one target forward per token (the reference the forced drafts are measured
+/// against; the output distribution is the same).
+pub struct WithoutForcing<C>(pub C);
+
+impl<C: TokenConstraint> TokenConstraint for WithoutForcing<C> {
+    fn mask_logits(&mut self, path: &[TokenId], logits: &mut [f32]) -> Result<()> {
+        self.0.mask_logits(path, logits)
+    }
+    fn forced(&mut self, _max: usize) -> Result<Vec<TokenId>> {
+        Ok(Vec::new())
+    }
+    fn commit(&mut self, tokens: &[TokenId]) -> Result<()> {
+        self.0.commit(tokens)
+    }
+    fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
 /// A deterministic finite automaton over token ids: the enumerable toy grammar of the χ² tests
 /// (and a reference implementation of the trait). State 0 is the start; `next[s][t]` is the state
 /// after token `t`, `None` where `t` is forbidden.

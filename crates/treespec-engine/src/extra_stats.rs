@@ -121,7 +121,12 @@ impl ExtraStats {
     /// The flat `name → value` form (the serialised keys, sorted), for tables and JSON reports.
     pub fn to_map(&self) -> serde_json::Map<String, serde_json::Value> {
         match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(m)) => m,
+            // Sorted explicitly: serde_json keeps insertion order when a crate in the build
+            // (llguidance) turns on its `preserve_order` feature.
+            Ok(serde_json::Value::Object(m)) => {
+                let sorted: std::collections::BTreeMap<_, _> = m.into_iter().collect();
+                sorted.into_iter().collect()
+            }
             _ => serde_json::Map::new(),
         }
     }

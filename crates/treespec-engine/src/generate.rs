@@ -103,34 +103,12 @@ pub fn generate_constrained(
             max_depth: (max_new - out.len() - 1).min(room),
             sampler: &sampler,
         };
-        let forced = match constraint.as_mut() {
-            Some(c) if c.is_finished() => {
-                finish = FinishReason::Eos;
-                break 'steps;
-            }
-            Some(c) => c.forced(ctx.max_depth.min(ctx.max_nodes))?,
-            None => Vec::new(),
+        let Some((tree, forced)) = propose(drafter, constraint.as_deref_mut(), &ctx, &mut stats)? else {
+            finish = FinishReason::Eos;
+            break 'steps;
         };
-        let t = Instant::now();
-        let tree =
-            if forced.is_empty() { drafter.propose(&ctx)? } else { forced_chain(ctx.root(), &forced)? };
-        stats.times.draft += t.elapsed();
-        check_tree(&tree, &ctx)?;
 
-        let t = Instant::now();
-        // The target's rows stay in its output buffer: the verifier reads the ones it walks.
-        let logits = target.forward(&TreeBatch::from_tree(&tree, 0))?;
-        let target_time = t.elapsed();
-        stats.times.target += target_time;
-        drafter.observe_cost(tree.len(), target_time.as_secs_f64() * 1e3);
-        if logits.rows() != tree.len() || logits.vocab() != vocab {
-            return Err(EngineError::State(format!(
-                "target returned {} rows of {} logits for a tree of {} nodes",
-                logits.rows(),
-                logits.vocab(),
-                tree.len()
-            )));
-        }
+        let logits = score(target, &tree, vocab, drafter, &mut stats)?;
 
         let t = Instant::now();
         let mut rows = TreeRows {
@@ -147,34 +125,11 @@ pub fn generate_constrained(
 
         let t = Instant::now();
         target.commit(&outcome.path())?;
-        if let Some(c) = constraint.as_mut() {
-            // Nothing after an end-of-generation token is emitted (a tree may draft past one).
-            let eos = outcome.tokens.iter().position(|t| request.stop.eos.contains(t));
-            c.commit(&outcome.tokens[..eos.map_or(outcome.tokens.len(), |i| i + 1)])?;
-        }
-        if forced.is_empty() {
-            drafter.observe(&tree, &outcome)?;
-        } else {
-            observe_as_plain_steps(drafter, &outcome.tokens)?;
-        }
+        learn(drafter, constraint.as_deref_mut(), &tree, &outcome, !forced.is_empty(), &request.stop.eos)?;
         history.extend_from_slice(&outcome.tokens);
-        let mut emitted = Vec::with_capacity(outcome.tokens.len());
-        for &tok in &outcome.tokens {
-            if request.stop.eos.contains(&tok) {
-                finish = FinishReason::Eos;
-                break;
-            }
-            emitted.push(tok);
-            if let Some(b) = bytes {
-                if scanner.push(&b.token_bytes(tok), &request.stop.stop_strings) {
-                    finish = FinishReason::Stop;
-                    break;
-                }
-            }
-            if out.len() + emitted.len() == max_new {
-                break;
-            }
-        }
+        let (emitted, reason) =
+            emitted_tokens(&outcome.tokens, &request.stop, bytes, &mut scanner, max_new - out.len());
+        finish = reason;
         out.extend_from_slice(&emitted);
         stats.times.overhead += t.elapsed();
         if !on_tokens(&emitted) {
@@ -193,6 +148,78 @@ pub fn generate_constrained(
     stats.draft_forwards = drafter.draft_forwards();
     stats.wall = start.elapsed();
     Ok(GenerateOutput { tokens: out, finish_reason: finish, text_cut: scanner.cut_at, stats })
+}
+
+/// The step's tree: the grammar's forced chain when it forces tokens, else the drafter's
+/// proposal. `None` when the grammar is complete (nothing but end of generation may follow).
+fn propose(
+    drafter: &mut dyn Drafter,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    ctx: &ProposeContext,
+    stats: &mut DecodeStats,
+) -> Result<Option<(TokenTree, Vec<TokenId>)>> {
+    let forced = match constraint {
+        Some(c) if c.is_finished() => return Ok(None),
+        Some(c) => c.forced(ctx.max_depth.min(ctx.max_nodes))?,
+        None => Vec::new(),
+    };
+    let t = Instant::now();
+    let tree = if forced.is_empty() { drafter.propose(ctx)? } else { forced_chain(ctx.root(), &forced)? };
+    stats.times.draft += t.elapsed();
+    check_tree(&tree, ctx)?;
+    Ok(Some((tree, forced)))
+}
+
+/// One target forward over the whole tree. Its rows stay in the target's output buffer: the
+/// verifier reads the ones it walks.
+fn score<'t>(
+    target: &'t mut dyn CausalLm,
+    tree: &TokenTree,
+    vocab: usize,
+    drafter: &mut dyn Drafter,
+    stats: &mut DecodeStats,
+) -> Result<Logits<'t>> {
+    let t = Instant::now();
+    let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
+    let target_time = t.elapsed();
+    stats.times.target += target_time;
+    drafter.observe_cost(tree.len(), target_time.as_secs_f64() * 1e3);
+    if logits.rows() != tree.len() || logits.vocab() != vocab {
+        return Err(EngineError::State(format!(
+            "target returned {} rows of {} logits for a tree of {} nodes",
+            logits.rows(),
+            logits.vocab(),
+            tree.len()
+        )));
+    }
+    Ok(logits)
+}
+
+/// The step's tokens up to the first stop: an end-of-generation token (not emitted), a stop
+/// string (emitted up to its end; the text is cut later), or `room` tokens.
+fn emitted_tokens(
+    tokens: &[TokenId],
+    stop: &StopConditions,
+    bytes: Option<&dyn TokenBytes>,
+    scanner: &mut StopScanner,
+    room: usize,
+) -> (Vec<TokenId>, FinishReason) {
+    let mut emitted = Vec::with_capacity(tokens.len());
+    for &tok in tokens {
+        if stop.eos.contains(&tok) {
+            return (emitted, FinishReason::Eos);
+        }
+        emitted.push(tok);
+        if let Some(b) = bytes {
+            if scanner.push(&b.token_bytes(tok), &stop.stop_strings) {
+                return (emitted, FinishReason::Stop);
+            }
+        }
+        if emitted.len() == room {
+            break;
+        }
+    }
+    (emitted, FinishReason::Length)
 }
 
 fn validate(target: &dyn CausalLm, request: &GenerateRequest, bytes: Option<&dyn TokenBytes>) -> Result<()> {
@@ -239,6 +266,28 @@ fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The grammar and the drafter take in the step's outcome. Nothing after an end-of-generation
+/// token is emitted (a tree may draft past one), so the grammar never sees it; a forced chain was
+/// not the drafter's proposal, so it learns the tokens as plain steps.
+fn learn(
+    drafter: &mut dyn Drafter,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    tree: &TokenTree,
+    outcome: &VerifyOutcome,
+    forced: bool,
+    eos: &[TokenId],
+) -> Result<()> {
+    if let Some(c) = constraint {
+        let end = outcome.tokens.iter().position(|t| eos.contains(t));
+        c.commit(&outcome.tokens[..end.map_or(outcome.tokens.len(), |i| i + 1)])?;
+    }
+    if forced {
+        observe_as_plain_steps(drafter, &outcome.tokens)
+    } else {
+        drafter.observe(tree, outcome)
+    }
 }
 
 /// The grammar's forced tokens as a chain of deterministic drafts under the root: each has

@@ -18,7 +18,7 @@ pub mod stop;
 pub mod text_stream;
 pub mod toy;
 
-pub use constraint::{DfaConstraint, TokenConstraint};
+pub use constraint::{DfaConstraint, TokenConstraint, WithoutForcing};
 pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;

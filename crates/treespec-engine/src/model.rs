@@ -159,58 +159,39 @@ pub trait CausalLm {
     fn truncate(&mut self, len: usize) -> Result<()>;
 }
 
-/// A model borrowed mutably is a model: a drafter can own `&mut` a context that outlives it and
-/// is reused by the next generation (the benchmark and the server keep one draft context).
-impl<M: CausalLm + ?Sized> CausalLm for &mut M {
-    fn vocab_size(&self) -> usize {
-        (**self).vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        (**self).context_size()
-    }
-    fn committed_len(&self) -> usize {
-        (**self).committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        (**self).pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
-        (**self).prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
-        (**self).forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> Result<()> {
-        (**self).commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        (**self).truncate(len)
-    }
+/// Forward every `CausalLm` method through a pointer type to the model it points at.
+macro_rules! forward_causal_lm {
+    ($($ptr:ty),*) => {$(
+        impl<M: CausalLm + ?Sized> CausalLm for $ptr {
+            fn vocab_size(&self) -> usize {
+                (**self).vocab_size()
+            }
+            fn context_size(&self) -> usize {
+                (**self).context_size()
+            }
+            fn committed_len(&self) -> usize {
+                (**self).committed_len()
+            }
+            fn pending_len(&self) -> usize {
+                (**self).pending_len()
+            }
+            fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
+                (**self).prefill(tokens)
+            }
+            fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
+                (**self).forward(batch)
+            }
+            fn commit(&mut self, path: &[usize]) -> Result<()> {
+                (**self).commit(path)
+            }
+            fn truncate(&mut self, len: usize) -> Result<()> {
+                (**self).truncate(len)
+            }
+        }
+    )*};
 }
 
-impl<M: CausalLm + ?Sized> CausalLm for Box<M> {
-    fn vocab_size(&self) -> usize {
-        (**self).vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        (**self).context_size()
-    }
-    fn committed_len(&self) -> usize {
-        (**self).committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        (**self).pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
-        (**self).prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
-        (**self).forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> Result<()> {
-        (**self).commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        (**self).truncate(len)
-    }
-}
+// A model borrowed mutably is a model: a drafter can own `&mut` a context that outlives it and is
+// reused by the next generation (the benchmark and the server keep one draft context); a boxed
+// one is too.
+forward_causal_lm!(&mut M, Box<M>);

@@ -38,15 +38,8 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// Output GGUF (a new file).
     pub output: PathBuf,
-    /// Weight type: q4_0, q8_0, q4_k_m or copy.
-    #[arg(long = "type", default_value = "q4_0")]
-    pub kind: String,
-    /// Threads for quantizing (default: all cores).
-    #[arg(short = 't', long, value_parser = threads_arg)]
-    pub threads: Option<usize>,
-    /// Overwrite the output file if it exists.
-    #[arg(long)]
-    pub force: bool,
+    #[command(flatten)]
+    pub write: WriteArgs,
 }
 
 /// Options of `treespec draft from-target`.
@@ -60,6 +53,13 @@ pub struct FromTargetArgs {
     /// Transformer blocks to leave out, e.g. `12-27` or `4,8,12-27`.
     #[arg(long = "drop-layers")]
     pub drop_layers: String,
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
+/// How a draft file is written (both subcommands).
+#[derive(Debug, Args)]
+pub struct WriteArgs {
     /// Weight type: q4_0, q8_0, q4_k_m or copy.
     #[arg(long = "type", default_value = "q4_0")]
     pub kind: String,
@@ -103,12 +103,20 @@ pub fn run(args: DraftArgs) -> Result<()> {
     };
     let (input, output) = match &args.command {
         DraftCommand::Quantize(a) => {
-            write_draft(&a.input, &a.output, &options(&a.kind, Vec::new(), a.threads, a.force)?)?;
+            write_draft(
+                &a.input,
+                &a.output,
+                &options(&a.write.kind, Vec::new(), a.write.threads, a.write.force)?,
+            )?;
             (&a.input, &a.output)
         }
         DraftCommand::FromTarget(a) => {
             let layers = parse_layers(&a.drop_layers)?;
-            write_draft(&a.model, &a.output, &options(&a.kind, layers, a.threads, a.force)?)?;
+            write_draft(
+                &a.model,
+                &a.output,
+                &options(&a.write.kind, layers, a.write.threads, a.write.force)?,
+            )?;
             (&a.model, &a.output)
         }
     };

@@ -10,7 +10,8 @@ use clap::Args;
 use serde_json::json;
 use treespec_core::TokenId;
 use treespec_engine::{
-    generate_constrained, GenerateRequest, StopConditions, TextStream, TokenBytes, TokenConstraint,
+    generate_constrained, ExtraStats, GenerateOutput, GenerateRequest, StopConditions, TextStream,
+    TokenBytes, TokenConstraint,
 };
 
 use treespec_llama::runtime::Prompt;
@@ -121,39 +122,48 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let rest = stream.finish();
     full.push_str(&rest);
-    let s = &out.stats;
     if json {
-        let obj = json!({
-            "text": full,
-            "token_ids": out.tokens,
-            "finish_reason": out.finish_reason.as_str(),
-            "method": method.name(),
-            "stats": {
-                "new_tokens": s.new_tokens,
-                "target_forwards": s.target_forwards,
-                "draft_forwards": s.draft_forwards,
-                "drafted": s.drafted,
-                "forced": s.forced,
-                "accepted": s.accepted,
-                "mean_accepted": s.mean_accepted(),
-                "accept_rate_by_depth": s.depth_rates(),
-                "wall_s": s.wall.as_secs_f64(),
-                "tokens_per_s": s.tokens_per_s(),
-                "draft_s": s.times.draft.as_secs_f64(),
-                "target_s": s.times.target.as_secs_f64(),
-                "verify_s": s.times.verify.as_secs_f64(),
-                "prefill_s": s.times.prefill.as_secs_f64(),
-                "extra": drafter.extra_stats(),
-            }
-        });
-        println!("{obj}");
+        println!("{}", json_result(&full, &out, method.name(), &drafter.extra_stats()));
     } else {
         // Whatever was held back and is still part of the final text.
         print!("{rest}");
         println!();
-        eprintln!("[{}] finish: {} | {}", method.name(), out.finish_reason.as_str(), s.summary_line());
+        eprintln!(
+            "[{}] finish: {} | {}",
+            method.name(),
+            out.finish_reason.as_str(),
+            out.stats.summary_line()
+        );
     }
     Ok(())
+}
+
+/// `--json`: the text, the tokens and the statistics as one object.
+fn json_result(text: &str, out: &GenerateOutput, method: &str, extra: &ExtraStats) -> serde_json::Value {
+    let s = &out.stats;
+    json!({
+        "text": text,
+        "token_ids": out.tokens,
+        "finish_reason": out.finish_reason.as_str(),
+        "method": method,
+        "stats": {
+            "new_tokens": s.new_tokens,
+            "target_forwards": s.target_forwards,
+            "draft_forwards": s.draft_forwards,
+            "drafted": s.drafted,
+            "forced": s.forced,
+            "accepted": s.accepted,
+            "mean_accepted": s.mean_accepted(),
+            "accept_rate_by_depth": s.depth_rates(),
+            "wall_s": s.wall.as_secs_f64(),
+            "tokens_per_s": s.tokens_per_s(),
+            "draft_s": s.times.draft.as_secs_f64(),
+            "target_s": s.times.target.as_secs_f64(),
+            "verify_s": s.times.verify.as_secs_f64(),
+            "prefill_s": s.times.prefill.as_secs_f64(),
+            "extra": extra,
+        }
+    })
 }
 
 /// Token bytes that `generate` looked up (it does so for stop strings only), kept for the text

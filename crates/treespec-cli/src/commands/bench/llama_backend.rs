@@ -22,7 +22,11 @@ pub fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path:
             bytes.extend(models.target().token_to_bytes(t, true)?);
         }
         let text = String::from_utf8_lossy(&bytes);
-        out.push_str(&json!({ "id": p.id, "category": p.category, "text": text }).to_string());
+        let mut line = json!({ "id": p.id, "category": p.category, "text": text });
+        if let Some(schema) = &p.schema {
+            line["schema"] = schema.clone();
+        }
+        out.push_str(&line.to_string());
         out.push('\n');
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;

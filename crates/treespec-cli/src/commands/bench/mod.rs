@@ -111,8 +111,9 @@ pub struct BenchArgs {
     #[arg(long = "dump-prompts", value_name = "FILE")]
     pub dump_prompts: Option<PathBuf>,
     /// Structured output: constrain every method to each prompt's `schema` (prompt files with a
-    /// `schema` field, e.g. `scripts/structured-set.sh`), and add `plain-free`, plain decoding
-    /// without the constraint, to show what the constraints cost.
+    /// `schema` field, e.g. `scripts/structured-set.sh`). `plain` is then strict constrained plain
+    /// decoding (one forward per token); `plain+forced` (forced tokens as free drafts) and
+    /// `plain-free` (no constraint, what the constraints cost) are added.
     #[arg(long)]
     pub structured: bool,
     /// Print the per-method change between two result directories, then exit.
@@ -395,21 +396,27 @@ fn bench_methods(
             let mut method = base.with_method(k).resolve(context).with_context(|| format!("method {k}"))?;
             // A prompt's warm-up run and repeats must not draft from its own earlier answers.
             method.exclude_same_prompt();
-            Ok(BenchMethod { name: k.as_str().to_string(), method, constrained: false })
+            Ok(BenchMethod { name: k.as_str().to_string(), method, constrained: false, forced_drafts: true })
         })
         .collect()
 }
 
-/// With `--structured`: every method constrained, plus unconstrained plain decoding.
+/// With `--structured`: every method constrained to each prompt's schema; `plain` is strict
+/// constrained plain decoding (one forward per token, the reference), `plain+forced` adds only
+/// the grammar's forced tokens as free drafts, and `plain-free` is unconstrained plain decoding.
 fn structured(mut methods: Vec<BenchMethod>) -> Vec<BenchMethod> {
     for m in &mut methods {
         m.constrained = true;
+        m.forced_drafts = m.name != "plain";
     }
-    methods.push(BenchMethod {
-        name: "plain-free".into(),
+    let plain = |name: &str, constrained| BenchMethod {
+        name: name.into(),
         method: treespec_engine::Method::Plain,
-        constrained: false,
-    });
+        constrained,
+        forced_drafts: true,
+    };
+    methods.insert(1, plain("plain+forced", true));
+    methods.push(plain("plain-free", false));
     methods
 }
 
