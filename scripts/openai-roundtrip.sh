@@ -11,7 +11,7 @@ shift || true
 [[ "${1:-}" == "--" ]] && shift
 venv="$repo_root/bench-out/.venv-openai"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q "openai==2.8.1" 2>/dev/null || "$venv/bin/pip" install -q openai
+"$venv/bin/pip" install -q "openai==2.8.1"
 bin="$repo_root/target/release/treespec"
 [[ -x "$bin" ]] || cargo build --release -p treespec-cli >&2
 log="$(mktemp)"
