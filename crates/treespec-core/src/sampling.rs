@@ -21,8 +21,13 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// CTRL-style repetition penalty (> 0; 1 disables) over the last `penalty_last_n` tokens.
     pub repetition_penalty: f32,
-    /// How many recent tokens the repetition penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub penalty_last_n: usize,
+    /// OpenAI's presence penalty: subtracted from the logit of every token seen in the window.
+    /// In [-2, 2]; 0 disables.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted once per occurrence in the window. In [-2, 2].
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +39,8 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             penalty_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -70,7 +77,20 @@ impl SamplingParams {
                 self.repetition_penalty
             ));
         }
+        for (name, v) in [("presence", self.presence_penalty), ("frequency", self.frequency_penalty)] {
+            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
+                return bad(format!("{name} penalty must be in [-2, 2], got {v}"));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether any penalty reads the context (repetition, presence or frequency).
+    pub fn penalises(&self) -> bool {
+        self.penalty_last_n > 0
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
     }
 
     /// True when decoding is greedy.
@@ -105,10 +125,10 @@ impl Sampler {
     /// How many trailing context tokens the processing reads: the repetition penalty's window, 0
     /// without a penalty. Passing only that tail as `context` gives the same result.
     pub fn context_window(&self) -> usize {
-        if self.params.repetition_penalty == 1.0 {
-            0
-        } else {
+        if self.params.penalises() {
             self.params.penalty_last_n
+        } else {
+            0
         }
     }
 
@@ -116,7 +136,7 @@ impl Sampler {
     /// generated + tree path) the repetition penalty looks at.
     pub fn greedy_token(&self, logits: &[f32], context: &[TokenId]) -> Result<TokenId> {
         check_logits(logits)?;
-        if self.params.repetition_penalty == 1.0 {
+        if !self.params.penalises() {
             return Ok(argmax(logits));
         }
         let mut l = logits.to_vec();
@@ -159,19 +179,24 @@ impl Sampler {
         Dist::from_weights(probs)
     }
 
+    /// The penalties over the last `penalty_last_n` context tokens, in llama.cpp's order: the
+    /// repetition penalty once per distinct token, then `count × frequency + presence`.
     fn penalise(&self, logits: &mut [f32], context: &[TokenId]) {
-        let pen = self.params.repetition_penalty;
-        if pen == 1.0 || self.params.penalty_last_n == 0 {
+        let p = &self.params;
+        if !p.penalises() {
             return;
         }
-        let start = context.len().saturating_sub(self.params.penalty_last_n);
-        let mut seen = std::collections::HashSet::new();
+        let start = context.len().saturating_sub(p.penalty_last_n);
+        let mut counts = std::collections::HashMap::new();
         for &t in &context[start..] {
-            if seen.insert(t) {
-                if let Some(x) = logits.get_mut(t as usize) {
-                    *x = if *x > 0.0 { *x / pen } else { *x * pen };
-                }
+            *counts.entry(t).or_insert(0u32) += 1;
+        }
+        for (&t, &n) in &counts {
+            let Some(x) = logits.get_mut(t as usize) else { continue };
+            if p.repetition_penalty != 1.0 {
+                *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
             }
+            *x -= n as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
 }
@@ -328,6 +353,23 @@ mod tests {
             some.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             [5, 0, 3].map(|i| full[i].to_bits())
         );
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_subtract_per_token_and_per_occurrence() {
+        let s =
+            sampler(SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() });
+        let mut l = vec![1.0, 1.0, 1.0];
+        s.penalise(&mut l, &[0, 0, 1]);
+        assert_eq!(l, vec![1.0 - 0.5 - 0.5, 1.0 - 0.25 - 0.5, 1.0]);
+        assert_eq!(s.context_window(), 64);
+        assert_eq!(s.greedy_token(&[2.0, 1.5, 1.6], &[0, 0, 0, 0]).unwrap(), 2);
+        assert!(sampler_err(SamplingParams { presence_penalty: 2.5, ..Default::default() }));
+        assert!(sampler_err(SamplingParams { frequency_penalty: f32::NAN, ..Default::default() }));
+    }
+
+    fn sampler_err(p: SamplingParams) -> bool {
+        Sampler::new(p).is_err()
     }
 
     #[test]

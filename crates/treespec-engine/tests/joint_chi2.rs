@@ -218,7 +218,20 @@ fn configs() -> Vec<Config> {
         c(6, 2, 20, 1.0, all, TreeIid(&[3, 2, 1]), temp(1.0)),
         c(4, 2, 21, 3.0, all, TreeIid(&[2, 2, 2, 2]), top_p(0.5, 0.9)),
         flat(c(5, 2, 22, 1.0, (Even, All), TreeIid(&[3, 2]), top_k(1.0, 3))),
+        // Presence and frequency penalties: the target distribution depends on the path's tokens.
+        c(5, 2, 23, 1.0, all, Tree(&[3, 2, 1]), penalties(1.0, 0.8, 0.5)),
+        c(5, 2, 24, 1.0, all, Chain(3), penalties(0.7, -0.5, 0.7)),
     ]
+}
+
+fn penalties(t: f32, presence: f32, frequency: f32) -> SamplingParams {
+    SamplingParams {
+        temperature: t,
+        presence_penalty: presence,
+        frequency_penalty: frequency,
+        penalty_last_n: 4,
+        ..Default::default()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

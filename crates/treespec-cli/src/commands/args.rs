@@ -60,6 +60,12 @@ pub struct SamplingArgs {
     /// Repetition penalty (1 = off) over the last 64 tokens.
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Presence penalty in [-2, 2] (0 = off) over the last 64 tokens, as llama.cpp applies it.
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty in [-2, 2] (0 = off) over the last 64 tokens, per occurrence.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Seed for the draft and verifier random streams.
     #[arg(short = 's', long, default_value_t = 0)]
     pub seed: u64,
@@ -74,6 +80,8 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             ..SamplingParams::default()
         };
         p.validate()?;

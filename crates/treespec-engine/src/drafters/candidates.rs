@@ -16,7 +16,7 @@ use crate::error::Result;
 /// sees it (empty when there is no penalty: nothing looks at it then).
 pub(super) fn node_context(ctx: &ProposeContext, tree: &TokenTree, node: NodeId) -> Vec<TokenId> {
     let p = ctx.sampler.params();
-    if p.repetition_penalty == 1.0 || p.penalty_last_n == 0 {
+    if !p.penalises() {
         return Vec::new();
     }
     let mut c = ctx.history.to_vec();
@@ -36,6 +36,8 @@ pub(super) fn scoring_sampler(sampler: &Sampler) -> Result<Sampler> {
         temperature: 1.0,
         repetition_penalty: p.repetition_penalty,
         penalty_last_n: p.penalty_last_n,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
         ..SamplingParams::default()
     })?)
 }
