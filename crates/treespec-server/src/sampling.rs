@@ -1,7 +1,8 @@
 //! Sampling fields of a request → [`SamplingParams`], with the CLI's rules.
 //!
 //! Besides OpenAI's `temperature` and `top_p`, clients written for llama-server send `top_k`,
-//! `min_p`, `repeat_penalty` and `repeat_last_n`; they change the result, so each is either
+//! `min_p`, `repeat_penalty` and `repeat_last_n`, and OpenAI clients `presence_penalty` and
+//! `frequency_penalty` (applied over `repeat_last_n` tokens, as llama-server does); they change the result, so each is either
 //! honoured (validated exactly as `treespec generate` validates `--top-k` and friends, by
 //! [`SamplingParams::validate`]) or refused, never ignored. The raw JSON values are checked here so
 //! that a wrong type names its field.
@@ -73,11 +74,17 @@ pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
         repetition_penalty: number(&c.repeat_penalty, "repeat_penalty")?
             .map_or(d.repetition_penalty, |v| v as f32),
         penalty_last_n,
+        presence_penalty: number(&c.presence_penalty, "presence_penalty")?
+            .map_or(d.presence_penalty, |v| v as f32),
+        frequency_penalty: number(&c.frequency_penalty, "frequency_penalty")?
+            .map_or(d.frequency_penalty, |v| v as f32),
     };
     p.validate().map_err(|e| {
         let param = match e.to_string() {
             m if m.contains("min-p") => "min_p",
             m if m.contains("repetition") => "repeat_penalty",
+            m if m.contains("presence") => "presence_penalty",
+            m if m.contains("frequency") => "frequency_penalty",
             _ => "temperature",
         };
         ApiError::invalid(param, e.to_string())
@@ -102,6 +109,8 @@ mod tests {
         assert_eq!((p.min_p, p.repetition_penalty, p.penalty_last_n), (0.05, 1.1, 32));
         let p = parse(json!({"repetition_penalty": 1.2, "penalty_last_n": -1, "top_k": null})).unwrap();
         assert_eq!((p.repetition_penalty, p.penalty_last_n, p.top_k), (1.2, usize::MAX, None));
+        let p = parse(json!({"presence_penalty": 0.5, "frequency_penalty": -0.25})).unwrap();
+        assert_eq!((p.presence_penalty, p.frequency_penalty), (0.5, -0.25));
         assert_eq!(
             parse(json!({})).unwrap(),
             SamplingParams { temperature: 1.0, ..SamplingParams::default() }
@@ -124,6 +133,9 @@ mod tests {
             ("repeat_penalty", json!(true)),
             ("repeat_last_n", json!(-2)),
             ("repeat_last_n", json!("64")),
+            ("presence_penalty", json!(2.5)),
+            ("presence_penalty", json!("0.5")),
+            ("frequency_penalty", json!(-3)),
         ] {
             let e = parse(json!({ field: v })).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{field}={v}: {}", e.message);

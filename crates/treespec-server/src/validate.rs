@@ -206,7 +206,7 @@ fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<J
 /// Fields that would change the result and are not implemented: a 400 naming the field (their
 /// neutral values are accepted, as clients often send them).
 fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
-    let checks: [(&'static str, bool, &str); 18] = [
+    let checks: [(&'static str, bool, &str); 16] = [
         ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
         ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
         ("logprobs", unsupported(&c.logprobs, |v| v == &Value::Bool(false)), "logprobs are not supported"),
@@ -220,16 +220,6 @@ fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
             "logit_bias",
             unsupported(&c.logit_bias, |v| v.as_object().is_some_and(|o| o.is_empty())),
             "logit_bias is not supported",
-        ),
-        (
-            "presence_penalty",
-            unsupported(&c.presence_penalty, |v| v.as_f64() == Some(0.0)),
-            "presence_penalty is not supported (only 0)",
-        ),
-        (
-            "frequency_penalty",
-            unsupported(&c.frequency_penalty, |v| v.as_f64() == Some(0.0)),
-            "frequency_penalty is not supported (only 0)",
         ),
         ("echo", unsupported(&c.echo, |v| v == &Value::Bool(false)), "echo is not supported"),
         ("suffix", unsupported(&c.suffix, |v| v.as_str() == Some("")), "suffix is not supported"),
@@ -440,8 +430,6 @@ mod tests {
             ("logprobs", json!(true), json!(false)),
             ("top_logprobs", json!(3), json!(0)),
             ("logit_bias", json!({"5": 10}), json!({})),
-            ("presence_penalty", json!(0.5), json!(0)),
-            ("frequency_penalty", json!(0.5), json!(0.0)),
         ] {
             let e = chat_json(json!({"messages": msg(), field: bad})).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field));
