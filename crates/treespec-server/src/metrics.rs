@@ -1,14 +1,23 @@
-//! Prometheus text exposition, by hand: counters behind one mutex (updates are a few per request
-//! and per generation, never per token).
+//! Prometheus text exposition, by hand: counters and histograms behind one mutex (updates are a
+//! few per request and per generation, never per token).
+//!
+//! Throughput: `treespec_tokens_per_second{method}` is a gauge over every completed generation
+//! (tokens / generation seconds since start); for a windowed rate use
+//! `rate(treespec_completion_tokens_total[5m]) / rate(treespec_generation_seconds_total[5m])`.
+
+mod histogram;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use treespec_core::stats::DecodeStats;
 
+pub use histogram::Histogram;
+
 /// Per-method generation totals.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct MethodTotals {
     generations: u64,
     cancelled: u64,
@@ -16,11 +25,34 @@ struct MethodTotals {
     completion_tokens: u64,
     seconds: f64,
     target_forwards: u64,
+    /// Target rows verified: drafted nodes plus one root row per forward.
+    target_rows: u64,
     /// (reached, accepted) per depth.
     depth: Vec<(u64, u64)>,
+    /// Per request: tokens emitted per target forward.
+    accepted_length: Histogram,
+    /// Per request: target rows per forward.
+    rows_per_forward: Histogram,
 }
 
-#[derive(Debug, Default)]
+impl Default for MethodTotals {
+    fn default() -> Self {
+        Self {
+            generations: 0,
+            cancelled: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            seconds: 0.0,
+            target_forwards: 0,
+            target_rows: 0,
+            depth: Vec::new(),
+            accepted_length: Histogram::new(histogram::ACCEPTED_LENGTH),
+            rows_per_forward: Histogram::new(histogram::ROWS),
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Inner {
     /// (endpoint, status) → count.
     requests: BTreeMap<(String, u16), u64>,
@@ -28,6 +60,23 @@ struct Inner {
     errors: BTreeMap<String, u64>,
     methods: BTreeMap<String, MethodTotals>,
     in_flight: i64,
+    /// Request arrival → first generated text.
+    ttft: Histogram,
+    /// Request arrival → generation finished.
+    latency: Histogram,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            requests: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            methods: BTreeMap::new(),
+            in_flight: 0,
+            ttft: Histogram::new(histogram::SECONDS),
+            latency: Histogram::new(histogram::SECONDS),
+        }
+    }
 }
 
 /// The server's metrics.
@@ -69,6 +118,13 @@ impl Metrics {
             t.completion_tokens += stats.new_tokens;
             t.seconds += stats.wall.as_secs_f64();
             t.target_forwards += stats.target_forwards;
+            let rows = stats.drafted + stats.target_forwards;
+            t.target_rows += rows;
+            if stats.target_forwards > 0 {
+                let f = stats.target_forwards as f64;
+                t.accepted_length.observe(stats.new_tokens as f64 / f);
+                t.rows_per_forward.observe(rows as f64 / f);
+            }
             if t.depth.len() < stats.per_depth.len() {
                 t.depth.resize(stats.per_depth.len(), (0, 0));
             }
@@ -84,81 +140,163 @@ impl Metrics {
         self.with(|m| m.methods.entry(method.to_string()).or_default().cancelled += 1);
     }
 
+    /// Time from a request's arrival to its first generated text.
+    pub fn first_token(&self, d: Duration) {
+        self.with(|m| m.ttft.observe(d.as_secs_f64()));
+    }
+
+    /// Time from a request's arrival to the end of its generation.
+    pub fn finished(&self, d: Duration) {
+        self.with(|m| m.latency.observe(d.as_secs_f64()));
+    }
+
     /// The Prometheus text, with the current queue depth.
     pub fn render(&self, queue_depth: usize) -> String {
         self.with(|m| {
             let mut s = String::new();
-            let _ = writeln!(s, "# HELP treespec_requests_total HTTP requests by endpoint and status.");
-            let _ = writeln!(s, "# TYPE treespec_requests_total counter");
-            for ((e, st), n) in &m.requests {
-                let _ = writeln!(s, "treespec_requests_total{{endpoint=\"{e}\",status=\"{st}\"}} {n}");
-            }
-            let _ = writeln!(s, "# HELP treespec_errors_total Errors by kind (client = 4xx, server = 5xx).");
-            let _ = writeln!(s, "# TYPE treespec_errors_total counter");
-            for (k, n) in &m.errors {
-                let _ = writeln!(s, "treespec_errors_total{{kind=\"{k}\"}} {n}");
-            }
-            let _ = writeln!(s, "# HELP treespec_queue_depth Requests waiting for the model.");
-            let _ = writeln!(s, "# TYPE treespec_queue_depth gauge");
-            let _ = writeln!(s, "treespec_queue_depth {queue_depth}");
-            let _ = writeln!(s, "# HELP treespec_generations_in_flight Generations running now.");
-            let _ = writeln!(s, "# TYPE treespec_generations_in_flight gauge");
-            let _ = writeln!(s, "treespec_generations_in_flight {}", m.in_flight);
-            type Field = fn(&MethodTotals) -> String;
-            let per_method: [(&str, &str, &str, Field); 8] = [
-                ("treespec_generations_total", "counter", "Finished generations by method.", |t| {
-                    t.generations.to_string()
-                }),
-                ("treespec_cancelled_total", "counter", "Generations cancelled by a disconnect.", |t| {
-                    t.cancelled.to_string()
-                }),
-                ("treespec_prompt_tokens_total", "counter", "Prompt tokens processed.", |t| {
-                    t.prompt_tokens.to_string()
-                }),
-                ("treespec_completion_tokens_total", "counter", "Tokens generated.", |t| {
-                    t.completion_tokens.to_string()
-                }),
-                ("treespec_generation_seconds_total", "counter", "Wall time spent generating.", |t| {
-                    format!("{:.6}", t.seconds)
-                }),
-                ("treespec_target_forwards_total", "counter", "Target forwards (decode steps).", |t| {
-                    t.target_forwards.to_string()
-                }),
-                ("treespec_tokens_per_second", "gauge", "Generated tokens per generation second.", |t| {
-                    format!(
-                        "{:.3}",
-                        if t.seconds > 0.0 { t.completion_tokens as f64 / t.seconds } else { 0.0 }
-                    )
-                }),
-                ("treespec_mean_accepted_length", "gauge", "Mean tokens emitted per target forward.", |t| {
-                    let f = t.target_forwards;
-                    format!("{:.4}", if f > 0 { t.completion_tokens as f64 / f as f64 } else { 0.0 })
-                }),
-            ];
-            for (name, kind, help, field) in per_method {
-                let _ = writeln!(s, "# HELP {name} {help}");
-                let _ = writeln!(s, "# TYPE {name} {kind}");
-                for (method, t) in &m.methods {
-                    let _ = writeln!(s, "{name}{{method=\"{method}\"}} {}", field(t));
-                }
-            }
-            let _ = writeln!(
-                s,
-                "# HELP treespec_depth_acceptance_rate Conditional acceptance rate at each tree depth."
-            );
-            let _ = writeln!(s, "# TYPE treespec_depth_acceptance_rate gauge");
-            for (method, t) in &m.methods {
-                for (i, (reached, accepted)) in t.depth.iter().enumerate() {
-                    let rate = if *reached > 0 { *accepted as f64 / *reached as f64 } else { 0.0 };
-                    let _ = writeln!(
-                        s,
-                        "treespec_depth_acceptance_rate{{method=\"{method}\",depth=\"{}\"}} {rate:.4}",
-                        i + 1
-                    );
-                }
-            }
+            render_requests(&mut s, m, queue_depth);
+            render_methods(&mut s, m);
+            render_histograms(&mut s, m);
             s
         })
+    }
+}
+
+/// HELP and TYPE lines.
+fn head(s: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(s, "# HELP {name} {help}");
+    let _ = writeln!(s, "# TYPE {name} {kind}");
+}
+
+/// Requests, errors, queue, in flight.
+fn render_requests(s: &mut String, m: &Inner, queue_depth: usize) {
+    head(s, "treespec_requests_total", "counter", "HTTP requests by endpoint and status.");
+    for ((e, st), n) in &m.requests {
+        let _ = writeln!(s, "treespec_requests_total{{endpoint=\"{e}\",status=\"{st}\"}} {n}");
+    }
+    head(s, "treespec_errors_total", "counter", "Errors by kind (client = 4xx, server = 5xx).");
+    for (k, n) in &m.errors {
+        let _ = writeln!(s, "treespec_errors_total{{kind=\"{k}\"}} {n}");
+    }
+    head(s, "treespec_queue_depth", "gauge", "Requests waiting for the model.");
+    let _ = writeln!(s, "treespec_queue_depth {queue_depth}");
+    head(s, "treespec_generations_in_flight", "gauge", "Generations running now.");
+    let _ = writeln!(s, "treespec_generations_in_flight {}", m.in_flight);
+}
+
+/// Per-method counters and gauges, and the acceptance rate per depth.
+fn render_methods(s: &mut String, m: &Inner) {
+    type Field = fn(&MethodTotals) -> String;
+    let per_method: [(&str, &str, &str, Field); 10] = [
+        ("treespec_generations_total", "counter", "Finished generations by method.", |t| {
+            t.generations.to_string()
+        }),
+        ("treespec_cancelled_total", "counter", "Generations cancelled by a disconnect.", |t| {
+            t.cancelled.to_string()
+        }),
+        ("treespec_prompt_tokens_total", "counter", "Prompt tokens processed.", |t| {
+            t.prompt_tokens.to_string()
+        }),
+        ("treespec_completion_tokens_total", "counter", "Tokens generated.", |t| {
+            t.completion_tokens.to_string()
+        }),
+        ("treespec_generation_seconds_total", "counter", "Wall time spent generating.", |t| {
+            format!("{:.6}", t.seconds)
+        }),
+        ("treespec_target_forwards_total", "counter", "Target forwards (decode steps).", |t| {
+            t.target_forwards.to_string()
+        }),
+        (
+            "treespec_target_rows_total",
+            "counter",
+            "Target rows verified (drafted nodes + 1 per forward).",
+            |t| t.target_rows.to_string(),
+        ),
+        ("treespec_rows_per_forward", "gauge", "Mean target rows per forward (batch rows per step).", |t| {
+            let f = t.target_forwards;
+            format!("{:.4}", if f > 0 { t.target_rows as f64 / f as f64 } else { 0.0 })
+        }),
+        ("treespec_tokens_per_second", "gauge", "Generated tokens per generation second.", |t| {
+            format!("{:.3}", if t.seconds > 0.0 { t.completion_tokens as f64 / t.seconds } else { 0.0 })
+        }),
+        ("treespec_mean_accepted_length", "gauge", "Mean tokens emitted per target forward.", |t| {
+            let f = t.target_forwards;
+            format!("{:.4}", if f > 0 { t.completion_tokens as f64 / f as f64 } else { 0.0 })
+        }),
+    ];
+    for (name, kind, help, field) in per_method {
+        head(s, name, kind, help);
+        for (method, t) in &m.methods {
+            let _ = writeln!(s, "{name}{{method=\"{method}\"}} {}", field(t));
+        }
+    }
+    let name = "treespec_depth_acceptance_rate";
+    head(s, name, "gauge", "Conditional acceptance rate at each tree depth.");
+    for (method, t) in &m.methods {
+        for (i, (reached, accepted)) in t.depth.iter().enumerate() {
+            let rate = if *reached > 0 { *accepted as f64 / *reached as f64 } else { 0.0 };
+            let _ = writeln!(
+                s,
+                "treespec_depth_acceptance_rate{{method=\"{method}\",depth=\"{}\"}} {rate:.4}",
+                i + 1
+            );
+        }
+    }
+}
+
+/// Histograms: time to first token and latency (all requests), per-request acceptance and rows
+/// per forward (by method).
+fn render_histograms(s: &mut String, m: &Inner) {
+    let name = "treespec_time_to_first_token_seconds";
+    head(s, name, "histogram", "Seconds from a generation request's arrival to its first generated text.");
+    m.ttft.render(s, name, "");
+    let name = "treespec_request_duration_seconds";
+    head(s, name, "histogram", "Seconds from a generation request's arrival to its end (finished ones).");
+    m.latency.render(s, name, "");
+    type Pick = fn(&MethodTotals) -> &Histogram;
+    let per_method: [(&str, &str, Pick); 2] = [
+        ("treespec_request_mean_accepted_length", "Per request: tokens emitted per target forward.", |t| {
+            &t.accepted_length
+        }),
+        (
+            "treespec_request_rows_per_forward",
+            "Per request: target rows (drafted nodes + 1) verified per forward.",
+            |t| &t.rows_per_forward,
+        ),
+    ];
+    for (name, help, pick) in per_method {
+        head(s, name, "histogram", help);
+        for (method, t) in &m.methods {
+            pick(t).render(s, name, &format!("method=\"{method}\""));
+        }
+    }
+}
+
+/// One generation request's clock, from its arrival: records the time to its first text and
+/// its latency, each once.
+#[derive(Debug)]
+pub struct RequestTimer {
+    metrics: Arc<Metrics>,
+    arrived: Instant,
+    first_seen: bool,
+}
+
+impl RequestTimer {
+    /// Started at `arrived`.
+    pub fn new(metrics: Arc<Metrics>, arrived: Instant) -> Self {
+        Self { metrics, arrived, first_seen: false }
+    }
+
+    /// Generated text arrived (only the first call counts).
+    pub fn text(&mut self) {
+        if !std::mem::replace(&mut self.first_seen, true) {
+            self.metrics.first_token(self.arrived.elapsed());
+        }
+    }
+
+    /// The generation finished.
+    pub fn done(&mut self) {
+        self.metrics.finished(self.arrived.elapsed());
     }
 }
 
@@ -176,7 +314,7 @@ mod tests {
             new_tokens: 10,
             target_forwards: 4,
             per_depth: vec![DepthCounts { reached: 4, accepted: 3 }, DepthCounts { reached: 3, accepted: 1 }],
-            wall: std::time::Duration::from_secs(2),
+            wall: Duration::from_secs(2),
             ..Default::default()
         };
         m.generation("chain", 5, &stats);
@@ -192,5 +330,75 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }
+    }
+
+    /// Sample lines by series name (the part before `{` or the space).
+    fn samples(text: &str) -> Vec<(String, String, f64)> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let (series, value) = l.rsplit_once(' ').expect("name value");
+                let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+                (name.to_string(), labels.trim_end_matches('}').to_string(), value.parse().expect("number"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exposition_parses_with_help_type_and_monotone_buckets() {
+        let m = Metrics::default();
+        let stats = DecodeStats {
+            new_tokens: 12,
+            target_forwards: 4,
+            drafted: 20,
+            wall: Duration::from_secs(1),
+            ..Default::default()
+        };
+        m.generation("tree", 3, &stats);
+        m.first_token(Duration::from_millis(30));
+        m.finished(Duration::from_millis(700));
+        let text = m.render(2);
+        let mut declared = BTreeMap::new();
+        for l in text.lines().filter(|l| l.starts_with('#')) {
+            let parts: Vec<&str> = l.splitn(4, ' ').collect();
+            assert!(parts.len() == 4 && (parts[1] == "HELP" || parts[1] == "TYPE"), "bad comment {l}");
+            if parts[1] == "TYPE" {
+                assert!(["counter", "gauge", "histogram"].contains(&parts[3]), "{l}");
+                assert!(text.contains(&format!("# HELP {} ", parts[2])), "no HELP for {}", parts[2]);
+                declared.insert(parts[2].to_string(), parts[3].to_string());
+            }
+        }
+        let hists = [
+            "treespec_time_to_first_token_seconds",
+            "treespec_request_duration_seconds",
+            "treespec_request_mean_accepted_length",
+            "treespec_request_rows_per_forward",
+        ];
+        for h in hists {
+            assert_eq!(declared.get(h).map(String::as_str), Some("histogram"), "{h}");
+        }
+        let all = samples(&text);
+        for (name, _, _) in &all {
+            let base = name.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
+            assert!(declared.contains_key(name) || declared.contains_key(base), "undeclared {name}");
+        }
+        for h in hists {
+            let buckets: Vec<_> = all.iter().filter(|(n, ..)| *n == format!("{h}_bucket")).collect();
+            let count = all.iter().find(|(n, ..)| *n == format!("{h}_count")).expect("count").2;
+            assert!(buckets.windows(2).all(|w| w[0].2 <= w[1].2), "{h} buckets not monotone");
+            let last = buckets.last().expect("buckets");
+            assert!(last.1.ends_with("le=\"+Inf\"") && last.2 == count && count == 1.0, "{h}: {last:?}");
+        }
+        let value = |name: &str| all.iter().find(|(n, ..)| n == name).map(|x| x.2);
+        assert_eq!(value("treespec_target_rows_total"), Some(24.0));
+        assert_eq!(value("treespec_rows_per_forward"), Some(6.0));
+        assert_eq!(value("treespec_queue_depth"), Some(2.0));
+        let le = |h: &str, le: &str| {
+            all.iter().find(|(n, l, _)| n == h && l.ends_with(&format!("le=\"{le}\""))).map(|x| x.2)
+        };
+        assert_eq!(le("treespec_time_to_first_token_seconds_bucket", "0.025"), Some(0.0));
+        assert_eq!(le("treespec_time_to_first_token_seconds_bucket", "0.05"), Some(1.0));
+        assert_eq!(le("treespec_request_mean_accepted_length_bucket", "3"), Some(1.0));
+        assert_eq!(le("treespec_request_mean_accepted_length_bucket", "2.5"), Some(0.0));
     }
 }

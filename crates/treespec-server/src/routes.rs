@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -13,7 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Serialize;
 use serde_json::json;
@@ -22,7 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::api::*;
 use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RequestTimer};
 use crate::tool_calls::ToolCallText;
 use crate::validate::{self, JobSpec};
 
@@ -89,8 +89,13 @@ pub async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
 }
 
-/// Counts every answered request by route and status.
-pub async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
+/// When a request arrived (set by [`track`]), for time to first token and latency.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
+
+/// Counts every answered request by route and status; stamps its arrival.
+pub async fn track(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(Arrived(Instant::now()));
     let endpoint = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
     let r = next.run(req).await;
     s.metrics.request(&endpoint, r.status().as_u16());
@@ -135,23 +140,25 @@ fn body_bytes(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Resul
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(s): State<AppState>,
+    Extension(arrived): Extension<Arrived>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::chat(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, spec, Kind::Chat).await
+    respond(s, spec, Kind::Chat, arrived).await
 }
 
 /// `POST /v1/completions`.
 pub async fn completions(
     State(s): State<AppState>,
+    Extension(arrived): Extension<Arrived>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::completion(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, spec, Kind::Completion).await
+    respond(s, spec, Kind::Completion, arrived).await
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +167,7 @@ enum Kind {
     Completion,
 }
 
-async fn respond(s: AppState, spec: JobSpec, kind: Kind) -> Result<Response, ApiError> {
+async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let (tx, mut rx) = unbounded_channel();
     s.backend.submit(Job { spec, events: tx })?;
@@ -172,16 +179,25 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind) -> Result<Response, Api
         _ => return Err(ApiError::internal("the model thread stopped")),
     };
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+    let mut timer = RequestTimer::new(s.metrics.clone(), arrived.0);
     let meta = Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call };
     if stream {
-        let events = sse_events(rx, meta);
+        let events = sse_events(rx, meta, timer);
         return Ok(Sse::new(events).into_response());
     }
     let mut text = String::new();
     loop {
         match rx.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(f)) => return Ok(Json(meta.full(text, &f)).into_response()),
+            Some(Event::Text(t)) => {
+                if !t.is_empty() {
+                    timer.text();
+                }
+                text.push_str(&t)
+            }
+            Some(Event::Done(f)) => {
+                timer.done();
+                return Ok(Json(meta.full(text, &f)).into_response());
+            }
             Some(Event::Error(e)) => return Err(e),
             Some(Event::Started { .. }) => {}
             None => return Err(ApiError::internal("the generation ended without a result")),
@@ -322,32 +338,43 @@ fn text_delta(text: String) -> Delta {
 /// The SSE body: a role chunk (chat), text chunks (or tool-call pieces), a finish chunk, the
 /// usage chunk if asked, `[DONE]`. Dropping this stream (client gone) drops the receiver, which
 /// cancels the job.
-fn sse_events(rx: UnboundedReceiver<Event>, meta: Meta) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+fn sse_events(
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    timer: RequestTimer,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let call = call_text(meta.tool_call);
-    stream::unfold((rx, meta, call, Phase::First), |(mut rx, meta, mut call, phase)| async move {
+    let state = (rx, (meta, timer), call, Phase::First);
+    stream::unfold(state, |(mut rx, (meta, mut timer), mut call, phase)| async move {
         match phase {
             Phase::First if meta.kind == Kind::Chat => {
                 let content = (!meta.tool_call).then(String::new);
                 let e =
                     meta.chunk(Delta { role: Some("assistant"), content, ..Delta::default() }, None, None);
-                Some((vec![e], (rx, meta, call, Phase::Streaming)))
+                Some((vec![e], (rx, (meta, timer), call, Phase::Streaming)))
             }
             Phase::First | Phase::Streaming => {
                 let out = loop {
                     match rx.recv().await {
                         Some(Event::Text(t)) if t.is_empty() => continue,
-                        Some(Event::Text(t)) => match call.as_mut() {
-                            None => break vec![meta.chunk(text_delta(t), None, None)],
-                            Some(c) => {
-                                let pieces = c.push(&t);
-                                if !pieces.is_empty() {
-                                    let delta = Delta { tool_calls: Some(pieces), ..Delta::default() };
-                                    break vec![meta.chunk(delta, None, None)];
+                        Some(Event::Text(t)) => {
+                            timer.text();
+                            match call.as_mut() {
+                                None => break vec![meta.chunk(text_delta(t), None, None)],
+                                Some(c) => {
+                                    let pieces = c.push(&t);
+                                    if !pieces.is_empty() {
+                                        let delta = Delta { tool_calls: Some(pieces), ..Delta::default() };
+                                        break vec![meta.chunk(delta, None, None)];
+                                    }
                                 }
                             }
-                        },
+                        }
                         Some(Event::Started { .. }) => continue,
-                        Some(Event::Done(f)) => break finish_chunks(&meta, call.as_mut(), &f),
+                        Some(Event::Done(f)) => {
+                            timer.done();
+                            break finish_chunks(&meta, call.as_mut(), &f);
+                        }
                         Some(Event::Error(e)) => break error_chunks(&e),
                         None => {
                             break error_chunks(&ApiError::internal("the generation ended without a result"))
@@ -356,7 +383,8 @@ fn sse_events(rx: UnboundedReceiver<Event>, meta: Meta) -> impl Stream<Item = Re
                 };
                 // Only the end (finish or error, then `[DONE]`) comes as more than one event.
                 let done = out.len() > 1;
-                Some((out, (rx, meta, call, if done { Phase::Finished } else { Phase::Streaming })))
+                let next = if done { Phase::Finished } else { Phase::Streaming };
+                Some((out, (rx, (meta, timer), call, next)))
             }
             Phase::Finished => None,
         }

@@ -92,6 +92,14 @@ async fn health_models_metrics() {
         "treespec_mean_accepted_length{method=\"chain\"}",
         "treespec_tokens_per_second{method=\"chain\"}",
         "treespec_depth_acceptance_rate{method=\"chain\",depth=\"1\"}",
+        "treespec_time_to_first_token_seconds_count 1",
+        "treespec_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
+        "treespec_request_duration_seconds_count 1",
+        "treespec_request_mean_accepted_length_count{method=\"chain\"} 1",
+        "treespec_request_rows_per_forward_count{method=\"chain\"} 1",
+        "treespec_target_rows_total{method=\"chain\"}",
+        "treespec_rows_per_forward{method=\"chain\"}",
+        "# TYPE treespec_time_to_first_token_seconds histogram",
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
