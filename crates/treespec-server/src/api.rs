@@ -4,9 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 /// One chat message as sent by a client. `content` is a string or an array of text parts.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub struct RequestMessage {
     /// `system`, `user`, `assistant` (or `developer`, treated as `system`).
@@ -18,7 +19,7 @@ pub struct RequestMessage {
 }
 
 /// `stop`: a string or a list of strings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     /// One stop string.
@@ -38,7 +39,7 @@ impl Stop {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub struct StreamOptions {
     /// Send a last chunk with the token usage before `[DONE]`.
@@ -46,7 +47,7 @@ pub struct StreamOptions {
 }
 
 /// Fields shared by both endpoints.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub struct CommonParams {
     /// Model name (informational: the server serves one model).
@@ -126,7 +127,7 @@ pub struct CommonParams {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub struct ChatCompletionRequest {
     /// The conversation.
@@ -137,7 +138,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
 pub struct CompletionRequest {
     /// A string (or a list holding exactly one string).
@@ -148,7 +149,7 @@ pub struct CompletionRequest {
 }
 
 /// Token usage.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ToSchema)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -166,7 +167,7 @@ impl Usage {
 }
 
 /// An assistant message in a response.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ResponseMessage {
     /// Always `assistant`.
     pub role: &'static str,
@@ -178,7 +179,7 @@ pub struct ResponseMessage {
 }
 
 /// One tool call in a response.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ToSchema)]
 pub struct ToolCall {
     /// `call_…`.
     pub id: String,
@@ -190,7 +191,7 @@ pub struct ToolCall {
 }
 
 /// The function of a tool call.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ToSchema)]
 pub struct FunctionCall {
     /// The function's name.
     pub name: String,
@@ -200,7 +201,7 @@ pub struct FunctionCall {
 
 /// A streamed piece of a tool call: the first holds id, type and name (arguments empty), the
 /// next ones only argument text.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ToSchema)]
 pub struct ToolCallDelta {
     /// Always 0 (one call per response).
     pub index: u32,
@@ -215,7 +216,7 @@ pub struct ToolCallDelta {
 }
 
 /// The function part of a [`ToolCallDelta`].
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, ToSchema)]
 pub struct FunctionCallDelta {
     /// Only in the first piece.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -225,7 +226,7 @@ pub struct FunctionCallDelta {
 }
 
 /// One choice of a non-streaming chat completion.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatChoice {
     /// Always 0.
     pub index: u32,
@@ -238,7 +239,7 @@ pub struct ChatChoice {
 }
 
 /// Non-streaming chat completion.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatCompletionResponse {
     /// `chatcmpl-…`.
     pub id: String,
@@ -257,7 +258,7 @@ pub struct ChatCompletionResponse {
 }
 
 /// A streamed delta.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct Delta {
     /// Only in the first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -271,7 +272,7 @@ pub struct Delta {
 }
 
 /// One choice of a chat completion chunk.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChunkChoice {
     /// Always 0.
     pub index: u32,
@@ -284,7 +285,7 @@ pub struct ChunkChoice {
 }
 
 /// A streamed chat completion chunk.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatCompletionChunk {
     /// Same for every chunk of one response.
     pub id: String,
@@ -302,7 +303,7 @@ pub struct ChatCompletionChunk {
 }
 
 /// One choice of a text completion (streamed or not).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CompletionChoice {
     /// Always 0.
     pub index: u32,
@@ -315,7 +316,7 @@ pub struct CompletionChoice {
 }
 
 /// A text completion or one streamed chunk of it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CompletionResponse {
     /// `cmpl-…`.
     pub id: String,
@@ -336,7 +337,7 @@ pub struct CompletionResponse {
 }
 
 /// Decoding statistics returned in the `treespec` field of non-streaming responses.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, ToSchema)]
 pub struct TreespecStats {
     /// The method that decoded.
     pub method: String,
@@ -347,7 +348,7 @@ pub struct TreespecStats {
 }
 
 /// `GET /v1/models` entry.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelCard {
     /// Model id.
     pub id: String,
@@ -360,7 +361,7 @@ pub struct ModelCard {
 }
 
 /// `GET /v1/models`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelList {
     /// `list`.
     pub object: &'static str,

@@ -5,7 +5,7 @@
 //! [`sampling`] for the sampling fields, [`structured`] for `response_format`, `tools` and
 //! `tool_choice`) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in
 //! front of model-owning worker threads; toy and llama.cpp workers). [`api`] holds the wire
-//! types, [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
+//! types ([`openapi`] their OpenAPI description), [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
 //!
 //! Structured output (issue #14): `response_format` `json_object` / `json_schema` and forced
 //! tool calls (`tool_choice` `required` or a named function) decode under a grammar
@@ -20,6 +20,7 @@ pub mod error;
 pub mod llama;
 pub mod methods;
 pub mod metrics;
+pub mod openapi;
 pub mod routes;
 pub mod sampling;
 pub mod serve;
@@ -55,7 +56,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// The whole application. `/health` and `/metrics` are open; `/v1/*` needs the API key if set.
+/// The whole application. `/health`, `/metrics` and `/openapi.json` are open; `/v1/*` needs the API key if set.
 pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config: ServerConfig) -> Router {
     let state = AppState { backend, metrics, api_key: config.api_key, started: routes::unix_now() };
     let v1 = Router::new()
@@ -67,6 +68,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .merge(v1)
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(openapi::openapi))
         .fallback(routes::not_found)
         // After every route: a known path with the wrong method gets an OpenAI error body too.
         .method_not_allowed_fallback(routes::method_not_allowed)

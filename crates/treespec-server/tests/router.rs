@@ -443,3 +443,21 @@ async fn queue_full_and_cancel_on_disconnect() {
     assert!(text.contains("treespec_cancelled_total{method=\"plain\"} 1"), "{text}");
     assert!(text.contains("status=\"503\"} 1"), "{text}");
 }
+
+#[tokio::test]
+async fn openapi_json_lists_the_paths() {
+    let app = app();
+    let (s, v) = json_call(&app, Request::get("/openapi.json").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v["openapi"].as_str().is_some_and(|o| o.starts_with("3.")), "{v}");
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"] {
+        assert!(v["paths"][path].is_object(), "missing {path}");
+    }
+    let chat = &v["paths"]["/v1/chat/completions"]["post"];
+    for status in ["200", "400", "401", "413", "415", "503"] {
+        assert!(chat["responses"][status].is_object(), "chat lacks {status}");
+    }
+    for schema in ["ChatCompletionRequest", "CompletionRequest", "CommonParams", "ErrorBody", "ModelList"] {
+        assert!(v["components"]["schemas"][schema].is_object(), "missing schema {schema}");
+    }
+}
