@@ -7,15 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn json_run(args: &[&str]) -> Value {
-    let run = treespec(args, LIMIT);
-    assert!(run.exited_cleanly() && run.code == Some(0), "{run:#?}");
-    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {run:#?}"))
-}
 
 #[test]
 fn md_names_the_draft_and_c_n_t_mean_context_tokens_threads() {
@@ -28,7 +21,7 @@ fn md_names_the_draft_and_c_n_t_mean_context_tokens_threads() {
         .copied()
         .chain(["-md", m, "--method", "chain", "--spec-draft-n-max", "2", "-n", "16", "-t", "1"])
         .collect();
-    let out = json_run(&args);
+    let out = treespec_json(&args, LIMIT);
     let s = &out["stats"];
     assert_eq!(out["method"], "chain");
     assert!(s["draft_forwards"].as_u64().unwrap() > 0, "{out}");
@@ -36,7 +29,7 @@ fn md_names_the_draft_and_c_n_t_mean_context_tokens_threads() {
     assert!(s["drafted"].as_u64().unwrap() <= 2 * s["target_forwards"].as_u64().unwrap(), "{out}");
     // -n 16 generates 16 tokens unless the model ends first; -c sizes the context.
     let args: Vec<&str> = base.iter().copied().chain(["-c", "2048", "-n", "16", "-t", "1"]).collect();
-    let out = json_run(&args);
+    let out = treespec_json(&args, LIMIT);
     assert_eq!(
         out["token_ids"].as_array().unwrap().len(),
         out["stats"]["new_tokens"].as_u64().unwrap() as usize
@@ -51,9 +44,13 @@ fn md_names_the_draft_and_c_n_t_mean_context_tokens_threads() {
 fn sequoia_runs_out_of_the_box() {
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();
-    let out = json_run(&[
-        "generate", "-m", m, "-md", m, "--method", "sequoia", "-p", "Hello", "-n", "8", "-t", "1", "--json",
-    ]);
+    let out = treespec_json(
+        &[
+            "generate", "-m", m, "-md", m, "--method", "sequoia", "-p", "Hello", "-n", "8", "-t", "1",
+            "--json",
+        ],
+        LIMIT,
+    );
     assert_eq!(out["method"], "sequoia");
     assert!(out["stats"]["draft_forwards"].as_u64().unwrap() > 0, "{out}");
 }

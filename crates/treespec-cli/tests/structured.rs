@@ -12,12 +12,6 @@ use serde_json::Value;
 const LIMIT: Duration = Duration::from_secs(180);
 const SCHEMA: &str = r#"{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"},"maxItems":3}},"required":["name","age","tags"],"additionalProperties":false}"#;
 
-fn run_json(args: &[&str]) -> Value {
-    let run = treespec(args, LIMIT);
-    assert!(run.exited_cleanly() && run.code == Some(0), "{run:#?}");
-    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {run:#?}"))
-}
-
 #[test]
 fn schema_output_validates_and_speculation_matches_constrained_plain() {
     let Some(m) = model() else { return };
@@ -29,26 +23,29 @@ fn schema_output_validates_and_speculation_matches_constrained_plain() {
     for prompt in ["Describe a cat owner as JSON.", "Give me a JSON profile of a programmer."] {
         let mut outputs = Vec::new();
         for method in ["plain", "chain", "tree", "suffix", "auto", "dyspec"] {
-            let out = run_json(&[
-                "generate",
-                "-m",
-                m,
-                "-md",
-                m,
-                "--method",
-                method,
-                "--exact",
-                "--chat",
-                "-p",
-                prompt,
-                "--json-schema",
-                s,
-                "-n",
-                "96",
-                "-t",
-                "1",
-                "--json",
-            ]);
+            let out = treespec_json(
+                &[
+                    "generate",
+                    "-m",
+                    m,
+                    "-md",
+                    m,
+                    "--method",
+                    method,
+                    "--exact",
+                    "--chat",
+                    "-p",
+                    prompt,
+                    "--json-schema",
+                    s,
+                    "-n",
+                    "96",
+                    "-t",
+                    "1",
+                    "--json",
+                ],
+                LIMIT,
+            );
             let text = out["text"].as_str().unwrap().to_string();
             if out["finish_reason"] == "eos" {
                 let v: Value =

@@ -14,14 +14,12 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
-use treespec_engine::toy::{ToyLm, ToyModel};
+use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{
     generate_constrained, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions,
     TextStream, TokenBytes, TokenConstraint,
 };
 
-use treespec_core::cost::CostCurve;
-use treespec_engine::auto_budget::CostModel;
 use treespec_engine::registry::FixedContext;
 
 use crate::error::ApiError;
@@ -339,12 +337,8 @@ impl ToyWorker {
 
     /// The toys' methods: cost curves with a verify that grows slowly with the batch.
     pub fn methods(default: Method) -> Arc<ServerMethods> {
-        let curve = |base, per| CostCurve::linear(base, per, 64).expect("valid linear curve");
-        let costs = CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)));
-        Arc::new(ServerMethods::new(
-            default,
-            Arc::new(FixedContext { costs: Some(costs), ..Default::default() }),
-        ))
+        let context = FixedContext { costs: Some(toy_costs()), ..Default::default() };
+        Arc::new(ServerMethods::new(default, Arc::new(context)))
     }
 
     /// The toy "chat template": `role: content` lines, then `assistant:`.

@@ -3,11 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use treespec_core::cost::CostCurve;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::auto_budget::CostModel;
 use treespec_engine::registry::{FixedContext, MethodKnobs};
-use treespec_engine::toy::{ToyLm, ToyModel};
+use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{generate, GenerateRequest, MethodKind, MethodSpec, StopConditions};
 
 /// Options of `treespec demo`.
@@ -58,12 +56,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         "toy target: vocab {}, order {}; draft noise {}; temperature {}; {} new tokens",
         args.vocab, args.order, args.noise, args.temp, args.n
     );
-    // The toys' cost curves: a verify that grows slowly with the batch, a draft at a tenth of it.
-    let curve = |base, per| CostCurve::linear(base, per, 64).expect("valid linear curve");
-    let context = FixedContext {
-        costs: Some(CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))),
-        ..Default::default()
-    };
+    let context = FixedContext { costs: Some(toy_costs()), ..Default::default() };
     let mut plain_tokens = None;
     for &kind in &args.methods {
         let spec = MethodSpec { method: kind, knobs: args.knobs.clone() };

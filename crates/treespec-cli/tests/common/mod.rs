@@ -89,6 +89,14 @@ pub fn treespec(args: &[&str], limit: Duration) -> Run {
     }
 }
 
+/// Run `treespec ARGS` (which must print one JSON object, as `generate --json` does), expect a
+/// clean success, and parse its output.
+pub fn treespec_json(args: &[&str], limit: Duration) -> serde_json::Value {
+    let run = treespec(args, limit);
+    assert!(run.exited_cleanly() && run.code == Some(0), "{run:#?}");
+    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {run:#?}"))
+}
+
 /// A copy of GGUF `src` at `dst` with the u32 metadata value `key` set to `value`.
 pub fn patched_copy(src: &Path, dst: &Path, key: &str, value: u32) {
     let mut bytes = std::fs::read(src).unwrap();

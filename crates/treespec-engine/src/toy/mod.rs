@@ -10,3 +10,11 @@ mod model;
 
 pub use lm::ToyLm;
 pub use model::{Support, ToyModel};
+
+/// Cost curves for toy models (demos, the toy server, the toy benchmark): a verify that grows
+/// slowly with the batch and a draft at a tenth of it, refined online from the toys' own timings.
+pub fn toy_costs() -> crate::auto_budget::CostModel {
+    let curve =
+        |base, per| treespec_core::cost::CostCurve::linear(base, per, 64).expect("valid linear curve");
+    crate::auto_budget::CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))
+}

@@ -16,10 +16,9 @@ use treespec_bench::{
     BenchConfig, BenchMethod, MachineInfo, MethodConfig, ModelFile, ProgressMode, Prompt, Results, RunConfig,
     RunOutput, SamplingConfig, Selection, ToyBackend, SCHEMA,
 };
-use treespec_core::cost::CostCurve;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::auto_budget::CostModel;
 use treespec_engine::registry::{FixedContext, MethodContext};
+use treespec_engine::toy::toy_costs;
 use treespec_engine::{MethodKind, MethodSpec, METHOD_NAMES};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
@@ -418,13 +417,6 @@ fn structured(mut methods: Vec<BenchMethod>) -> Vec<BenchMethod> {
     methods.insert(1, plain("plain+forced", true));
     methods.push(plain("plain-free", false));
     methods
-}
-
-/// Cost curves for the toy backend (and for checking knobs before the models load): a cheap
-/// verify, refined online from the toy's own timings.
-fn toy_costs() -> CostModel {
-    let curve = |base, per| CostCurve::linear(base, per, 32).expect("valid linear curve");
-    CostModel::new(curve(1.0, 0.1), Some(curve(0.1, 0.05)))
 }
 
 /// A method's name and knobs for the report: the registry spec as JSON, so `--compare` can tell
