@@ -21,20 +21,40 @@ use crate::tree::{NodeId, TokenTree, ROOT};
 pub struct Economics<'a> {
     /// The target's forward cost T(n).
     pub target: &'a CostCurve,
-    /// Tokens per millisecond to beat (≥ plain decoding's `1 / T(1)`).
+    /// Tokens per millisecond to beat (≥ plain decoding's `1 / T(1)`, or in a batch the plain
+    /// batch's `(b + 1) / T(b + 1)`).
     pub rate: f64,
+    /// Rows other requests already put in the same forward: this request's rows cost only what
+    /// they add on top of them, `T(b + n) − T(b)`.
+    pub batch_rows: usize,
 }
 
 impl<'a> Economics<'a> {
     /// Economics that beat `rate`, or plain decoding, whichever is faster.
     pub fn new(target: &'a CostCurve, rate: f64) -> Self {
-        let plain = 1.0 / target.ms(1);
-        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain } }
+        Self::in_batch(target, rate, 0)
+    }
+
+    /// Economics for a request sharing its forward with `batch_rows` rows of other requests. The
+    /// rate to beat is at least the whole batch's plain rate, one token per request per forward,
+    /// and a node's price is what it adds to the merged forward: as the batch fills the cheap
+    /// part of the curve, speculation shrinks, down to none.
+    pub fn in_batch(target: &'a CostCurve, rate: f64, batch_rows: usize) -> Self {
+        let plain = (batch_rows + 1) as f64 / target.ms(batch_rows + 1);
+        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain }, batch_rows }
+    }
+
+    /// What this request's root and `n` drafted nodes add to the forward, in ms (`T(n + 1)`
+    /// alone).
+    pub fn ms(&self, n: usize) -> f64 {
+        let b = self.batch_rows;
+        let base = if b == 0 { 0.0 } else { self.target.ms(b) };
+        self.target.ms(b + n + 1) - base
     }
 
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
     pub fn gain(&self, n: usize, accepted: f64) -> f64 {
-        1.0 + accepted - self.rate * self.target.ms(n + 1)
+        1.0 + accepted - self.rate * self.ms(n)
     }
 
     /// The best number of nodes to verify out of `values` (acceptance probabilities in the order
@@ -203,5 +223,19 @@ mod tests {
         for k in 0..=order.len() {
             assert!(t.retain(&order[..k]).is_ok());
         }
+    }
+
+    #[test]
+    fn a_full_batch_prices_nodes_at_their_marginal_cost() {
+        // T(n) = 20 + 13n alone pays for a node accepted 0.9; past a knee at 16 rows every row
+        // costs 40 ms, and the batch's plain rate is high, so the same node no longer pays.
+        let c = CostCurve::from_points(vec![(1, 33.0), (16, 228.0), (32, 868.0)]).unwrap();
+        let alone = Economics::new(&c, 0.0);
+        assert_eq!(alone.ms(0), c.ms(1));
+        assert_eq!(alone.best_prefix(&[0.9]).0, 1);
+        let full = Economics::in_batch(&c, 0.0, 16);
+        assert!((full.ms(0) - (c.ms(17) - c.ms(16))).abs() < 1e-9);
+        assert!(full.rate > alone.rate);
+        assert_eq!(full.best_prefix(&[0.9]).0, 0);
     }
 }

@@ -122,6 +122,8 @@ pub struct AutoBudget {
     probe_every: u32,
     /// Raw conditional confidence of each node of the tree last proposed (root: 1).
     raw: Vec<f64>,
+    /// Other requests' rows in the coming forward (set per step by the drafter).
+    batch_rows: usize,
     /// Counters since the last `begin`.
     pub stats: AutoStats,
 }
@@ -157,6 +159,7 @@ impl AutoBudget {
             since_draft: 0,
             probe_every: PROBE_FIRST,
             raw: Vec::new(),
+            batch_rows: 0,
             stats: AutoStats::default(),
         }
     }
@@ -177,9 +180,15 @@ impl AutoBudget {
         (self.ms > 0.0).then(|| self.tokens / self.ms)
     }
 
-    /// The economics of the next step: beat the achieved rate, and at least plain decoding.
+    /// The economics of the next step: beat the achieved rate, and at least plain decoding (of
+    /// the whole batch, when other requests share the forward).
     pub fn economics(&self) -> Economics<'_> {
-        Economics::new(&self.costs.target, self.achieved_rate().unwrap_or(0.0))
+        Economics::in_batch(&self.costs.target, self.achieved_rate().unwrap_or(0.0), self.batch_rows)
+    }
+
+    /// The next forward holds `rows` rows of other requests besides this one's (0 alone).
+    pub fn set_batch_rows(&mut self, rows: usize) {
+        self.batch_rows = rows;
     }
 
     /// Calibrated P(accept | parent accepted) of a node at `depth` with raw confidence `r`.

@@ -22,6 +22,10 @@ pub struct ProposeContext<'a> {
     pub max_depth: usize,
     /// The sampling configuration shared with the target.
     pub sampler: &'a Sampler,
+    /// Rows other requests already hold in the same target forward (0 when decoding alone). A
+    /// cost-aware drafter prices its nodes at their marginal cost on top of these, so
+    /// speculation shrinks as a batch fills the cheap part of the cost curve.
+    pub batch_rows: usize,
 }
 
 impl ProposeContext<'_> {

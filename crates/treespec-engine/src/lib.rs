@@ -2,6 +2,7 @@
 //! generation loop, and pure-Rust toy models for tests and demos.
 
 pub mod auto_budget;
+pub mod batched;
 pub mod constraint;
 pub mod draft_model;
 pub mod drafter;
@@ -9,6 +10,7 @@ pub mod drafters;
 pub mod error;
 pub mod extra_stats;
 pub mod generate;
+pub mod generation;
 pub mod methods;
 pub mod model;
 pub mod offline_measure;
@@ -23,6 +25,7 @@ pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
 pub use generate::{generate, generate_constrained, GenerateOutput, GenerateRequest};
+pub use generation::{Generation, StepOutcome};
 pub use methods::Method;
 pub use model::{CausalLm, Logits, TreeBatch};
 pub use registry::{MethodKind, MethodSpec, METHOD_NAMES};

@@ -114,6 +114,11 @@ impl<'a> Logits<'a> {
         self.data.len() / self.vocab
     }
 
+    /// Rows `rows` as logits of their own, borrowed (one request's rows of a batched forward).
+    pub fn slice(&self, rows: std::ops::Range<usize>) -> Logits<'_> {
+        Logits::borrowed(self.vocab, &self.data[rows.start * self.vocab..rows.end * self.vocab])
+    }
+
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]

@@ -220,7 +220,8 @@ fn lookup_falls_back_to_the_static_table() {
     );
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     let history = [0, 5];
-    let ctx = ProposeContext { history: &history, max_nodes: 100, max_depth: 10, sampler: &sampler };
+    let ctx =
+        ProposeContext { history: &history, max_nodes: 100, max_depth: 10, sampler: &sampler, batch_rows: 0 };
     let mut bare = LookupDrafter::new(LookupConfig::default()).unwrap();
     let mut backed = LookupDrafter::with_table(LookupConfig::default(), table).unwrap();
     bare.begin(&history, &sampler, 0).unwrap();

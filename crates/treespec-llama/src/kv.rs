@@ -61,24 +61,40 @@ pub(crate) struct Plan {
 #[derive(Debug, Clone)]
 pub(crate) struct PendingTree {
     nodes: Vec<Node>,
+    /// The sequence of the committed prefix the tree sits on.
+    base: i32,
+    /// Every path id the tree may use, largest first.
+    ids: Vec<i32>,
     /// Unused path ids, largest first so `pop` hands out the smallest.
     free: Vec<i32>,
     max_paths: usize,
 }
 
 impl PendingTree {
-    /// An empty tree allowing up to `max_paths` simultaneous root-to-leaf paths (ids
-    /// `1..=max_paths`).
+    /// An empty tree on [`BASE_SEQ`] allowing up to `max_paths` simultaneous root-to-leaf paths
+    /// (ids `1..=max_paths`).
     pub fn new(max_paths: usize) -> Self {
-        let mut t = Self { nodes: Vec::new(), free: Vec::new(), max_paths };
+        Self::with_ids(BASE_SEQ, (1..=max_paths as i32).collect())
+    }
+
+    /// An empty tree on the prefix in sequence `base`, whose paths use the ids `ids` (a lane of
+    /// a batched context gets them from the context's pool for one step).
+    pub fn with_ids(base: i32, mut ids: Vec<i32>) -> Self {
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        let mut t = Self { nodes: Vec::new(), base, free: Vec::new(), max_paths: ids.len(), ids };
         t.clear();
         t
+    }
+
+    /// The path ids this tree may use.
+    pub fn ids(&self) -> &[i32] {
+        &self.ids
     }
 
     /// Drop every pending node and recycle all path ids.
     pub fn clear(&mut self) {
         self.nodes.clear();
-        self.free = (1..=self.max_paths as i32).rev().collect();
+        self.free = self.ids.clone();
     }
 
     /// Number of pending nodes.
@@ -135,7 +151,7 @@ impl PendingTree {
                 }
                 None => {
                     let s = self.alloc(self.paths() + 1)?;
-                    plan.copies.push(SeqCopy { src: BASE_SEQ, dst: s, end: committed });
+                    plan.copies.push(SeqCopy { src: self.base, dst: s, end: committed });
                     plan.undo.push(Undo::DropSeq(s));
                     (0, vec![s])
                 }

@@ -12,6 +12,7 @@
 //! Exact mode ([`LoadOptions::exact`]) sets `GGML_CPU_TILED_MM=0` for the process; see `load.rs`.
 
 mod backend;
+mod batch_lm;
 mod compat;
 mod hparams;
 mod kv;
@@ -27,6 +28,7 @@ mod threads;
 mod vocab;
 
 pub use backend::LOG_ENV;
+pub use batch_lm::{BatchCounters, LlamaBatchLm};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use lm::LlamaLm;

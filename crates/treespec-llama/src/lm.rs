@@ -70,7 +70,7 @@ const _: fn() = || {
     sync::<LlamaModel>();
 };
 
-fn backend_err(what: &str, e: impl std::fmt::Display) -> EngineError {
+pub(crate) fn backend_err(what: &str, e: impl std::fmt::Display) -> EngineError {
     let log = backend::captured();
     if log.is_empty() {
         EngineError::Backend(format!("{what}: {e}"))
@@ -84,6 +84,29 @@ impl LlamaModel {
     /// Errors for architectures whose state is not a plain KV cache (recurrent, hybrid,
     /// encoder-decoder): sequence ids cannot express a token tree for them.
     pub fn new_lm(&self) -> Result<LlamaLm<'_>> {
+        let o = self.options();
+        let n_seq = o.n_seq_max + 2;
+        let ctx = self.new_context(o.ctx_size, n_seq)?;
+        let n_ctx = ctx.n_ctx() as usize;
+        let n_vocab = self.vocab_size();
+        Ok(LlamaLm {
+            model: self,
+            ctx,
+            batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32),
+            batch_capacity: INITIAL_BATCH,
+            n_seq,
+            n_ctx,
+            n_vocab,
+            committed: 0,
+            tree: PendingTree::new(o.n_seq_max),
+        })
+    }
+
+    /// A llama.cpp context of `ctx_size` cells shared by `n_seq` sequence ids (one unified KV
+    /// cache), with the model's threads, batch and exact-mode settings. Errors for architectures
+    /// whose state is not a plain KV cache (recurrent, hybrid, encoder-decoder): sequence ids
+    /// cannot express a token tree for them.
+    pub(crate) fn new_context(&self, ctx_size: usize, n_seq: usize) -> Result<LlamaContext<'_>> {
         // SAFETY: live model pointer, plain getter.
         let has_encoder = unsafe { llama_cpp_sys_2::llama_model_has_encoder(self.raw_ptr()) };
         if self.inner.is_recurrent() || self.inner.is_hybrid() || has_encoder {
@@ -95,16 +118,15 @@ impl LlamaModel {
         }
         let o = self.options();
         // Every context allocates its own cache: check each against what is left now.
-        check_fits(self.path(), &self.gguf_facts().hparams, o.ctx_size, o.exact, 0, mem_available())?;
-        let n_seq = o.n_seq_max + 2;
-        let ctx_size = u32::try_from(o.ctx_size)
-            .map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;
+        check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, o.exact, 0, mem_available())?;
+        let ctx_size =
+            u32::try_from(ctx_size).map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(ctx_size))
             // n_batch bounds the tokens of one llama_decode: make it the whole context so any
             // forward that fits the context is one call.
             .with_n_batch(ctx_size)
-            .with_n_ubatch(o.n_ubatch.min(o.ctx_size) as u32)
+            .with_n_ubatch(o.n_ubatch.min(ctx_size as usize) as u32)
             .with_n_seq_max(n_seq as u32)
             .with_kv_unified(true)
             // Full-size sliding-window caches, so truncate/commit can always go back (gemma3).
@@ -132,19 +154,7 @@ impl LlamaModel {
                 .new_context(backend, params)
                 .map_err(|e| backend_err("cannot create llama.cpp context", e))?
         };
-        let n_ctx = ctx.n_ctx() as usize;
-        let n_vocab = self.vocab_size();
-        Ok(LlamaLm {
-            model: self,
-            ctx,
-            batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32),
-            batch_capacity: INITIAL_BATCH,
-            n_seq,
-            n_ctx,
-            n_vocab,
-            committed: 0,
-            tree: PendingTree::new(o.n_seq_max),
-        })
+        Ok(ctx)
     }
 }
 
@@ -187,25 +197,7 @@ impl<'m> LlamaLm<'m> {
     /// contiguously in batch order (`llama_get_logits`); the first and last rows' addresses
     /// confirm it, and the rows are copied one by one should they ever not be.
     fn output_rows(&self, wanted: &[bool]) -> Logits<'_> {
-        let mut rows = wanted.iter().enumerate().filter(|(_, &w)| w).map(|(i, _)| i as i32);
-        let (Some(first), last) = (rows.next(), rows.next_back()) else {
-            return Logits::new(self.n_vocab, Vec::new());
-        };
-        let n = wanted.iter().filter(|&&w| w).count();
-        let start = self.ctx.get_logits_ith(first).as_ptr();
-        let end = self.ctx.get_logits_ith(last.unwrap_or(first)).as_ptr();
-        if std::ptr::eq(end, start.wrapping_add((n - 1) * self.n_vocab)) {
-            // SAFETY: rows `first..=last` are n rows of n_vocab floats each, contiguous (checked
-            // just above), inside llama.cpp's output buffer, which stays untouched until the next
-            // decode, and that needs `&mut self`, which the returned borrow of `self` excludes.
-            let data = unsafe { std::slice::from_raw_parts(start, n * self.n_vocab) };
-            return Logits::borrowed(self.n_vocab, data);
-        }
-        let mut data = Vec::with_capacity(n * self.n_vocab);
-        for (i, _) in wanted.iter().enumerate().filter(|(_, &w)| w) {
-            data.extend_from_slice(self.ctx.get_logits_ith(i as i32));
-        }
-        Logits::new(self.n_vocab, data)
+        lend_rows(&self.ctx, self.n_vocab, wanted)
     }
 
     fn seq_rm(&mut self, seq: i32, from: usize) -> Result<()> {
@@ -243,9 +235,35 @@ impl<'m> LlamaLm<'m> {
     }
 }
 
+/// The logits rows of the last decode of `rows` (flags in batch order), lent from llama.cpp's
+/// output buffer (no copy: the caller reads only the rows it needs). llama.cpp stores the rows
+/// asked for contiguously in batch order (`llama_get_logits`); the first and last rows'
+/// addresses confirm it, and the rows are copied one by one should they ever not be.
+pub(crate) fn lend_rows<'c>(ctx: &'c LlamaContext<'_>, n_vocab: usize, wanted: &[bool]) -> Logits<'c> {
+    let mut rows = wanted.iter().enumerate().filter(|(_, &w)| w).map(|(i, _)| i as i32);
+    let (Some(first), last) = (rows.next(), rows.next_back()) else {
+        return Logits::new(n_vocab, Vec::new());
+    };
+    let n = wanted.iter().filter(|&&w| w).count();
+    let start = ctx.get_logits_ith(first).as_ptr();
+    let end = ctx.get_logits_ith(last.unwrap_or(first)).as_ptr();
+    if std::ptr::eq(end, start.wrapping_add((n - 1) * n_vocab)) {
+        // SAFETY: rows `first..=last` are n rows of n_vocab floats each, contiguous (checked just
+        // above), inside llama.cpp's output buffer, which stays untouched until the next decode,
+        // and that needs `&mut` the context, which the returned borrow of it excludes.
+        let data = unsafe { std::slice::from_raw_parts(start, n * n_vocab) };
+        return Logits::borrowed(n_vocab, data);
+    }
+    let mut data = Vec::with_capacity(n * n_vocab);
+    for (i, _) in wanted.iter().enumerate().filter(|(_, &w)| w) {
+        data.extend_from_slice(ctx.get_logits_ith(i as i32));
+    }
+    Logits::new(n_vocab, data)
+}
+
 /// Fill `batch` with `rows` and run one `llama_decode` (a free function so that the rows can
 /// borrow the pending tree while the context and batch are borrowed mutably).
-fn decode_into<'r>(
+pub(crate) fn decode_into<'r>(
     ctx: &mut LlamaContext<'_>,
     batch: &mut LlamaBatch<'static>,
     n_seq: usize,

@@ -185,7 +185,8 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         self.stats.steps += 1;
-        if self.auto.is_some() {
+        if let Some(auto) = self.auto.as_mut() {
+            auto.set_batch_rows(ctx.batch_rows);
             return self.propose_auto(ctx);
         }
         let budget = self.config.budget.min(ctx.max_nodes);
@@ -431,7 +432,7 @@ mod tests {
         nodes: usize,
         depth: usize,
     ) -> ProposeContext<'a> {
-        ProposeContext { history, max_nodes: nodes, max_depth: depth, sampler }
+        ProposeContext { history, max_nodes: nodes, max_depth: depth, sampler, batch_rows: 0 }
     }
 
     /// Sibling without-replacement draws must share one `q` and never repeat a token, and values

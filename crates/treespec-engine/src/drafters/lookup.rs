@@ -232,7 +232,13 @@ mod tests {
             LookupDrafter::new(LookupConfig { max_tokens: 3, branches: 3, ..Default::default() }).unwrap();
         let history = [5, 1, 2, 3, 9, 5, 1, 2, 4, 9, 5, 1, 7, 9, 5];
         d.begin(&history, &sampler, 0).unwrap();
-        let ctx = ProposeContext { history: &history, max_nodes: 64, max_depth: 8, sampler: &sampler };
+        let ctx = ProposeContext {
+            history: &history,
+            max_nodes: 64,
+            max_depth: 8,
+            sampler: &sampler,
+            batch_rows: 0,
+        };
         let tree = d.propose(&ctx).unwrap();
         let mut paths: Vec<Vec<TokenId>> = tree.leaves().into_iter().map(|l| tree.path_tokens(l)).collect();
         paths.sort();

@@ -291,6 +291,9 @@ impl Drafter for SuffixDrafter {
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         self.stats.steps += 1;
+        if let Some(b) = self.budget.as_mut() {
+            b.set_batch_rows(ctx.batch_rows);
+        }
         self.features.clear();
         self.last_gain = 0.0;
         let depth = self.config.max_depth.min(ctx.max_depth);
@@ -395,7 +398,7 @@ mod tests {
     }
 
     fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
-        ProposeContext { history, max_nodes: 64, max_depth: 64, sampler }
+        ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0 }
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! emits. A draft is the same family with a *divergence* knob: identical to the target, noisy,
 //! or with a support disjoint from the target's.
 
+mod batched;
 mod lm;
 mod model;
 
+pub use batched::ToyBatchLm;
 pub use lm::ToyLm;
 pub use model::{Support, ToyModel};
 

@@ -155,8 +155,8 @@ impl Calibrated {
 /// The target time one more node costs after `n` drafted nodes: the cheapest average over the
 /// next few nodes, so a flat step of the curve is seen as cheap.
 fn marginal_ms(econ: &Economics, n: usize) -> f64 {
-    let now = econ.target.ms(n + 1);
-    (1..=LOOKAHEAD_NODES).map(|k| (econ.target.ms(n + 1 + k) - now) / k as f64).fold(f64::INFINITY, f64::min)
+    let now = econ.ms(n);
+    (1..=LOOKAHEAD_NODES).map(|k| (econ.ms(n + k) - now) / k as f64).fold(f64::INFINITY, f64::min)
 }
 
 impl<M: CausalLm> Growth<'_, '_, M> {

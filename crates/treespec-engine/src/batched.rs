@@ -1,0 +1,407 @@
+//! Continuous batching: many requests, each in its own *lane* of one model, decoded together —
+//! every step is ONE forward holding every active request's rows (prompt chunks and draft trees).
+//!
+//! [`BatchedLm`] is the backend seam (llama.cpp: one context whose KV cache holds every lane's
+//! sequence; toys: one toy model per lane). [`step`] runs one step over a set of [`Lane`]s with the
+//! same per-request machine as [`generate`](crate::generate()) ([`Generation`]), so each request
+//! keeps its own tree, verifier, random streams and stop handling: batching changes when its rows
+//! are scored, never what it emits. Cost-aware drafters see the rows already in the forward
+//! ([`ProposeContext::batch_rows`](crate::ProposeContext)) and price their nodes at the marginal
+//! cost of the merged forward, so speculation shrinks on its own as the batch grows.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use treespec_core::TokenId;
+
+use crate::constraint::TokenConstraint;
+use crate::drafter::Drafter;
+use crate::error::{EngineError, Result};
+use crate::generate::{GenerateOutput, GenerateRequest};
+use crate::generation::{Generation, StepOutcome};
+use crate::model::{Logits, TreeBatch};
+use crate::stop::TokenBytes;
+
+/// A lane of a [`BatchedLm`]: one request's sequence.
+pub type LaneId = usize;
+
+/// What one lane feeds in a batched forward.
+#[derive(Debug, Clone, Copy)]
+pub enum LaneWork<'a> {
+    /// Prompt tokens appended to the lane's committed prefix (no logits).
+    Prefill {
+        /// The lane.
+        lane: LaneId,
+        /// The tokens.
+        tokens: &'a [TokenId],
+    },
+    /// A token tree on top of the lane's committed prefix (pending until `commit`), logits for
+    /// every node.
+    Tree {
+        /// The lane.
+        lane: LaneId,
+        /// The tree's nodes (parents before children, first node the root).
+        batch: &'a TreeBatch,
+    },
+}
+
+/// How much a step may still add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchRoom {
+    /// Rows (KV cells) the next forward may hold in all.
+    pub rows: usize,
+    /// Root-to-leaf tree paths the next forward may open in all (a tree of n nodes opens at
+    /// most n).
+    pub paths: usize,
+}
+
+/// A model serving many lanes, scoring all of their rows in one forward.
+pub trait BatchedLm {
+    /// Vocabulary size.
+    fn vocab_size(&self) -> usize;
+
+    /// Most positions one lane may hold (prompt + generated).
+    fn context_size(&self) -> usize;
+
+    /// Positions all lanes together may hold (admission control reserves against this).
+    fn capacity(&self) -> usize;
+
+    /// Open a lane for a request whose prompt starts with `prompt_head`. Returns the lane and how
+    /// many leading tokens of `prompt_head` it already holds (a cached prefix reused rather
+    /// than prefilled). Errors when no lane is free.
+    fn open(&mut self, prompt_head: &[TokenId]) -> Result<(LaneId, usize)>;
+
+    /// Tokens the lane holds.
+    fn committed_len(&self, lane: LaneId) -> usize;
+
+    /// What the next forward may hold.
+    fn room(&self) -> BatchRoom;
+
+    /// Feed every lane's work in ONE forward. Returns the logits of every tree node, in `work`
+    /// order (prefill rows have none).
+    fn forward(&mut self, work: &[LaneWork<'_>]) -> Result<Logits<'_>>;
+
+    /// Keep the lane's pending nodes of `path` (indices into the tree it fed last; the first
+    /// attached to its prefix) and drop its other pending nodes. Takes effect by [`settle`].
+    ///
+    /// [`settle`]: BatchedLm::settle
+    fn commit(&mut self, lane: LaneId, path: &[usize]) -> Result<()>;
+
+    /// Apply every commit of the step (call once after the step's commits).
+    fn settle(&mut self) -> Result<()>;
+
+    /// The lane's request is over: free it (its tokens may stay cached for prefix reuse).
+    fn close(&mut self, lane: LaneId);
+}
+
+/// One request being decoded in a lane.
+pub struct Lane<'d> {
+    /// The lane it holds.
+    pub lane: LaneId,
+    /// Its generation.
+    pub generation: Generation,
+    /// Its drafter.
+    pub drafter: Box<dyn Drafter + 'd>,
+    /// Its grammar state, when it asked for structured output.
+    pub constraint: Option<Box<dyn TokenConstraint + 'd>>,
+    /// Prompt-head tokens the lane holds so far (prefill progress).
+    pub prefilled: usize,
+    /// Time spent in forwards that carried its prompt.
+    pub prefill_time: Duration,
+    /// Whether its drafter has begun (the prompt is in).
+    pub begun: bool,
+}
+
+impl std::fmt::Debug for Lane<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("lane", &self.lane)
+            .field("prefilled", &self.prefilled)
+            .field("begun", &self.begun)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'d> Lane<'d> {
+    /// A request in `lane`, which already holds `cached` tokens of its prompt head.
+    pub fn new(
+        lane: LaneId,
+        generation: Generation,
+        drafter: Box<dyn Drafter + 'd>,
+        constraint: Option<Box<dyn TokenConstraint + 'd>>,
+        cached: usize,
+    ) -> Self {
+        Self {
+            lane,
+            generation,
+            drafter,
+            constraint,
+            prefilled: cached,
+            prefill_time: Duration::ZERO,
+            begun: false,
+        }
+    }
+
+    fn prefill_left(&self) -> usize {
+        self.generation.prompt_head().len() - self.prefilled
+    }
+}
+
+/// What a step did for one lane.
+#[derive(Debug)]
+pub enum LaneStep {
+    /// Its prompt is (still) being prefilled, or it waited for room this step.
+    Waiting,
+    /// It decoded a step.
+    Stepped(StepOutcome),
+    /// It failed; the others go on.
+    Failed(EngineError),
+}
+
+/// Knobs of [`step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Most prompt tokens one step prefills (chunked prefill: a long prompt does not stall
+    /// everyone's decoding).
+    pub prefill_chunk: usize,
+    /// Most drafted nodes one lane's tree may hold.
+    pub max_tree: usize,
+}
+
+impl Default for StepLimits {
+    fn default() -> Self {
+        Self { prefill_chunk: 256, max_tree: 64 }
+    }
+}
+
+/// What one step cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepReport {
+    /// Rows in the forward (prompt chunks and tree nodes).
+    pub rows: usize,
+    /// Lanes that decoded a step.
+    pub decoding: usize,
+    /// Prompt tokens prefilled.
+    pub prefilled: usize,
+    /// The forward's time.
+    pub forward_ms: f64,
+}
+
+/// One continuous-batching step over `lanes`: prompt chunks, then every decoding lane's tree
+/// (proposed in `order`, each seeing the rows before it), ONE forward, then per lane: verify,
+/// commit, emit. A lane's own failure fails only that lane; a failed forward fails every lane
+/// that had rows in it.
+pub fn step(
+    lm: &mut dyn BatchedLm,
+    lanes: &mut [Lane<'_>],
+    limits: StepLimits,
+    bytes: Option<&dyn TokenBytes>,
+) -> (Vec<LaneStep>, StepReport) {
+    let mut results: Vec<LaneStep> = lanes.iter().map(|_| LaneStep::Waiting).collect();
+    let room = lm.room();
+    let mut rows = 0usize;
+    let mut paths = 0usize;
+
+    // 1. Prompt chunks, oldest lanes first.
+    let mut chunks: Vec<(usize, usize)> = Vec::new(); // (lane index, tokens)
+    let mut budget = limits.prefill_chunk.max(1);
+    for (i, lane) in lanes.iter().enumerate() {
+        let left = lane.prefill_left();
+        if lane.begun || left == 0 {
+            continue;
+        }
+        let n = left.min(budget).min(room.rows.saturating_sub(rows));
+        if n == 0 {
+            break;
+        }
+        chunks.push((i, n));
+        budget -= n;
+        rows += n;
+    }
+    let prefill_rows = rows;
+
+    // Lanes whose prompt is complete start their drafter before their first proposal.
+    for (i, lane) in lanes.iter_mut().enumerate() {
+        if !lane.begun && lane.prefill_left() == 0 {
+            let time = lane.prefill_time;
+            match lane.generation.begin(lane.drafter.as_mut(), time) {
+                Ok(()) => lane.begun = true,
+                Err(e) => results[i] = LaneStep::Failed(e),
+            }
+        }
+    }
+
+    // 2. Trees, each proposed knowing the rows already in the forward.
+    let mut trees: Vec<(usize, TreeBatch)> = Vec::new();
+    for (i, lane) in lanes.iter_mut().enumerate() {
+        if !lane.begun || !matches!(results[i], LaneStep::Waiting) || lane.generation.is_done() {
+            continue;
+        }
+        let free_rows = room.rows.saturating_sub(rows);
+        let free_paths = room.paths.saturating_sub(paths);
+        if free_rows == 0 || free_paths == 0 {
+            continue; // no room this step: it waits
+        }
+        let committed = lm.committed_len(lane.lane);
+        // The tree may use the rows and paths left, and at most `max_tree` drafted nodes.
+        let cap = (free_rows - 1).min(free_paths - 1).min(limits.max_tree);
+        let proposed = lane.generation.propose(
+            lane.drafter.as_mut(),
+            lane.constraint.as_deref_mut(),
+            committed,
+            rows,
+            cap,
+        );
+        match proposed {
+            Ok(Some(tree)) => {
+                let batch = TreeBatch::from_tree(tree, 0);
+                rows += batch.len();
+                paths += batch.len();
+                trees.push((i, batch));
+            }
+            Ok(None) => {
+                // Finished without a step (grammar complete, or nothing left to emit).
+                results[i] =
+                    LaneStep::Stepped(StepOutcome { path: Vec::new(), emitted: Vec::new(), done: true })
+            }
+            Err(e) => results[i] = LaneStep::Failed(e),
+        }
+    }
+    // Single-row trees (plain steps) go first: every one of them is kept, so the rows a commit
+    // drops sit above them (the backend then moves fewer kept rows).
+    trees.sort_by_key(|(_, b)| b.len() > 1);
+
+    if rows == 0 {
+        return (results, StepReport::default());
+    }
+    let mut work: Vec<LaneWork<'_>> = Vec::with_capacity(chunks.len() + trees.len());
+    for &(i, n) in &chunks {
+        let lane = &lanes[i];
+        let head = lane.generation.prompt_head();
+        work.push(LaneWork::Prefill { lane: lane.lane, tokens: &head[lane.prefilled..lane.prefilled + n] });
+    }
+    for (i, batch) in &trees {
+        work.push(LaneWork::Tree { lane: lanes[*i].lane, batch });
+    }
+
+    // 3. One forward.
+    let t = Instant::now();
+    let forward = lm.forward(&work);
+    drop(work);
+    let logits = match forward {
+        Ok(l) => l.into_owned(),
+        Err(e) => {
+            let failed = chunks.iter().map(|&(i, _)| i).chain(trees.iter().map(|&(i, _)| i));
+            for i in failed.collect::<Vec<_>>() {
+                results[i] = LaneStep::Failed(EngineError::Backend(format!("batched forward: {e}")));
+            }
+            return (results, StepReport::default());
+        }
+    };
+    let time = t.elapsed();
+    let forward_ms = time.as_secs_f64() * 1e3;
+    for &(i, n) in &chunks {
+        lanes[i].prefilled += n;
+        lanes[i].prefill_time += time;
+    }
+
+    // 4. Verify, commit and emit, lane by lane.
+    let mut offset = 0;
+    for (i, batch) in &trees {
+        let lane = &mut lanes[*i];
+        let own = logits.slice(offset..offset + batch.len());
+        offset += batch.len();
+        let outcome = lane.generation.complete(
+            lane.drafter.as_mut(),
+            lane.constraint.as_deref_mut(),
+            &own,
+            (rows, forward_ms),
+            time,
+            bytes,
+        );
+        results[*i] = match outcome.and_then(|o| lm.commit(lane.lane, &o.path).map(|()| o)) {
+            Ok(o) => LaneStep::Stepped(o),
+            Err(e) => LaneStep::Failed(e),
+        };
+    }
+    if let Err(e) = lm.settle() {
+        for (i, _) in &trees {
+            results[*i] = LaneStep::Failed(EngineError::Backend(format!("settling the step: {e}")));
+        }
+    }
+    let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows, forward_ms };
+    (results, report)
+}
+
+/// A request for [`run_batched`]: what to generate, with its own drafter (and grammar).
+pub struct BatchJob<'d> {
+    /// The request.
+    pub request: GenerateRequest,
+    /// Its drafter.
+    pub drafter: Box<dyn Drafter + 'd>,
+    /// Its grammar state, if any.
+    pub constraint: Option<Box<dyn TokenConstraint + 'd>>,
+}
+
+/// Decode `jobs` with continuous batching on `lm`: at most `max_lanes` at once, the next job
+/// joining as soon as one finishes (in order). Returns each job's output in job order. The
+/// server runs the same steps; this is the loop for tests and benchmarks.
+pub fn run_batched(
+    lm: &mut dyn BatchedLm,
+    jobs: Vec<BatchJob<'_>>,
+    max_lanes: usize,
+    limits: StepLimits,
+    bytes: Option<&dyn TokenBytes>,
+) -> Vec<Result<GenerateOutput>> {
+    let n = jobs.len();
+    let mut outputs: Vec<Option<Result<GenerateOutput>>> = (0..n).map(|_| None).collect();
+    let mut waiting: VecDeque<(usize, BatchJob<'_>)> = jobs.into_iter().enumerate().collect();
+    let mut ids: Vec<usize> = Vec::new();
+    let mut lanes: Vec<Lane<'_>> = Vec::new();
+    while !waiting.is_empty() || !lanes.is_empty() {
+        while lanes.len() < max_lanes.max(1) {
+            let Some((i, job)) = waiting.pop_front() else { break };
+            let opened = Generation::new(job.request, lm.context_size(), lm.vocab_size(), bytes)
+                .and_then(|g| lm.open(g.prompt_head()).map(|(lane, cached)| (g, lane, cached)));
+            match opened {
+                Ok((generation, lane, cached)) => {
+                    ids.push(i);
+                    lanes.push(Lane::new(lane, generation, job.drafter, job.constraint, cached));
+                }
+                Err(e) => outputs[i] = Some(Err(e)),
+            }
+        }
+        let (results, report) = step(lm, &mut lanes, limits, bytes);
+        if report.rows == 0 && results.iter().all(|r| matches!(r, LaneStep::Waiting)) {
+            // Nothing could run: no room for even one row.
+            for (lane, i) in lanes.drain(..).zip(ids.drain(..)) {
+                lm.close(lane.lane);
+                outputs[i] = Some(Err(EngineError::InvalidRequest("no room in the batched context".into())));
+            }
+            break;
+        }
+        // Retire finished and failed lanes (from the back, so indices stay valid).
+        let mut results = results;
+        for k in (0..lanes.len()).rev() {
+            let output = match std::mem::replace(&mut results[k], LaneStep::Waiting) {
+                LaneStep::Stepped(o) if o.done => None,
+                LaneStep::Failed(e) => Some(e),
+                _ => continue,
+            };
+            let mut lane = lanes.remove(k);
+            let i = ids.remove(k);
+            lm.close(lane.lane);
+            outputs[i] = Some(match output {
+                None => Ok(lane.generation.finish(lane.drafter.as_mut())),
+                Some(e) => {
+                    lane.generation.cancel(lane.drafter.as_mut());
+                    Err(e)
+                }
+            });
+        }
+    }
+    outputs
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| Err(EngineError::State("job never ran".into()))))
+        .collect()
+}

@@ -1,0 +1,429 @@
+//! One generation as a step machine: validate → prefill (by the caller) → begin → { propose →
+//! (the caller scores the tree) → complete } … → finish.
+//!
+//! The machine owns everything per request — sampler, verifier stream, history, stop scanner,
+//! statistics — and never touches the target: the caller feeds the tree to the target and commits
+//! the path the step returns. So one loop serves both [`generate`](crate::generate()) (one request
+//! on its own target) and a batching scheduler that scores many requests' trees in one forward;
+//! the request's output and its random streams are the same either way.
+
+use std::time::{Duration, Instant};
+
+use treespec_core::dist::Dist;
+use treespec_core::rng::{Stream, StreamRng};
+use treespec_core::sampling::Sampler;
+use treespec_core::stats::DecodeStats;
+use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
+use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
+use treespec_core::TokenId;
+
+use crate::constraint::TokenConstraint;
+use crate::drafter::{Drafter, ProposeContext};
+use crate::error::{EngineError, Result};
+use crate::generate::{GenerateOutput, GenerateRequest};
+use crate::model::Logits;
+use crate::stop::{FinishReason, StopConditions, StopScanner, TokenBytes};
+
+/// The state of one generation between steps.
+#[derive(Debug)]
+pub struct Generation {
+    request: GenerateRequest,
+    sampler: Sampler,
+    context: usize,
+    vocab: usize,
+    max_new: usize,
+    start: Instant,
+    stats: DecodeStats,
+    verify_rng: StreamRng,
+    history: Vec<TokenId>,
+    out: Vec<TokenId>,
+    scanner: StopScanner,
+    finish: Option<FinishReason>,
+    /// The tree proposed this step, waiting for its scores.
+    proposed: Option<Proposed>,
+}
+
+#[derive(Debug)]
+struct Proposed {
+    tree: TokenTree,
+    forced: usize,
+}
+
+/// What a completed step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// Pending tree nodes the target must keep (`CausalLm::commit`): the accepted path, in tree
+    /// arena order (node i of the tree is row i of the forward).
+    pub path: Vec<usize>,
+    /// Tokens emitted this step (after stop handling).
+    pub emitted: Vec<TokenId>,
+    /// True when the generation is over.
+    pub done: bool,
+}
+
+impl Generation {
+    /// Check `request` against a target of `context` positions and `vocab` tokens (and `bytes`,
+    /// needed for stop strings) and set up its per-request state; the clock starts now.
+    pub fn new(
+        request: GenerateRequest,
+        context: usize,
+        vocab: usize,
+        bytes: Option<&dyn TokenBytes>,
+    ) -> Result<Self> {
+        validate(context, vocab, &request, bytes)?;
+        let sampler = Sampler::new(request.sampling.clone())?;
+        let max_new = request.max_new_tokens.min(context - request.prompt.len() + 1);
+        Ok(Self {
+            sampler,
+            context,
+            vocab,
+            max_new,
+            start: Instant::now(),
+            stats: DecodeStats::default(),
+            verify_rng: StreamRng::new(request.seed, Stream::Verify),
+            history: request.prompt.clone(),
+            out: Vec::new(),
+            scanner: StopScanner::default(),
+            finish: None,
+            proposed: None,
+            request,
+        })
+    }
+
+    /// What the target must hold before the first step: the prompt without its last token (the
+    /// first tree's root).
+    pub fn prompt_head(&self) -> &[TokenId] {
+        &self.request.prompt[..self.request.prompt.len() - 1]
+    }
+
+    /// The request.
+    pub fn request(&self) -> &GenerateRequest {
+        &self.request
+    }
+
+    /// The prompt is in the target (it took `prefill` of its time): start the drafter.
+    pub fn begin(&mut self, drafter: &mut dyn Drafter, prefill: Duration) -> Result<()> {
+        self.stats.times.prefill += prefill;
+        let t = Instant::now();
+        drafter.begin(&self.request.prompt, &self.sampler, self.request.seed)?;
+        self.stats.times.prefill += t.elapsed();
+        Ok(())
+    }
+
+    /// True once the generation is over (length, end of generation, stop string, grammar).
+    pub fn is_done(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Propose this step's tree, with the target holding `committed` tokens, `batch_rows` rows
+    /// of other requests already in the same forward (0 alone), and room for at most `cap`
+    /// drafted nodes besides the context's own limit. The grammar's forced chain
+    /// replaces the drafter's proposal when it forces tokens. `None` when the generation is
+    /// over (nothing left to emit, or the grammar is complete). Row i of the returned tree is
+    /// node i.
+    pub fn propose(
+        &mut self,
+        drafter: &mut dyn Drafter,
+        constraint: Option<&mut (dyn TokenConstraint + '_)>,
+        committed: usize,
+        batch_rows: usize,
+        cap: usize,
+    ) -> Result<Option<&TokenTree>> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        if self.out.len() >= self.max_new {
+            self.finish = Some(FinishReason::Length);
+            return Ok(None);
+        }
+        // Positions left after the root (which sits at `committed`).
+        let room = self.context.saturating_sub(committed + 1).min(cap);
+        let ctx = ProposeContext {
+            history: &self.history,
+            max_nodes: room,
+            max_depth: (self.max_new - self.out.len() - 1).min(room),
+            sampler: &self.sampler,
+            batch_rows,
+        };
+        let Some((tree, forced)) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
+            self.finish = Some(FinishReason::Eos);
+            return Ok(None);
+        };
+        Ok(Some(&self.proposed.insert(Proposed { tree, forced: forced.len() }).tree))
+    }
+
+    /// The tree proposed this step, if any.
+    pub fn proposed(&self) -> Option<&TokenTree> {
+        self.proposed.as_ref().map(|p| &p.tree)
+    }
+
+    /// Finish the step on the target's `logits` for the proposed tree (one row per node, in
+    /// node order). `forward_rows`/`forward_ms`: the whole forward that scored it (other
+    /// requests' rows included when batched), which cost-aware drafters learn the cost curve
+    /// from; `target_ms` is this request's share of the time, for its statistics.
+    pub fn complete(
+        &mut self,
+        drafter: &mut dyn Drafter,
+        mut constraint: Option<&mut (dyn TokenConstraint + '_)>,
+        logits: &Logits<'_>,
+        forward: (usize, f64),
+        target_time: Duration,
+        bytes: Option<&dyn TokenBytes>,
+    ) -> Result<StepOutcome> {
+        let Proposed { tree, forced } = self
+            .proposed
+            .take()
+            .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
+        self.stats.times.target += target_time;
+        drafter.observe_cost(forward.0, forward.1);
+        if logits.rows() != tree.len() || logits.vocab() != self.vocab {
+            return Err(EngineError::State(format!(
+                "target returned {} rows of {} logits for a tree of {} nodes",
+                logits.rows(),
+                logits.vocab(),
+                tree.len()
+            )));
+        }
+        let t = Instant::now();
+        let mut rows = TreeRows {
+            tree: &tree,
+            logits,
+            sampler: &self.sampler,
+            history: &self.history,
+            constraint: constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint),
+        };
+        let outcome = verify(&tree, &mut rows, self.sampler.is_greedy(), &mut self.verify_rng)?;
+        self.stats.record_step(tree.drafted(), &outcome);
+        self.stats.forced += forced as u64;
+        self.stats.times.verify += t.elapsed();
+
+        let t = Instant::now();
+        learn(drafter, constraint, &tree, &outcome, forced > 0, &self.request.stop.eos)?;
+        self.history.extend_from_slice(&outcome.tokens);
+        // Token bytes are only looked at for stop strings.
+        let bytes = bytes.filter(|_| !self.request.stop.stop_strings.is_empty());
+        let room = self.max_new - self.out.len();
+        let (emitted, reason) =
+            emitted_tokens(&outcome.tokens, &self.request.stop, bytes, &mut self.scanner, room);
+        self.out.extend_from_slice(&emitted);
+        if reason != FinishReason::Length || self.out.len() >= self.max_new {
+            self.finish = Some(reason);
+        }
+        self.stats.times.overhead += t.elapsed();
+        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some() })
+    }
+
+    /// End the generation: the drafter learns the text (prompt and emitted tokens).
+    pub fn finish(mut self, drafter: &mut dyn Drafter) -> GenerateOutput {
+        // The history may hold tokens past a stop (the rest of the last step).
+        self.history.truncate(self.request.prompt.len() + self.out.len());
+        drafter.finish(&self.history);
+        let mut stats = self.stats;
+        stats.new_tokens = self.out.len() as u64;
+        stats.draft_forwards = drafter.draft_forwards();
+        stats.wall = self.start.elapsed();
+        GenerateOutput {
+            tokens: self.out,
+            finish_reason: self.finish.unwrap_or(FinishReason::Length),
+            text_cut: self.scanner.cut_at,
+            stats,
+        }
+    }
+
+    /// End a cancelled generation (the drafter still learns what was emitted).
+    pub fn cancel(self, drafter: &mut dyn Drafter) {
+        let _ = self.finish(drafter);
+    }
+}
+
+/// The step's tree: the grammar's forced chain when it forces tokens, else the drafter's
+/// proposal. `None` when the grammar is complete (nothing but end of generation may follow).
+fn propose(
+    drafter: &mut dyn Drafter,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    ctx: &ProposeContext,
+    stats: &mut DecodeStats,
+) -> Result<Option<(TokenTree, Vec<TokenId>)>> {
+    let forced = match constraint {
+        Some(c) if c.is_finished() => return Ok(None),
+        Some(c) => c.forced(ctx.max_depth.min(ctx.max_nodes))?,
+        None => Vec::new(),
+    };
+    let t = Instant::now();
+    let tree = if forced.is_empty() { drafter.propose(ctx)? } else { forced_chain(ctx.root(), &forced)? };
+    stats.times.draft += t.elapsed();
+    check_tree(&tree, ctx)?;
+    Ok(Some((tree, forced)))
+}
+
+/// The step's tokens up to the first stop: an end-of-generation token (not emitted), a stop
+/// string (emitted up to its end; the text is cut later), or `room` tokens.
+fn emitted_tokens(
+    tokens: &[TokenId],
+    stop: &StopConditions,
+    bytes: Option<&dyn TokenBytes>,
+    scanner: &mut StopScanner,
+    room: usize,
+) -> (Vec<TokenId>, FinishReason) {
+    let mut emitted = Vec::with_capacity(tokens.len());
+    for &tok in tokens {
+        if stop.eos.contains(&tok) {
+            return (emitted, FinishReason::Eos);
+        }
+        emitted.push(tok);
+        if let Some(b) = bytes {
+            if scanner.push(&b.token_bytes(tok), &stop.stop_strings) {
+                return (emitted, FinishReason::Stop);
+            }
+        }
+        if emitted.len() == room {
+            break;
+        }
+    }
+    (emitted, FinishReason::Length)
+}
+
+fn validate(
+    context: usize,
+    vocab: usize,
+    request: &GenerateRequest,
+    bytes: Option<&dyn TokenBytes>,
+) -> Result<()> {
+    if request.prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if request.max_new_tokens == 0 {
+        return Err(EngineError::InvalidRequest("the number of new tokens must be ≥ 1".into()));
+    }
+    if let Some(&t) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::InvalidRequest(format!(
+            "prompt token {t} is outside the vocabulary of size {vocab}"
+        )));
+    }
+    if request.prompt.len() >= context {
+        return Err(EngineError::PromptTooLong { prompt: request.prompt.len(), context });
+    }
+    if !request.stop.stop_strings.is_empty() && bytes.is_none() {
+        return Err(EngineError::InvalidRequest("stop strings need a tokenizer to match against".into()));
+    }
+    Ok(())
+}
+
+/// A drafter must return a tree rooted at the current root, within the room it was given.
+fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
+    if tree.node(0).token != ctx.root() {
+        return Err(EngineError::State(format!(
+            "drafter returned a tree rooted at token {} instead of {}",
+            tree.node(0).token,
+            ctx.root()
+        )));
+    }
+    if tree.drafted() > ctx.max_nodes || tree.max_depth() > ctx.max_depth {
+        return Err(EngineError::State(format!(
+            "drafter returned {} nodes / depth {} beyond the limit of {} nodes / depth {}",
+            tree.drafted(),
+            tree.max_depth(),
+            ctx.max_nodes,
+            ctx.max_depth
+        )));
+    }
+    Ok(())
+}
+
+/// The grammar and the drafter take in the step's outcome. Nothing after an end-of-generation
+/// token is emitted (a tree may draft past one), so the grammar never sees it; a forced chain was
+/// not the drafter's proposal, so it learns the tokens as plain steps.
+fn learn(
+    drafter: &mut dyn Drafter,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    tree: &TokenTree,
+    outcome: &VerifyOutcome,
+    forced: bool,
+    eos: &[TokenId],
+) -> Result<()> {
+    if let Some(c) = constraint {
+        let end = outcome.tokens.iter().position(|t| eos.contains(t));
+        c.commit(&outcome.tokens[..end.map_or(outcome.tokens.len(), |i| i + 1)])?;
+    }
+    if forced {
+        observe_as_plain_steps(drafter, &outcome.tokens)
+    } else {
+        drafter.observe(tree, outcome)
+    }
+}
+
+/// The grammar's forced tokens as a chain of deterministic drafts under the root: each has
+/// probability 1 under the masked target, so the whole chain is accepted and the bonus token is
+/// sampled after it.
+fn forced_chain(root: TokenId, forced: &[TokenId]) -> Result<TokenTree> {
+    let mut tree = TokenTree::new(root);
+    let mut at = ROOT;
+    for &t in forced {
+        at = tree.add(at, t, Draw::Deterministic, 1.0)?;
+    }
+    Ok(tree)
+}
+
+/// The drafter did not propose a forced chain: it learns the emitted tokens as plain steps (a
+/// root-only tree each), so its draft model stays in step and its acceptance statistics are not
+/// skewed by drafts it never made.
+fn observe_as_plain_steps(drafter: &mut dyn Drafter, tokens: &[TokenId]) -> Result<()> {
+    let mut root = None;
+    for &t in tokens {
+        let tree = TokenTree::new(root.unwrap_or(t));
+        let outcome = VerifyOutcome { accepted: Vec::new(), tokens: vec![t], depths: Vec::new() };
+        drafter.observe(&tree, &outcome)?;
+        root = Some(t);
+    }
+    Ok(())
+}
+
+/// The target's processed distributions for the rows of one verify batch, computed on demand
+/// (grammar-masked under a constraint).
+struct TreeRows<'a, 'c> {
+    tree: &'a TokenTree,
+    logits: &'a Logits<'a>,
+    sampler: &'a Sampler,
+    history: &'a [TokenId],
+    constraint: Option<&'c mut (dyn TokenConstraint + 'c)>,
+}
+
+impl TreeRows<'_, '_> {
+    /// The token history a row's distribution is conditioned on (for the repetition penalty):
+    /// only the last `penalty_last_n` tokens of history + path, the ones the penalty looks at.
+    fn context(&self, node: NodeId) -> Vec<TokenId> {
+        let window = self.sampler.context_window();
+        if window == 0 {
+            return Vec::new();
+        }
+        let mut c = self.history[self.history.len().saturating_sub(window)..].to_vec();
+        c.extend(self.tree.path_tokens(node));
+        c
+    }
+}
+
+impl<'a> TreeRows<'a, '_> {
+    /// The node's target row, masked by the grammar state after its path when constrained.
+    fn row(&mut self, node: NodeId) -> treespec_core::Result<std::borrow::Cow<'a, [f32]>> {
+        let logits: &'a Logits<'a> = self.logits;
+        let row = logits.row(node);
+        let Some(c) = self.constraint.as_deref_mut() else { return Ok(std::borrow::Cow::Borrowed(row)) };
+        let mut masked = row.to_vec();
+        c.mask_logits(&self.tree.path_tokens(node), &mut masked)
+            .map_err(|e| treespec_core::Error::Invalid(format!("grammar: {e}")))?;
+        Ok(std::borrow::Cow::Owned(masked))
+    }
+}
+
+impl TargetDists for TreeRows<'_, '_> {
+    fn dist(&mut self, node: NodeId) -> treespec_core::Result<Dist> {
+        let context = self.context(node);
+        let row = self.row(node)?;
+        self.sampler.distribution(&row, &context)
+    }
+    fn greedy(&mut self, node: NodeId) -> treespec_core::Result<TokenId> {
+        let context = self.context(node);
+        let row = self.row(node)?;
+        self.sampler.greedy_token(&row, &context)
+    }
+}

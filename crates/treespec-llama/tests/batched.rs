@@ -1,0 +1,110 @@
+//! Continuous batching on the real SmolLM2 model, in exact mode: every request served in a
+//! shared context beside other requests (each with its own method) emits exactly the tokens it
+//! emits when served alone — also when lanes join and leave mid-way, when settling moves kept
+//! rows, when the cache is compacted and when a prompt reuses a cached prefix.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
+use treespec_engine::{generate, GenerateRequest, Method};
+use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
+
+const PROMPTS: &[&str] = &[
+    "Write a haiku about autumn leaves.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three uses of a paperclip.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Explain why the sky is blue to a child.",
+    "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
+    "Name the planets of the solar system in order.",
+    "Translate 'good morning' into French, Spanish and German.",
+];
+
+/// Exact mode (Q8_0 KV cache): attention is batch-invariant, so "alone" and "batched" are
+/// comparable bit for bit.
+fn model() -> &'static LlamaModel {
+    static MODEL: OnceLock<LlamaModel> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let options = LoadOptions { exact: true, ctx_size: 1024, ..common::test_options() };
+        LlamaModel::load(common::model_path(), options).expect("load test model")
+    })
+}
+
+fn methods() -> Vec<Method> {
+    vec![
+        Method::Plain,
+        Method::Chain { k: 4 },
+        Method::Lookup { config: LookupConfig::default(), table: None },
+        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
+        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
+    ]
+}
+
+fn requests(repeat: usize) -> Vec<GenerateRequest> {
+    (0..repeat)
+        .flat_map(|_| PROMPTS.iter().enumerate())
+        .map(|(i, p)| common::greedy_chat_request(model(), p, 40, i as u64))
+        .collect()
+}
+
+fn alone(request: &GenerateRequest) -> Vec<u32> {
+    let mut target = model().new_lm().unwrap();
+    let mut plain = Method::Plain.build::<LlamaLm>(None).unwrap();
+    generate(&mut target, plain.as_mut(), request, None, &mut |_| true).unwrap().tokens
+}
+
+fn jobs(requests: &[GenerateRequest]) -> Vec<BatchJob<'static>> {
+    let methods = methods();
+    requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let method = &methods[i % methods.len()];
+            let draft = method.needs_draft().then(|| model().new_lm().unwrap());
+            BatchJob { request: r.clone(), drafter: method.build(draft).unwrap(), constraint: None }
+        })
+        .collect()
+}
+
+#[test]
+fn eight_requests_at_once_emit_what_each_emits_alone() {
+    if common::skip_model_tests("eight_requests_at_once_emit_what_each_emits_alone") {
+        return;
+    }
+    let requests = requests(1);
+    let reference: Vec<Vec<u32>> = requests.iter().map(alone).collect();
+    let mut lm = model().new_batch_lm(2048, 8).unwrap();
+    let outputs = run_batched(&mut lm, jobs(&requests), 8, StepLimits::default(), None);
+    for (i, (out, want)) in outputs.into_iter().zip(&reference).enumerate() {
+        let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(&out.tokens, want, "request {i} ({})", methods()[i % 5].name());
+    }
+    // Eight lanes share each forward, and speculative lanes dropped rows below kept ones.
+    assert!(lm.counters.forwards < 8 * 40, "{:?}", lm.counters);
+    assert!(lm.counters.moved_rows > 0, "{:?}", lm.counters);
+}
+
+#[test]
+fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
+    if common::skip_model_tests("lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact") {
+        return;
+    }
+    // Each prompt twice (the second time from a cached prefix), three lanes at a time in a
+    // context so small it must be compacted, prompts prefilled in chunks of 16 tokens.
+    let requests = requests(2);
+    let reference: Vec<Vec<u32>> = requests.iter().take(PROMPTS.len()).map(alone).collect();
+    let mut lm = model().new_batch_lm(256, 3).unwrap();
+    let limits = StepLimits { prefill_chunk: 16, ..StepLimits::default() };
+    let outputs = run_batched(&mut lm, jobs(&requests), 3, limits, None);
+    for (i, out) in outputs.into_iter().enumerate() {
+        let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(out.tokens, reference[i % PROMPTS.len()], "request {i}");
+    }
+    let c = lm.counters;
+    assert!(c.compactions > 0, "{c:?}");
+    assert!(c.reused_tokens > 0, "{c:?}");
+    assert!(c.moved_rows > 0, "{c:?}");
+}
