@@ -229,7 +229,7 @@ mod tests {
     fn a_full_batch_prices_nodes_at_their_marginal_cost() {
         // T(n) = 20 + 13n alone pays for a node accepted 0.9; past a knee at 16 rows every row
         // costs 40 ms, and the batch's plain rate is high, so the same node no longer pays.
-        let c = CostCurve::from_points(vec![(1, 33.0), (16, 228.0), (32, 868.0)]).unwrap();
+        let c = CostCurve::from_points(&[(1, 33.0), (16, 228.0), (32, 868.0)]).unwrap();
         let alone = Economics::new(&c, 0.0);
         assert_eq!(alone.ms(0), c.ms(1));
         assert_eq!(alone.best_prefix(&[0.9]).0, 1);

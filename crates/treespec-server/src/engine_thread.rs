@@ -16,7 +16,7 @@ use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
 use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{
-    generate_constrained, CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions,
+    generate_constrained, CausalLm, Drafter, EngineError, GenerateOutput, GenerateRequest, Method, StopConditions,
     TextStream, TokenBytes, TokenConstraint,
 };
 
@@ -260,36 +260,44 @@ pub fn run_generation(
         // An empty step still checks whether the client is there.
         emit(Event::Text(String::new()))
     });
-    let out = match result {
-        Ok(o) => o,
-        Err(EngineError::Cancelled) => return Err(RunError::Cancelled(method.to_string())),
-        Err(EngineError::InvalidRequest(m)) | Err(EngineError::Incompatible(m)) => {
-            return Err(ApiError::invalid(None, m).into())
-        }
-        Err(EngineError::PromptTooLong { prompt, context }) => {
-            return Err(check_lengths(prompt, None, context)
-                .err()
-                .unwrap_or_else(|| ApiError::internal("prompt too long"))
-                .into())
-        }
-        Err(e) => return Err(ApiError::internal(format!("generation failed: {e}")).into()),
-    };
+    let out = result.map_err(|e| match engine_error(e) {
+        RunError::Cancelled(_) => RunError::Cancelled(method.to_string()),
+        e => e,
+    })?;
     let rest = text.finish();
     if !rest.is_empty() && !emit(Event::Text(rest)) {
         return Err(RunError::Cancelled(method.to_string()));
     }
+    emit(Event::Done(finished(&out, method, prompt_tokens)));
+    Ok(RunSummary { method: method.to_string(), prompt_tokens, stats: out.stats })
+}
+
+/// What a failed generation tells the client: its own mistakes are 400s, the rest 500s.
+pub fn engine_error(e: EngineError) -> RunError {
+    match e {
+        EngineError::Cancelled => RunError::Cancelled(String::new()),
+        EngineError::InvalidRequest(m) | EngineError::Incompatible(m) => ApiError::invalid(None, m).into(),
+        EngineError::PromptTooLong { prompt, context } => check_lengths(prompt, None, context)
+            .err()
+            .unwrap_or_else(|| ApiError::internal("prompt too long"))
+            .into(),
+        e => ApiError::internal(format!("generation failed: {e}")).into(),
+    }
+}
+
+/// The `Done` event of a finished generation.
+pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize) -> Finished {
     let finish_reason = match out.finish_reason {
         treespec_engine::FinishReason::Length => "length",
         _ => "stop",
     };
-    emit(Event::Done(Finished {
+    Finished {
         finish_reason,
         prompt_tokens,
         completion_tokens: out.tokens.len(),
         method: method.to_string(),
         stats: out.stats.clone(),
-    }));
-    Ok(RunSummary { method: method.to_string(), prompt_tokens, stats: out.stats })
+    }
 }
 
 /// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
@@ -311,7 +319,8 @@ impl Default for ToyConfig {
     }
 }
 
-struct Letters;
+/// Toy token bytes: token `t` is the letter `'a' + t`.
+pub struct Letters;
 
 impl TokenBytes for Letters {
     fn token_bytes(&self, token: TokenId) -> Vec<u8> {

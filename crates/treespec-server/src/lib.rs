@@ -18,14 +18,17 @@ pub mod api;
 pub mod engine_thread;
 pub mod error;
 pub mod llama;
+pub mod llama_lanes;
 pub mod methods;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod scheduler;
 pub mod sampling;
 pub mod serve;
 pub mod structured;
 pub mod tool_calls;
+pub mod toy_lanes;
 pub mod validate;
 
 use std::sync::Arc;
@@ -39,6 +42,7 @@ pub use error::ApiError;
 pub use llama::LlamaConfig;
 pub use metrics::Metrics;
 pub use routes::AppState;
+pub use scheduler::{BatchPool, SchedulerConfig};
 pub use serve::serve;
 
 /// HTTP-side settings.

@@ -64,6 +64,11 @@ struct Inner {
     ttft: Histogram,
     /// Request arrival → generation finished.
     latency: Histogram,
+    /// Batched steps: requests decoding per step, rows per forward, prompt tokens prefilled.
+    batch_lanes: Histogram,
+    batch_rows: Histogram,
+    batch_steps: u64,
+    prefilled_tokens: u64,
 }
 
 impl Default for Inner {
@@ -75,6 +80,10 @@ impl Default for Inner {
             in_flight: 0,
             ttft: Histogram::new(histogram::SECONDS),
             latency: Histogram::new(histogram::SECONDS),
+            batch_lanes: Histogram::new(histogram::ROWS),
+            batch_rows: Histogram::new(histogram::ROWS),
+            batch_steps: 0,
+            prefilled_tokens: 0,
         }
     }
 }
@@ -89,6 +98,17 @@ impl Metrics {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut g)
+    }
+
+    /// One batched step: `lanes` requests decoded a step in one forward of `rows` rows, which
+    /// also prefilled `prefilled` prompt tokens.
+    pub fn batch_step(&self, lanes: usize, rows: usize, prefilled: usize) {
+        self.with(|m| {
+            m.batch_steps += 1;
+            m.prefilled_tokens += prefilled as u64;
+            m.batch_lanes.observe(lanes as f64);
+            m.batch_rows.observe(rows as f64);
+        });
     }
 
     /// One answered HTTP request.
@@ -253,6 +273,16 @@ fn render_histograms(s: &mut String, m: &Inner) {
     let name = "treespec_request_duration_seconds";
     head(s, name, "histogram", "Seconds from a generation request's arrival to its end (finished ones).");
     m.latency.render(s, name, "");
+    let name = "treespec_batch_size";
+    head(s, name, "histogram", "Per batched step: requests that decoded a step in its forward.");
+    m.batch_lanes.render(s, name, "");
+    let name = "treespec_batch_rows";
+    head(s, name, "histogram", "Per batched step: rows in its forward (prompt chunks and draft trees).");
+    m.batch_rows.render(s, name, "");
+    head(s, "treespec_batch_steps_total", "counter", "Batched steps (one forward each).");
+    let _ = writeln!(s, "treespec_batch_steps_total {}", m.batch_steps);
+    head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");
+    let _ = writeln!(s, "treespec_prefill_tokens_total {}", m.prefilled_tokens);
     type Pick = fn(&MethodTotals) -> &Histogram;
     let per_method: [(&str, &str, Pick); 2] = [
         ("treespec_request_mean_accepted_length", "Per request: tokens emitted per target forward.", |t| {

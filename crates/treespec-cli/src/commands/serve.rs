@@ -4,10 +4,22 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+use treespec_engine::batched::StepLimits;
+use treespec_server::{
+    router, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig, ServerConfig,
+};
 
 use super::args::{MethodArgs, ModelArgs};
 use super::models::{load_runtime, resolve};
+
+/// How requests share the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulerKind {
+    /// Continuous batching.
+    Batch,
+    /// One request at a time per worker.
+    Fifo,
+}
 
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
@@ -23,7 +35,20 @@ pub struct ServeArgs {
     /// Port to listen on (0 = any free port).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Generations run at once (each worker thread has its own model contexts).
+    /// How requests share the model: `batch` decodes up to --parallel requests together, ONE
+    /// forward per step holding all their rows (continuous batching); `fifo` runs them one at a
+    /// time per worker thread (--max-concurrent workers, each with its own contexts).
+    #[arg(long, value_enum, default_value_t = SchedulerKind::Batch)]
+    pub scheduler: SchedulerKind,
+    /// Requests decoded at once by the batch scheduler. They share one KV cache of -c cells
+    /// (as llama-server's slots share its -c), and a request may use all of it.
+    #[arg(long, visible_alias = "np", default_value_t = 8)]
+    pub parallel: usize,
+    /// Most prompt tokens one batched step prefills (chunked prefill: a long prompt does not
+    /// stall the requests already decoding).
+    #[arg(long = "prefill-chunk", default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// FIFO scheduler: generations run at once (each worker thread has its own model contexts).
     #[arg(long = "max-concurrent", default_value_t = 1)]
     pub max_concurrent: usize,
     /// Requests that may wait for a worker; beyond that a 503 with Retry-After.
@@ -43,11 +68,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime = Arc::new(load_runtime(&args.models)?);
     let method = resolve(&runtime, &args.method.spec(), args.method.reprofile)?;
     let metrics = Arc::new(Metrics::default());
+    let runtime_ctx = runtime.options().ctx_size;
     let config = LlamaConfig { runtime, method };
-    let pool = EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?;
+    let pool: Arc<dyn GenerationBackend> = match args.scheduler {
+        SchedulerKind::Fifo => Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?),
+        SchedulerKind::Batch => {
+            if args.parallel == 0 || args.prefill_chunk == 0 {
+                anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
+            }
+            let limits = StepLimits { prefill_chunk: args.prefill_chunk, ..StepLimits::default() };
+            let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };
+            let ctx = runtime_ctx;
+            Arc::new(BatchPool::llama(config, scheduler, ctx, metrics.clone())?)
+        }
+    };
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
     let app = router(
-        Arc::new(pool),
+        pool,
         metrics,
         ServerConfig { api_key: args.api_key, max_body_bytes: args.max_body },
     );

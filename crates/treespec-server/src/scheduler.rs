@@ -1,0 +1,309 @@
+//! The continuous-batching scheduler: one thread owns a [`BatchedLm`] with up to `parallel`
+//! lanes, and every step is ONE forward holding every active request's rows (see
+//! `treespec_engine::batched`).
+//!
+//! Between steps, requests join (admitted from the queue while a lane is free and the context
+//! can hold their prompt and `max_tokens`) and leave (finished, failed, or cancelled: a client
+//! that went away is noticed at the next step and its lane freed). A long prompt is prefilled in
+//! chunks so it does not stall the others. Beyond the queue's bound a request gets a 503 with
+//! `Retry-After`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use treespec_core::TokenId;
+use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
+use treespec_engine::{Drafter, GenerateRequest, Generation, StopConditions};
+use treespec_engine::{TextStream, TokenBytes, TokenConstraint};
+
+use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::validate::{check_lengths, JobSpec, Limits};
+
+/// A request made ready for a lane by [`LaneModels::prepare`].
+pub struct Prepared<'m> {
+    /// Prompt tokens.
+    pub prompt: Vec<TokenId>,
+    /// End-of-generation tokens.
+    pub eos: Vec<TokenId>,
+    /// The method's name (for events and metrics).
+    pub method: String,
+    /// Its drafter.
+    pub drafter: Box<dyn Drafter + 'm>,
+    /// Its grammar state, for structured output.
+    pub constraint: Option<Box<dyn TokenConstraint + 'm>>,
+}
+
+/// The models behind a scheduler: the batched target and what turns a request into a lane.
+pub trait LaneModels<'m> {
+    /// The batched target.
+    fn lm(&mut self) -> &mut dyn BatchedLm;
+    /// Tokenize the prompt, resolve the method and build its drafter (and grammar).
+    fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'m>, ApiError>;
+    /// Token bytes, for text and stop strings.
+    fn bytes(&self) -> &dyn TokenBytes;
+    /// The batched target and the token bytes at once (a step needs both).
+    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes);
+}
+
+/// Scheduler knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most requests decoded at once (lanes).
+    pub parallel: usize,
+    /// Most requests waiting for a lane; beyond it a 503.
+    pub queue: usize,
+    /// Chunked prefill and tree size limits per step.
+    pub limits: StepLimits,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self { parallel: 8, queue: 64, limits: StepLimits::default() }
+    }
+}
+
+/// The HTTP layer's handle on a scheduler thread.
+pub struct BatchPool {
+    tx: Sender<Job>,
+    depth: Arc<AtomicUsize>,
+    capacity: usize,
+    model_id: String,
+    limits: Limits,
+}
+
+impl BatchPool {
+    /// A pool whose scheduler will read from the returned receiver (run it with [`Scheduler`]).
+    pub fn new(config: SchedulerConfig, model_id: String, limits: Limits) -> (Self, Inbox) {
+        let (tx, rx) = channel();
+        let depth = Arc::new(AtomicUsize::new(0));
+        (Self { tx, depth: depth.clone(), capacity: config.queue, model_id, limits }, Inbox { rx, depth })
+    }
+}
+
+/// The scheduler's end of the queue.
+pub struct Inbox {
+    rx: Receiver<Job>,
+    depth: Arc<AtomicUsize>,
+}
+
+impl GenerationBackend for BatchPool {
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+    fn limits(&self) -> Limits {
+        self.limits.clone()
+    }
+    fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.depth.fetch_add(1, Ordering::SeqCst) >= self.capacity {
+            self.depth.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::overloaded(self.capacity));
+        }
+        self.tx.send(job).map_err(|_| {
+            self.depth.fetch_sub(1, Ordering::SeqCst);
+            ApiError::internal("the model thread has stopped")
+        })
+    }
+    fn queue_depth(&self) -> usize {
+        self.depth.load(Ordering::SeqCst)
+    }
+}
+
+/// What the scheduler keeps beside a request's lane.
+struct Served {
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    text: TextStream,
+    method: String,
+    prompt_tokens: usize,
+    /// Context the request reserved (prompt + most new tokens).
+    reserved: usize,
+}
+
+/// The scheduler loop over `models`.
+pub struct Scheduler<'m, M: LaneModels<'m>> {
+    models: M,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    /// Active requests' lanes, and beside each (same index) what it reports to.
+    lanes: Vec<Lane<'m>>,
+    served: Vec<Served>,
+    waiting: VecDeque<Job>,
+}
+
+impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
+    /// A scheduler on `models`.
+    pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+        Self { models, config, metrics, lanes: Vec::new(), served: Vec::new(), waiting: VecDeque::new() }
+    }
+
+    /// Serve until every [`BatchPool`] handle is dropped and the work is done.
+    pub fn run(mut self, inbox: Inbox) {
+        let mut open = true;
+        while open || !self.served.is_empty() || !self.waiting.is_empty() {
+            // Take new jobs: block only when idle.
+            if self.served.is_empty() && self.waiting.is_empty() {
+                match inbox.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => open = false,
+                }
+            }
+            while let Ok(job) = inbox.rx.try_recv() {
+                self.waiting.push_back(job);
+            }
+            self.admit(&inbox.depth);
+            self.drop_cancelled();
+            if self.served.is_empty() {
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    fn reserved(&self) -> usize {
+        self.served.iter().map(|s| s.reserved).sum()
+    }
+
+    /// Move waiting jobs into free lanes while the context can hold them, oldest first.
+    fn admit(&mut self, depth: &AtomicUsize) {
+        while self.served.len() < self.config.parallel {
+            let Some(job) = self.waiting.front() else { break };
+            if job.events.is_closed() {
+                let job = self.waiting.pop_front().expect("front exists");
+                depth.fetch_sub(1, Ordering::SeqCst);
+                self.metrics.cancelled("queued");
+                drop(job);
+                continue;
+            }
+            let capacity = self.models.lm().capacity();
+            let context = self.models.lm().context_size();
+            let want = job.spec.max_tokens.unwrap_or(0);
+            // A request waits while the lanes in use leave too little of the context for it;
+            // alone, it always fits (the lengths were checked against the context).
+            if !self.served.is_empty() && self.reserved() + want.min(context) > capacity {
+                break;
+            }
+            let job = self.waiting.pop_front().expect("front exists");
+            depth.fetch_sub(1, Ordering::SeqCst);
+            if let Err(e) = self.start(&job) {
+                self.fail(&job.events, e);
+            }
+        }
+    }
+
+    fn start(&mut self, job: &Job) -> Result<(), RunError> {
+        let spec = &job.spec;
+        let prepared = self.models.prepare(spec)?;
+        let lm = self.models.lm();
+        let context = lm.context_size();
+        let prompt_tokens = prepared.prompt.len();
+        let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
+        let request = GenerateRequest {
+            prompt: prepared.prompt,
+            max_new_tokens: max_new,
+            sampling: spec.sampling.clone(),
+            seed: spec.seed,
+            stop: StopConditions { eos: prepared.eos, stop_strings: spec.stop.clone() },
+        };
+        let generation = Generation::new(request, context, lm.vocab_size(), Some(self.models.bytes()))
+            .map_err(engine_error)?;
+        let lm = self.models.lm();
+        let (lane, cached) = lm.open(generation.prompt_head()).map_err(engine_error)?;
+        if job.events.send(Event::Started { prompt_tokens, method: prepared.method.clone() }).is_err() {
+            lm.close(lane);
+            return Err(RunError::Cancelled(prepared.method));
+        }
+        self.metrics.in_flight(1);
+        self.lanes.push(Lane::new(lane, generation, prepared.drafter, prepared.constraint, cached));
+        self.served.push(Served {
+            events: job.events.clone(),
+            text: TextStream::new(&spec.stop),
+            method: prepared.method,
+            prompt_tokens,
+            reserved: prompt_tokens + max_new,
+        });
+        Ok(())
+    }
+
+    fn fail(&self, events: &tokio::sync::mpsc::UnboundedSender<Event>, e: RunError) {
+        match e {
+            RunError::Cancelled(method) => self.metrics.cancelled(&method),
+            RunError::Api(e) => {
+                self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
+                let _ = events.send(Event::Error(e));
+            }
+        }
+    }
+
+    /// Free the lanes of clients that went away.
+    fn drop_cancelled(&mut self) {
+        for k in (0..self.served.len()).rev() {
+            if self.served[k].events.is_closed() {
+                self.retire(k, Err(RunError::Cancelled(String::new())));
+            }
+        }
+    }
+
+    /// End request `k`: free its lane, report it.
+    fn retire(&mut self, k: usize, end: Result<(), RunError>) {
+        let mut lane = self.lanes.remove(k);
+        let mut s = self.served.remove(k);
+        self.models.lm().close(lane.lane);
+        self.metrics.in_flight(-1);
+        match end {
+            Ok(()) => {
+                let out = lane.generation.finish(lane.drafter.as_mut());
+                let rest = s.text.finish();
+                if !rest.is_empty() && s.events.send(Event::Text(rest)).is_err() {
+                    self.metrics.cancelled(&s.method);
+                    return;
+                }
+                self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
+                let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens)));
+            }
+            Err(RunError::Cancelled(_)) => {
+                lane.generation.cancel(lane.drafter.as_mut());
+                self.metrics.cancelled(&s.method);
+            }
+            Err(e) => {
+                lane.generation.cancel(lane.drafter.as_mut());
+                self.fail(&s.events, e);
+            }
+        }
+    }
+
+    /// One batched step, then each request's text goes out; finished, failed and abandoned
+    /// requests leave.
+    fn step(&mut self) {
+        let limits = self.config.limits;
+        let (lm, bytes) = self.models.split();
+        let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes));
+        if report.rows > 0 {
+            self.metrics.batch_step(report.decoding, report.rows, report.prefilled);
+        }
+        let mut results = results;
+        for k in (0..self.lanes.len()).rev() {
+            match std::mem::replace(&mut results[k], LaneStep::Waiting) {
+                LaneStep::Waiting => {}
+                LaneStep::Failed(e) => self.retire(k, Err(engine_error(e))),
+                LaneStep::Stepped(o) => {
+                    let s = &mut self.served[k];
+                    for &t in &o.emitted {
+                        s.text.push(&self.models.bytes().token_bytes(t));
+                    }
+                    let chunk = s.text.take();
+                    let gone = !chunk.is_empty() && s.events.send(Event::Text(chunk)).is_err();
+                    if gone {
+                        self.retire(k, Err(RunError::Cancelled(String::new())));
+                    } else if o.done {
+                        self.retire(k, Ok(()));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The batching scheduler on toy models (no files, deterministic): the toy batched target has
+//! one toy sequence per lane, every request gets its own toy draft. For tests — above all the
+//! χ² test that a request's samples keep the target distribution while other requests share
+//! its steps.
+
+use std::sync::Arc;
+
+use treespec_core::TokenId;
+use treespec_engine::batched::BatchedLm;
+use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
+use treespec_engine::TokenBytes;
+
+use crate::engine_thread::{Letters, ToyConfig, ToyWorker};
+use crate::error::ApiError;
+use crate::methods::ServerMethods;
+use crate::metrics::Metrics;
+use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::validate::{JobSpec, Limits};
+
+/// Toy target lanes and toy drafts.
+pub struct ToyLanes {
+    lm: ToyBatchLm,
+    draft: ToyModel,
+    config: ToyConfig,
+    methods: Arc<ServerMethods>,
+}
+
+impl ToyLanes {
+    /// The toy target (and a noisy draft) of `config`, in `parallel` lanes.
+    pub fn new(config: ToyConfig, parallel: usize) -> Self {
+        let m = ToyModel::new(config.vocab.min(26), 1, 7);
+        let draft = m.draft(0.5, 3);
+        let methods = ToyWorker::methods(config.method.clone());
+        Self { lm: ToyBatchLm::new(m, config.context, parallel), draft, config, methods }
+    }
+}
+
+impl LaneModels<'static> for ToyLanes {
+    fn lm(&mut self) -> &mut dyn BatchedLm {
+        &mut self.lm
+    }
+
+    fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'static>, ApiError> {
+        if spec.output.grammar().is_some() {
+            return Err(ApiError::invalid(
+                spec.output.param(),
+                "structured output needs a model vocabulary and the toy backend has none",
+            ));
+        }
+        let vocab = self.config.vocab.min(26) as u32;
+        let prompt: Vec<TokenId> = ToyWorker::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
+        let method = self.methods.for_request(spec.method.as_ref())?;
+        let draft = ToyLm::new(self.draft.clone(), self.config.context);
+        let drafter = method.build(Some(draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        Ok(Prepared { prompt, eos: Vec::new(), method: method.name().to_string(), drafter, constraint: None })
+    }
+
+    fn bytes(&self) -> &dyn TokenBytes {
+        &Letters
+    }
+
+    /// Called once per step: the toy's `step_delay` is slept here (to test queueing and
+    /// cancellation against a slow model).
+    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes) {
+        if !self.config.step_delay.is_zero() {
+            std::thread::sleep(self.config.step_delay);
+        }
+        (&mut self.lm, &Letters)
+    }
+}
+
+impl BatchPool {
+    /// A batching scheduler on toy models, for tests and demos.
+    pub fn toy(config: ToyConfig, scheduler: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
+        let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
+        let (pool, inbox) = BatchPool::new(scheduler, "toy".into(), limits);
+        let models = ToyLanes::new(config, scheduler.parallel);
+        std::thread::spawn(move || Scheduler::new(models, scheduler, metrics).run(inbox));
+        pool
+    }
+}
