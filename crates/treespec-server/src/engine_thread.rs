@@ -16,8 +16,8 @@ use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
 use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{
-    generate_constrained, CausalLm, Drafter, EngineError, GenerateOutput, GenerateRequest, Method, StopConditions,
-    TextStream, TokenBytes, TokenConstraint,
+    generate_constrained, CausalLm, Drafter, EngineError, GenerateOutput, GenerateRequest, Method,
+    StopConditions, TextStream, TokenBytes, TokenConstraint,
 };
 
 use treespec_engine::registry::FixedContext;

@@ -102,9 +102,10 @@ impl<'m> LlamaLanes<'m> {
             vocab: Arc::new(OnceLock::new()),
         };
         let default = lanes.methods.default_method().clone();
-        lanes.drafter(&default).map_err(|e| anyhow::anyhow!(e.message)).with_context(|| {
-            format!("the server's default method '{}' is invalid", default.name())
-        })?;
+        lanes
+            .drafter(&default)
+            .map_err(|e| anyhow::anyhow!(e.message))
+            .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
         Ok(lanes)
     }
 
@@ -168,8 +169,8 @@ impl BatchPool {
         let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits);
         let methods = Arc::new(ServerMethods::new(method, runtime.clone()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new().name("treespec-scheduler".into()).spawn(move || {
-            match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {
+        std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
+            move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {
                 Ok(lanes) => {
                     let _ = ready_tx.send(Ok(()));
                     Scheduler::new(lanes, scheduler, metrics).run(inbox);
@@ -177,8 +178,8 @@ impl BatchPool {
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                 }
-            }
-        })?;
+            },
+        )?;
         ready_rx.recv().context("the scheduler thread died while starting")??;
         Ok(pool)
     }

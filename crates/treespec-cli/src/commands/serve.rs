@@ -71,7 +71,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime_ctx = runtime.options().ctx_size;
     let config = LlamaConfig { runtime, method };
     let pool: Arc<dyn GenerationBackend> = match args.scheduler {
-        SchedulerKind::Fifo => Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?),
+        SchedulerKind::Fifo => {
+            Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)
+        }
         SchedulerKind::Batch => {
             if args.parallel == 0 || args.prefill_chunk == 0 {
                 anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
@@ -83,11 +85,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
-    let app = router(
-        pool,
-        metrics,
-        ServerConfig { api_key: args.api_key, max_body_bytes: args.max_body },
-    );
+    let app = router(pool, metrics, ServerConfig { api_key: args.api_key, max_body_bytes: args.max_body });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);

@@ -1,0 +1,135 @@
+//! Losslessness under continuous batching (issue #13): a request decoded in a lane beside other
+//! requests — joining and leaving at other steps, with other methods, prompts chunked over
+//! several steps — keeps exactly the target's distribution (χ² on an enumerable toy target,
+//! ALGORITHMS.md §4), and with the same seed emits exactly what it emits alone.
+
+#[path = "../../treespec-core/tests/common/mod.rs"]
+mod common;
+
+use common::{chi_square, FAMILY_ALPHA};
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::TokenId;
+use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::drafters::{ChainDrafter, SampleMode, TreeDrafter};
+use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
+use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter, StopConditions};
+
+const CTX: usize = 64;
+const VOCAB: usize = 5;
+const LEN: usize = 3;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Plain,
+    Chain(usize),
+    Tree(&'static [usize]),
+    TreeIid(&'static [usize]),
+}
+
+fn target() -> ToyModel {
+    ToyModel::new(VOCAB, 2, 31)
+}
+
+fn drafter(kind: Kind) -> Box<dyn Drafter> {
+    let lm = ToyLm::new(target().draft(1.0, 77), CTX);
+    match kind {
+        Kind::Plain => Box::new(PlainDrafter),
+        Kind::Chain(k) => Box::new(ChainDrafter::new(lm, k).unwrap()),
+        Kind::Tree(w) => Box::new(TreeDrafter::new(lm, w.to_vec()).unwrap()),
+        Kind::TreeIid(w) => Box::new(TreeDrafter::with_mode(lm, w.to_vec(), SampleMode::Iid).unwrap()),
+    }
+}
+
+fn request(prompt: &[TokenId], len: usize, temperature: f32, seed: u64) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_new_tokens: len,
+        sampling: SamplingParams::with_temperature(temperature),
+        seed,
+        stop: StopConditions::default(),
+    }
+}
+
+const PROBE_PROMPT: &[TokenId] = &[1, 3, 0, 2];
+
+/// `probes` probe requests (the tested one), each among noise requests of other prompts,
+/// lengths and methods, decoded 4 lanes at a time with prompts prefilled 2 tokens per step.
+/// Returns the probes' outputs in order.
+fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
+    let noise_kinds = [Kind::Chain(2), Kind::Plain, Kind::Tree(&[2, 1]), Kind::TreeIid(&[2, 2])];
+    let mut jobs = Vec::new();
+    let mut is_probe = Vec::new();
+    for p in 0..probes {
+        for n in 0..(1 + p % 3) {
+            let prompt: Vec<TokenId> =
+                (0..(2 + (p + n) % 5)).map(|i| ((p + n + i) % VOCAB as u64) as TokenId).collect();
+            let len = 1 + ((p * 7 + n) % 6) as usize;
+            let kind = noise_kinds[((p + n) % 4) as usize];
+            jobs.push(BatchJob {
+                request: request(&prompt, len, 0.8, !p ^ n),
+                drafter: drafter(kind),
+                constraint: None,
+            });
+            is_probe.push(false);
+        }
+        jobs.push(BatchJob {
+            request: request(PROBE_PROMPT, LEN, 1.0, seed0 + p),
+            drafter: drafter(kind),
+            constraint: None,
+        });
+        is_probe.push(true);
+    }
+    let mut lm = ToyBatchLm::new(target(), CTX, 4);
+    let limits = StepLimits { prefill_chunk: 2, max_tree: 16 };
+    let outputs = run_batched(&mut lm, jobs, 4, limits, None);
+    assert!(lm.widest > 4, "requests shared forwards (widest forward: {} rows)", lm.widest);
+    outputs
+        .into_iter()
+        .zip(is_probe)
+        .filter(|(_, p)| *p)
+        .map(|(o, _)| {
+            let o = o.unwrap();
+            assert_eq!(o.tokens.len(), LEN);
+            o.tokens
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_keeps_the_target_distribution_while_others_share_its_steps() {
+    let kinds = [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2]), Kind::Plain];
+    let sampler = Sampler::new(SamplingParams::with_temperature(1.0)).unwrap();
+    let probs = target().exact_joint(&sampler, PROBE_PROMPT, LEN).unwrap();
+    let alpha = FAMILY_ALPHA / kinds.len() as f64;
+    let mut failures = Vec::new();
+    for (k, kind) in kinds.iter().enumerate() {
+        let mut counts = vec![0u64; probs.len()];
+        for tokens in batched_probes(*kind, 12_000, (k as u64) << 32) {
+            counts[tokens.iter().fold(0usize, |acc, &t| acc * VOCAB + t as usize)] += 1;
+        }
+        match chi_square(&counts, &probs) {
+            Ok(g) => {
+                eprintln!("{kind:?}: chi2 {:.1} df {} p {:.3e}", g.stat, g.df, g.p_value);
+                if g.p_value <= alpha {
+                    failures.push(format!("{kind:?}: p {:.3e}, worst {:?}", g.p_value, g.worst));
+                }
+            }
+            Err(e) => failures.push(format!("{kind:?}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn a_request_emits_what_it_emits_alone_with_the_same_seed() {
+    for kind in [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::Plain] {
+        let batched = batched_probes(kind, 40, 9_000);
+        for (p, tokens) in batched.iter().enumerate() {
+            let mut target = ToyLm::new(target(), CTX);
+            let mut d = drafter(kind);
+            let req = request(PROBE_PROMPT, LEN, 1.0, 9_000 + p as u64);
+            let alone = generate(&mut target, d.as_mut(), &req, None, &mut |_| true).unwrap();
+            assert_eq!(&alone.tokens, tokens, "{kind:?} probe {p}");
+        }
+    }
+}

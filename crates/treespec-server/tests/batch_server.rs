@@ -1,0 +1,118 @@
+//! The continuous-batching scheduler through HTTP, on toy models: many concurrent requests of
+//! different methods share steps, and each answer is exactly the answer it gets alone (sampled,
+//! with its seed); admission beyond the queue is a 503; a client that leaves frees its lane.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use treespec_server::{
+    router, BatchPool, GenerationBackend, Metrics, SchedulerConfig, ServerConfig, ToyConfig,
+};
+
+fn app(
+    parallel: usize,
+    queue: usize,
+    config: ToyConfig,
+) -> (Router, Arc<dyn GenerationBackend>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let scheduler = SchedulerConfig { parallel, queue, ..Default::default() };
+    let pool: Arc<dyn GenerationBackend> = Arc::new(BatchPool::toy(config, scheduler, metrics.clone()));
+    (router(pool.clone(), metrics.clone(), ServerConfig::default()), pool, metrics)
+}
+
+/// Request `i`. Sampled requests use methods whose drafts depend on the request alone, so the
+/// same seed gives the same sample; `suffix` (a history shared across requests) and cost-aware
+/// `dyspec` (shared learned costs) draft differently beside other requests, which changes which
+/// random numbers a sample uses but not its distribution — they are compared greedy.
+fn request(i: usize) -> Value {
+    let methods = ["plain", "chain", "lookup", "suffix", "dyspec"];
+    let temperature = if i % methods.len() < 3 { 0.9 } else { 0.0 };
+    json!({
+        "messages": [{"role": "user", "content": format!("request {i}: {}", "abc ".repeat(i % 4))}],
+        "max_tokens": 12 + i % 9,
+        "temperature": temperature,
+        "seed": 1000 + i,
+        "treespec": {"method": methods[i % methods.len()]},
+    })
+}
+
+async fn answer(app: &Router, body: Value) -> (StatusCode, String) {
+    let req = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    let status = r.status();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let text =
+        v["choices"][0]["message"]["content"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_get_what_they_get_alone() {
+    const N: usize = 16;
+    let (alone_app, _, _) = app(1, N, ToyConfig::default());
+    let mut alone = Vec::new();
+    for i in 0..N {
+        let (s, text) = answer(&alone_app, request(i)).await;
+        assert_eq!(s, StatusCode::OK, "{text}");
+        alone.push(text);
+    }
+    let (app, _, metrics) = app(4, N, ToyConfig::default());
+    let handles: Vec<_> = (0..N)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { answer(&app, request(i)).await })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (s, text) = h.await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{text}");
+        assert_eq!(text, alone[i], "request {i}");
+    }
+    let text = metrics.render(0);
+    let steps = metric(&text, "treespec_batch_size_count");
+    let lanes = metric(&text, "treespec_batch_size_sum");
+    assert!(lanes > steps * 1.5, "requests shared steps: {lanes} lane-steps in {steps} steps\n{text}");
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_a_503_and_every_admitted_request_finishes() {
+    let config = ToyConfig { step_delay: Duration::from_millis(5), ..Default::default() };
+    let (app, pool, _) = app(2, 3, config);
+    let handles: Vec<_> = (0..12)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { answer(&app, request(i)).await })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut busy = 0;
+    for h in handles {
+        match h.await.unwrap() {
+            (StatusCode::OK, _) => ok += 1,
+            (StatusCode::SERVICE_UNAVAILABLE, text) => {
+                assert!(text.contains("queue_full"), "{text}");
+                busy += 1
+            }
+            (s, text) => panic!("{s}: {text}"),
+        }
+    }
+    assert!(ok >= 2 && busy >= 1, "ok {ok}, busy {busy}");
+    assert_eq!(ok + busy, 12);
+    assert_eq!(pool.queue_depth(), 0);
+}
