@@ -102,6 +102,12 @@ impl<'m> LlamaLanes<'m> {
             vocab: Arc::new(OnceLock::new()),
         };
         let default = lanes.methods.default_method().clone();
+        // When the default method runs the draft model, every lane will want a draft context:
+        // make them now, so memory is taken at start (and a shortage shows there), not under load.
+        if let Some(draft) = runtime.draft().filter(|_| default.uses_draft()) {
+            let made = (0..parallel).map(|_| draft.new_lm()).collect::<treespec_engine::Result<Vec<_>>>()?;
+            lanes.drafts.borrow_mut().extend(made);
+        }
         lanes
             .drafter(&default)
             .map_err(|e| anyhow::anyhow!(e.message))

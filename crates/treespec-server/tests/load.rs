@@ -1,6 +1,7 @@
 //! Bounded load test on loopback, part of the CI run (see the numbers with
 //! `cargo test --release -p treespec-server --test load -- --nocapture`):
-//! 16 concurrent streaming clients on SmolLM2, 4 of them disconnecting midway. Prints throughput
+//! 16 concurrent streaming clients on SmolLM2 (batch scheduler, 8 lanes), 4 of them disconnecting
+//! midway. Prints throughput
 //! and p50/p99 latency; asserts that every non-cancelling client got a complete answer and that
 //! the server is still healthy afterwards.
 
@@ -14,7 +15,9 @@ use async_openai::Client;
 use futures_util::StreamExt;
 use treespec_engine::Method;
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
-use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+use treespec_server::{
+    router, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig, ServerConfig,
+};
 
 const CLIENTS: usize = 16;
 const CANCELLING: usize = 4;
@@ -33,7 +36,14 @@ async fn sixteen_streaming_clients() {
     let runtime = ModelRuntime::load(ModelPaths::new(path.clone(), Some(path)), options).unwrap();
     let config = LlamaConfig { runtime: Arc::new(runtime), method };
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap());
+    // The default batch scheduler (8 lanes sharing 2048 cells), or TREESPEC_LOAD_SCHEDULER=fifo.
+    let pool: Arc<dyn GenerationBackend> = match std::env::var("TREESPEC_LOAD_SCHEDULER").as_deref() {
+        Ok("fifo") => Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap()),
+        _ => {
+            let scheduler = SchedulerConfig { parallel: 8, queue: CLIENTS, ..Default::default() };
+            Arc::new(BatchPool::llama(config, scheduler, 2048, metrics.clone()).unwrap())
+        }
+    };
     let app = router(pool, metrics.clone(), ServerConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
