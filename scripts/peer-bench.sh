@@ -4,10 +4,13 @@
 #   scripts/peer-bench.sh build
 #       Downloads the llama-cpp-python 0.3.36 sdist (pinned by sha256; pip only downloads it,
 #       nothing is installed), and builds llama.cpp's `llama-completion`,
-#       `llama-speculative-simple` and `llama-lookup` from the llama.cpp tree it vendors, with the
-#       CPU flags scripts/setup.sh derives for treespec (Release, GGML_NATIVE off, AMX off). The
-#       build lives outside the repository (default ~/.cache/treespec/peers, or $TREESPEC_PEERS) and
-#       is reused; nothing of it is ever committed.
+#       `llama-speculative-simple`, `llama-lookup` and `llama-server` from the llama.cpp tree it
+#       vendors, with the CPU flags scripts/setup.sh derives for treespec (Release, GGML_NATIVE off,
+#       AMX off). llama-server is built without its web UI (LLAMA_BUILD_UI and
+#       LLAMA_USE_PREBUILT_UI off: no npm, no download; it embeds an empty asset table) and is the
+#       peer of scripts/serve-bench.sh. The build lives outside the repository (default
+#       ~/.cache/treespec/peers, or $TREESPEC_PEERS) and is reused; nothing of it is ever committed.
+#       $PEER_BUILD_JOBS sets the parallel jobs (default: nproc).
 #
 #   scripts/peer-bench.sh run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n 128] [-t 2]
 #       PROMPTS.jsonl holds the chat-formatted prompt texts exactly as `treespec bench` feeds them
@@ -65,8 +68,9 @@ build() {
     cmake -S "$src" -B "$peers/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
         -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-        -DLLAMA_BUILD_SERVER=OFF >&2
-    cmake --build "$peers/build" -j "$(nproc)" --target llama-completion llama-speculative-simple llama-lookup >&2
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF >&2
+    cmake --build "$peers/build" -j "${PEER_BUILD_JOBS:-$(nproc)}" \
+        --target llama-completion llama-speculative-simple llama-lookup llama-server >&2
     log "built into $bin"
 }
 

@@ -8,7 +8,12 @@ mod common;
 use std::sync::OnceLock;
 
 use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
-use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
+use treespec_core::cost::CostCurve;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
+use treespec_engine::drafters::{
+    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
+    StagedConfig, SuffixConfig,
+};
 use treespec_engine::{generate, GenerateRequest, Method};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
 
@@ -21,6 +26,22 @@ const PROMPTS: &[&str] = &[
     "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
     "Name the planets of the solar system in order.",
     "Translate 'good morning' into French, Spanish and German.",
+];
+
+/// Twelve more, for the every-method run (20 prompts, 8 at a time).
+const MORE_PROMPTS: &[&str] = &[
+    "Give me a recipe for pancakes.",
+    "What is 17 times 23? Show your work.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "Write a Python function that reverses a string.",
+    "Why do cats purr?",
+    "Describe a sunset over the ocean.",
+    "What are the three states of matter?",
+    "Write a limerick about a programmer.",
+    "How does a bicycle stay upright?",
+    "List five fruits that are red.",
+    "Explain recursion with an example.",
+    "What is the tallest mountain on Earth?",
 ];
 
 /// Exact mode (Q8_0 KV cache): attention is batch-invariant, so "alone" and "batched" are
@@ -107,4 +128,61 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
     assert!(c.compactions > 0, "{c:?}");
     assert!(c.reused_tokens > 0, "{c:?}");
     assert!(c.moved_rows > 0, "{c:?}");
+}
+
+/// Every method of the registry, with a cost curve cheap enough that the cost-aware ones draft.
+fn every_method() -> Vec<Method> {
+    let cheap = || {
+        SharedCosts::new(CostModel { target: CostCurve::linear(10.0, 0.5, 64).unwrap(), draft: None, refine: false })
+    };
+    vec![
+        Method::Plain,
+        Method::Chain { k: 4 },
+        Method::Tree { widths: vec![2, 2, 1] },
+        Method::SpecInfer { expand: vec![2, 1, 1] },
+        Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
+        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
+        Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
+        Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
+        Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
+        Method::Staged(StagedConfig::default()),
+        Method::Lookup { config: LookupConfig::default(), table: None },
+        Method::Disco(DiscoConfig::default()),
+        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
+        Method::Auto(AutoConfig {
+            costs: cheap(),
+            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
+            dyspec: DySpecConfig::default(),
+        }),
+    ]
+}
+
+#[test]
+fn every_method_on_twenty_prompts_eight_at_a_time_matches_alone() {
+    if common::skip_model_tests("every_method_on_twenty_prompts_eight_at_a_time_matches_alone") {
+        return;
+    }
+    let requests: Vec<GenerateRequest> = PROMPTS
+        .iter()
+        .chain(MORE_PROMPTS)
+        .enumerate()
+        .map(|(i, p)| common::greedy_chat_request(model(), p, 24, i as u64))
+        .collect();
+    assert_eq!(requests.len(), 20);
+    let reference: Vec<Vec<u32>> = requests.iter().map(alone).collect();
+    for method in every_method() {
+        let jobs = requests
+            .iter()
+            .map(|r| {
+                let draft = method.needs_draft().then(|| model().new_lm().unwrap());
+                BatchJob { request: r.clone(), drafter: method.build(draft).unwrap(), constraint: None }
+            })
+            .collect();
+        let mut lm = model().new_batch_lm(2048, 8).unwrap();
+        let outputs = run_batched(&mut lm, jobs, 8, StepLimits::default(), None);
+        for (i, out) in outputs.into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("{} request {i}: {e}", method.name()));
+            assert_eq!(out.tokens, reference[i], "{} request {i}", method.name());
+        }
+    }
 }

@@ -132,12 +132,24 @@ pub struct Scheduler<'m, M: LaneModels<'m>> {
     lanes: Vec<Lane<'m>>,
     served: Vec<Served>,
     waiting: VecDeque<Job>,
+    /// The first waiting job, prepared, when it waits for room.
+    ready: Option<Ready<'m>>,
 }
+
+/// A prepared job and what it reserves of the shared context.
+struct Ready<'m> {
+    prepared: Prepared<'m>,
+    max_new: usize,
+    reserve: usize,
+}
+
+/// Context a request without `max_tokens` reserves for its answer.
+const DEFAULT_RESERVE: usize = 512;
 
 impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// A scheduler on `models`.
     pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
-        Self { models, config, metrics, lanes: Vec::new(), served: Vec::new(), waiting: VecDeque::new() }
+        Self { models, config, metrics, lanes: Vec::new(), served: Vec::new(), waiting: VecDeque::new(), ready: None }
     }
 
     /// Serve until every [`BatchPool`] handle is dropped and the work is done.
@@ -173,35 +185,59 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         while self.served.len() < self.config.parallel {
             let Some(job) = self.waiting.front() else { break };
             if job.events.is_closed() {
-                let job = self.waiting.pop_front().expect("front exists");
+                self.waiting.pop_front();
                 depth.fetch_sub(1, Ordering::SeqCst);
                 self.metrics.cancelled("queued");
-                drop(job);
                 continue;
             }
-            let capacity = self.models.lm().capacity();
-            let context = self.models.lm().context_size();
-            let want = job.spec.max_tokens.unwrap_or(0);
-            // A request waits while the lanes in use leave too little of the context for it;
-            // alone, it always fits (the lengths were checked against the context).
-            if !self.served.is_empty() && self.reserved() + want.min(context) > capacity {
+            let ready = match self.ready.take() {
+                Some(r) => Ok(r),
+                None => {
+                    let spec = job.spec.clone();
+                    self.prepare(&spec)
+                }
+            };
+            let ready = match ready {
+                Ok(r) => r,
+                Err(e) => {
+                    let job = self.waiting.pop_front().expect("front exists");
+                    depth.fetch_sub(1, Ordering::SeqCst);
+                    self.fail(&job.events, e);
+                    continue;
+                }
+            };
+            // The request waits (its preparation kept) while the requests decoding leave too
+            // little of the shared context for what it reserves; alone, it always fits.
+            if !self.served.is_empty() && self.reserved() + ready.reserve > self.models.lm().capacity() {
+                self.ready = Some(ready);
                 break;
             }
             let job = self.waiting.pop_front().expect("front exists");
             depth.fetch_sub(1, Ordering::SeqCst);
-            if let Err(e) = self.start(&job) {
+            if let Err(e) = self.start(&job, ready) {
                 self.fail(&job.events, e);
             }
         }
     }
 
-    fn start(&mut self, job: &Job) -> Result<(), RunError> {
-        let spec = &job.spec;
+    /// Tokenize the job, build its drafter and check its lengths.
+    fn prepare(&mut self, spec: &JobSpec) -> Result<Ready<'m>, RunError> {
         let prepared = self.models.prepare(spec)?;
+        let context = self.models.lm().context_size();
+        let prompt_tokens = prepared.prompt.len();
+        let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
+        // Without max_tokens a request may fill the context, but reserves only a share of it
+        // (if the cache runs out, the longest request ends with `length`; see `relieve`).
+        let reserve = prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
+        Ok(Ready { prepared, max_new, reserve })
+    }
+
+    fn start(&mut self, job: &Job, ready: Ready<'m>) -> Result<(), RunError> {
+        let Ready { prepared, max_new, reserve } = ready;
+        let spec = &job.spec;
         let lm = self.models.lm();
         let context = lm.context_size();
         let prompt_tokens = prepared.prompt.len();
-        let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
         let request = GenerateRequest {
             prompt: prepared.prompt,
             max_new_tokens: max_new,
@@ -224,7 +260,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             text: TextStream::new(&spec.stop),
             method: prepared.method,
             prompt_tokens,
-            reserved: prompt_tokens + max_new,
+            reserved: reserve,
         });
         Ok(())
     }
@@ -276,12 +312,27 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
     }
 
+    /// No request could add a row: the shared cache is full (requests without `max_tokens`
+    /// outgrew their reservation). The one holding the most context ends as if it reached its
+    /// length limit, which frees room for the others.
+    fn relieve(&mut self) {
+        let lm = self.models.lm();
+        let longest = (0..self.lanes.len()).max_by_key(|&k| lm.committed_len(self.lanes[k].lane));
+        if let Some(k) = longest {
+            self.retire(k, Ok(()));
+        }
+    }
+
     /// One batched step, then each request's text goes out; finished, failed and abandoned
     /// requests leave.
     fn step(&mut self) {
         let limits = self.config.limits;
         let (lm, bytes) = self.models.split();
         let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes));
+        if report.rows == 0 && results.iter().all(|r| matches!(r, LaneStep::Waiting)) {
+            self.relieve();
+            return;
+        }
         if report.rows > 0 {
             self.metrics.batch_step(report.decoding, report.rows, report.prefilled);
         }
