@@ -144,6 +144,22 @@ impl Sampler {
         Ok(argmax(&l))
     }
 
+    /// Log-probabilities reported to a user (OpenAI `logprobs`) for `logits` after `context`:
+    /// those of the processed distribution the token was drawn from; under greedy decoding,
+    /// which draws from a point mass, those of the penalised (and, by the caller, masked)
+    /// logits at temperature 1.
+    pub fn log_probs(&self, logits: &[f32], context: &[TokenId]) -> Result<Vec<f32>> {
+        let probs = if self.is_greedy() {
+            check_logits(logits)?;
+            let mut l = logits.to_vec();
+            self.penalise(&mut l, context);
+            softmax(&l)?
+        } else {
+            self.distribution(logits, context)?.probs().to_vec()
+        };
+        Ok(probs.into_iter().map(f32::ln).collect())
+    }
+
     /// The processed distribution for `logits` after `context`.
     pub fn distribution(&self, logits: &[f32], context: &[TokenId]) -> Result<Dist> {
         check_logits(logits)?;

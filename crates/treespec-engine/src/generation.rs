@@ -41,6 +41,20 @@ pub struct Generation {
     finish: Option<FinishReason>,
     /// The tree proposed this step, waiting for its scores.
     proposed: Option<Proposed>,
+    /// Report log-probabilities of the emitted tokens, with this many alternatives each.
+    logprobs: Option<usize>,
+}
+
+/// The log-probability of an emitted token under the distribution it was drawn from, and the
+/// most likely alternatives there (OpenAI `logprobs` / `top_logprobs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The emitted token.
+    pub token: TokenId,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(TokenId, f32)>,
 }
 
 #[derive(Debug)]
@@ -59,6 +73,8 @@ pub struct StepOutcome {
     pub emitted: Vec<TokenId>,
     /// True when the generation is over.
     pub done: bool,
+    /// The emitted tokens' log-probabilities, when asked for ([`Generation::with_logprobs`]).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl Generation {
@@ -86,8 +102,17 @@ impl Generation {
             scanner: StopScanner::default(),
             finish: None,
             proposed: None,
+            logprobs: None,
             request,
         })
+    }
+
+    /// Report each emitted token's log-probability and its `top` most likely alternatives. The
+    /// distributions are the ones verification used (grammar mask and penalties included); this
+    /// costs one pass over a row per emitted token.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
+        self
     }
 
     /// What the target must hold before the first step: the prompt without its last token (the
@@ -193,6 +218,10 @@ impl Generation {
             constraint: constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint),
         };
         let outcome = verify(&tree, &mut rows, self.sampler.is_greedy(), &mut self.verify_rng)?;
+        let logprobs = match self.logprobs {
+            Some(top) => token_logprobs(&mut rows, &outcome, top)?,
+            None => Vec::new(),
+        };
         self.stats.record_step(tree.drafted(), &outcome);
         self.stats.forced += forced as u64;
         self.stats.times.verify += t.elapsed();
@@ -210,7 +239,9 @@ impl Generation {
             self.finish = Some(reason);
         }
         self.stats.times.overhead += t.elapsed();
-        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some() })
+        let mut logprobs = logprobs;
+        logprobs.truncate(emitted.len());
+        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some(), logprobs })
     }
 
     /// End the generation: the drafter learns the text (prompt and emitted tokens).
@@ -376,6 +407,31 @@ fn observe_as_plain_steps(drafter: &mut dyn Drafter, tokens: &[TokenId]) -> Resu
         root = Some(t);
     }
     Ok(())
+}
+
+/// Each emitted token's log-probability at the node it was drawn from: the root for the first
+/// token, then each accepted node for the next one.
+fn token_logprobs(rows: &mut TreeRows<'_, '_>, outcome: &VerifyOutcome, top: usize) -> Result<Vec<TokenLogprob>> {
+    let mut out = Vec::with_capacity(outcome.tokens.len());
+    for (j, &token) in outcome.tokens.iter().enumerate() {
+        let node = if j == 0 { ROOT } else { outcome.accepted[j - 1] };
+        let context = rows.context(node);
+        let row = rows.row(node)?;
+        let lp = rows.sampler.log_probs(&row, &context)?;
+        let mut best: Vec<(TokenId, f32)> = Vec::new();
+        if top > 0 {
+            let mut order: Vec<usize> = (0..lp.len()).filter(|&i| lp[i].is_finite()).collect();
+            let k = top.min(order.len());
+            if k > 0 {
+                order.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
+                order.truncate(k);
+                order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
+            }
+            best = order.into_iter().map(|i| (i as TokenId, lp[i])).collect();
+        }
+        out.push(TokenLogprob { token, logprob: lp[token as usize], top: best });
+    }
+    Ok(out)
 }
 
 /// The target's processed distributions for the rows of one verify batch, computed on demand

@@ -25,7 +25,7 @@ pub use drafter::{Drafter, PlainDrafter, ProposeContext};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
 pub use generate::{generate, generate_constrained, GenerateOutput, GenerateRequest};
-pub use generation::{Generation, StepOutcome};
+pub use generation::{Generation, StepOutcome, TokenLogprob};
 pub use methods::Method;
 pub use model::{CausalLm, Logits, TreeBatch};
 pub use registry::{MethodKind, MethodSpec, METHOD_NAMES};

@@ -113,6 +113,10 @@ impl std::fmt::Debug for LlamaBatchLm<'_> {
 
 const SCRATCH: i32 = SEQ_IDS as i32 - 1;
 
+/// Dead cells (finished requests, cached prefixes) tolerated before a compaction, however few
+/// the live ones.
+const COMPACT_MIN_DEAD: usize = 1024;
+
 impl LlamaModel {
     /// A context of `ctx_size` cells shared by up to `lanes` concurrent requests (the model's
     /// threads and exact mode apply).
@@ -328,7 +332,12 @@ impl BatchedLm for LlamaBatchLm<'_> {
         }
         let paths: usize =
             work.iter().map(|w| if let LaneWork::Tree { batch, .. } = w { batch.len() } else { 0 }).sum();
-        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() {
+        // Compact when the cache is full, short of sequence ids, or holding more dead cells
+        // (finished requests, cached prefixes) than live ones: every query scans the occupied
+        // cells, masked or not, so dead cells cost attention time on every step.
+        let live = self.live_cells();
+        let dead = self.used - live.min(self.used);
+        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > live.max(COMPACT_MIN_DEAD) {
             self.compact()?;
         }
         if self.used + rows > self.n_ctx {

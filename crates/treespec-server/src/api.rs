@@ -225,6 +225,39 @@ pub struct FunctionCallDelta {
     pub arguments: String,
 }
 
+/// A choice's log-probabilities (OpenAI `choices[].logprobs`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct ChoiceLogprobs {
+    /// One entry per generated token, in order.
+    pub content: Vec<LogprobEntry>,
+}
+
+/// A generated token's log-probability under the distribution it was drawn from (the target's,
+/// after the request's sampling processing and grammar; for greedy requests the penalised,
+/// masked logits at temperature 1), with the most likely alternatives there.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct LogprobEntry {
+    /// The token's text (lossy UTF-8 of its bytes).
+    pub token: String,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// The `top_logprobs` most likely tokens, best first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One alternative token.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TopLogprob {
+    /// The token's text (lossy UTF-8 of its bytes).
+    pub token: String,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
 /// One choice of a non-streaming chat completion.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatChoice {
@@ -232,8 +265,8 @@ pub struct ChatChoice {
     pub index: u32,
     /// The reply.
     pub message: ResponseMessage,
-    /// Always null (unsupported).
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities, when asked for (`logprobs: true`).
+    pub logprobs: Option<ChoiceLogprobs>,
     /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
 }
@@ -278,8 +311,8 @@ pub struct ChunkChoice {
     pub index: u32,
     /// New text.
     pub delta: Delta,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// Log-probabilities of the tokens generated since the last chunk, when asked for.
+    pub logprobs: Option<ChoiceLogprobs>,
     /// Set in the last content chunk.
     pub finish_reason: Option<&'static str>,
 }

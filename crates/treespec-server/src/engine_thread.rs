@@ -40,6 +40,9 @@ pub enum Event {
     },
     /// New text (stop strings already cut away, possible stop-string prefixes held back).
     Text(String),
+    /// Log-probabilities of the tokens of one step (only when the request asked for them; sent
+    /// before that step's text).
+    Logprobs(Vec<crate::api::LogprobEntry>),
     /// Finished.
     Done(Finished),
     /// Failed; nothing more follows.
@@ -235,6 +238,13 @@ pub fn run_generation(
     constraint: Option<&mut dyn TokenConstraint>,
     emit: &mut dyn FnMut(Event) -> bool,
 ) -> Result<RunSummary, RunError> {
+    if spec.logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "logprobs",
+            "logprobs are served by the batch scheduler (`treespec serve --scheduler batch`, the default)",
+        )
+        .into());
+    }
     let prompt_tokens = prompt.len();
     let max_new = check_lengths(prompt_tokens, spec.max_tokens, target.context_size())?;
     if !emit(Event::Started { prompt_tokens, method: method.to_string() }) {

@@ -3,8 +3,10 @@
 //! Layers, outside in: [`routes`] (axum handlers, SSE; [`tool_calls`] turns a forced tool call's
 //! JSON into `tool_calls`, whole or in deltas) → [`validate`] (every request check, no model;
 //! [`sampling`] for the sampling fields, [`structured`] for `response_format`, `tools` and
-//! `tool_choice`) → [`engine_thread`] (the [`GenerationBackend`] seam: a bounded FIFO queue in
-//! front of model-owning worker threads; toy and llama.cpp workers). [`api`] holds the wire
+//! `tool_choice`) → the [`GenerationBackend`] seam, implemented by [`scheduler`] (continuous
+//! batching, the default: every active request's rows in one forward per step;
+//! [`llama_lanes`] and [`toy_lanes`] are its models) and by [`engine_thread`] (`--scheduler
+//! fifo`: a bounded FIFO queue in front of model-owning worker threads). [`api`] holds the wire
 //! types ([`openapi`] their OpenAPI description), [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
 //!
 //! Structured output (issue #14): `response_format` `json_object` / `json_schema` and forced
@@ -12,7 +14,8 @@
 //! (treespec-grammar, compiled per request against the model's vocabulary, built once per
 //! server) with `generate_constrained`: speculative and lossless against constrained plain
 //! decoding. `tool_choice: "auto"` is plain text (no free-form tool-call parsing yet); tool
-//! messages in the history, logprobs and presence/frequency penalties are refused with 400.
+//! messages in the history are refused with 400. Chat `logprobs`/`top_logprobs` are served by the
+//! batch scheduler (a 400 under `--scheduler fifo`).
 
 pub mod api;
 pub mod engine_thread;

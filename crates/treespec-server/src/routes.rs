@@ -186,8 +186,10 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Re
         return Ok(Sse::new(events).into_response());
     }
     let mut text = String::new();
+    let mut logprobs: Option<ChoiceLogprobs> = None;
     loop {
         match rx.recv().await {
+            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(ChoiceLogprobs::default).content.extend(l),
             Some(Event::Text(t)) => {
                 if !t.is_empty() {
                     timer.text();
@@ -196,7 +198,7 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Re
             }
             Some(Event::Done(f)) => {
                 timer.done();
-                return Ok(Json(meta.full(text, &f)).into_response());
+                return Ok(Json(meta.full(text, &f, logprobs)).into_response());
             }
             Some(Event::Error(e)) => return Err(e),
             Some(Event::Started { .. }) => {}
@@ -243,7 +245,7 @@ fn chat_message(text: String, f: &Finished, tool_call: bool) -> (ResponseMessage
 }
 
 impl Meta {
-    fn full(&self, text: String, f: &Finished) -> serde_json::Value {
+    fn full(&self, text: String, f: &Finished, logprobs: Option<ChoiceLogprobs>) -> serde_json::Value {
         let usage = Usage::new(f.prompt_tokens, f.completion_tokens);
         let stats = TreespecStats {
             method: f.method.clone(),
@@ -260,7 +262,7 @@ impl Meta {
                     object: "chat.completion",
                     created: self.created,
                     model: self.model.clone(),
-                    choices: vec![ChatChoice { index: 0, message, logprobs: None, finish_reason }],
+                    choices: vec![ChatChoice { index: 0, message, logprobs, finish_reason }],
                     usage,
                     treespec: stats,
                 })
@@ -280,6 +282,24 @@ impl Meta {
                 treespec: Some(stats),
             }),
         }
+    }
+
+    /// A chunk carrying only log-probabilities (chat), sent just before the step's text.
+    fn logprobs_chunk(&self, content: Vec<LogprobEntry>) -> SseEvent {
+        let value = to_json(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta: text_delta(String::new()),
+                logprobs: Some(ChoiceLogprobs { content }),
+                finish_reason: None,
+            }],
+            usage: None,
+        });
+        SseEvent::default().data(value.to_string())
     }
 
     /// One streamed chunk: a delta and/or finish reason, or (with `usage`) the usage chunk.
@@ -357,6 +377,7 @@ fn sse_events(
                 let out = loop {
                     match rx.recv().await {
                         Some(Event::Text(t)) if t.is_empty() => continue,
+                        Some(Event::Logprobs(l)) => break vec![meta.logprobs_chunk(l)],
                         Some(Event::Text(t)) => {
                             timer.text();
                             match call.as_mut() {

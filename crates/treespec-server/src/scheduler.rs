@@ -17,8 +17,9 @@ use std::time::Duration;
 use treespec_core::TokenId;
 use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
 use treespec_engine::{Drafter, GenerateRequest, Generation, StopConditions};
-use treespec_engine::{TextStream, TokenBytes, TokenConstraint};
+use treespec_engine::{TextStream, TokenBytes, TokenConstraint, TokenLogprob};
 
+use crate::api::{LogprobEntry, TopLogprob};
 use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -245,8 +246,11 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             seed: spec.seed,
             stop: StopConditions { eos: prepared.eos, stop_strings: spec.stop.clone() },
         };
-        let generation = Generation::new(request, context, lm.vocab_size(), Some(self.models.bytes()))
+        let mut generation = Generation::new(request, context, lm.vocab_size(), Some(self.models.bytes()))
             .map_err(engine_error)?;
+        if let Some(top) = spec.logprobs {
+            generation = generation.with_logprobs(top);
+        }
         let lm = self.models.lm();
         let (lane, cached) = lm.open(generation.prompt_head()).map_err(engine_error)?;
         if job.events.send(Event::Started { prompt_tokens, method: prepared.method.clone() }).is_err() {
@@ -342,6 +346,11 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                 LaneStep::Waiting => {}
                 LaneStep::Failed(e) => self.retire(k, Err(engine_error(e))),
                 LaneStep::Stepped(o) => {
+                    if !o.logprobs.is_empty() {
+                        let entries = logprob_entries(&o.logprobs, self.models.bytes());
+                        // A client gone shows at the next send or step.
+                        let _ = self.served[k].events.send(Event::Logprobs(entries));
+                    }
                     let s = &mut self.served[k];
                     for &t in &o.emitted {
                         s.text.push(&self.models.bytes().token_bytes(t));
@@ -357,4 +366,19 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             }
         }
     }
+}
+
+/// The wire form of a step's log-probabilities.
+fn logprob_entries(logprobs: &[TokenLogprob], bytes: &dyn TokenBytes) -> Vec<LogprobEntry> {
+    let top = |t: TokenId, logprob: f32| {
+        let b = bytes.token_bytes(t);
+        TopLogprob { token: String::from_utf8_lossy(&b).into_owned(), logprob, bytes: b }
+    };
+    logprobs
+        .iter()
+        .map(|l| {
+            let TopLogprob { token, logprob, bytes } = top(l.token, l.logprob);
+            LogprobEntry { token, logprob, bytes, top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect() }
+        })
+        .collect()
 }

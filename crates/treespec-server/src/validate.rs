@@ -52,6 +52,9 @@ pub struct JobSpec {
     pub include_usage: bool,
     /// Free text, grammar-constrained text or a tool call (see [`crate::structured`]).
     pub output: Output,
+    /// Chat `logprobs: true`: report each token's log-probability and this many alternatives
+    /// (`top_logprobs`).
+    pub logprobs: Option<usize>,
 }
 
 /// Limits known to the HTTP layer.
@@ -176,8 +179,38 @@ fn unsupported(v: &Option<Value>, ok: impl Fn(&Value) -> bool) -> bool {
     v.as_ref().is_some_and(|v| !v.is_null() && !ok(v))
 }
 
+/// Most `top_logprobs` (as OpenAI).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Chat `logprobs` (a bool) and `top_logprobs` (0..=20, only with `logprobs: true`).
+fn logprobs(c: &CommonParams) -> Result<Option<usize>, ApiError> {
+    let on = match &c.logprobs {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid("logprobs", "`logprobs` must be true or false")),
+    };
+    let top = match &c.top_logprobs {
+        None | Some(Value::Null) => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) if n as usize <= MAX_TOP_LOGPROBS => n as usize,
+            _ => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}"),
+                ))
+            }
+        },
+    };
+    if top > 0 && !on {
+        return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    Ok(on.then_some(top))
+}
+
 fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
-    refuse_unsupported(&c)?;
+    let chat = matches!(prompt, PromptInput::Chat(_));
+    refuse_unsupported(&c, chat)?;
+    let logprobs = if chat { logprobs(&c)? } else { None };
     let (output, note) = structured::output(&c, matches!(prompt, PromptInput::Chat(_)))?;
     if let (PromptInput::Chat(messages), Some(note)) = (&mut prompt, note) {
         structured::add_system_note(messages, note);
@@ -200,20 +233,26 @@ fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<J
         stream: c.stream,
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
         output,
+        logprobs,
     })
 }
 
 /// Fields that would change the result and are not implemented: a 400 naming the field (their
-/// neutral values are accepted, as clients often send them).
-fn refuse_unsupported(c: &CommonParams) -> Result<(), ApiError> {
+/// neutral values are accepted, as clients often send them). Chat requests' `logprobs` are
+/// supported (see [`logprobs`]); the completions API's integer `logprobs` is not.
+fn refuse_unsupported(c: &CommonParams, chat: bool) -> Result<(), ApiError> {
     let checks: [(&'static str, bool, &str); 16] = [
         ("n", unsupported(&c.n, |v| v.as_i64() == Some(1)), "only n = 1 is supported"),
         ("best_of", unsupported(&c.best_of, |v| v.as_i64() == Some(1)), "only best_of = 1 is supported"),
-        ("logprobs", unsupported(&c.logprobs, |v| v == &Value::Bool(false)), "logprobs are not supported"),
+        (
+            "logprobs",
+            !chat && unsupported(&c.logprobs, |v| v == &Value::Bool(false) || v.as_i64() == Some(0)),
+            "logprobs are supported in chat completions only",
+        ),
         (
             "top_logprobs",
-            unsupported(&c.top_logprobs, |v| v.as_i64() == Some(0)),
-            "top_logprobs are not supported",
+            !chat && unsupported(&c.top_logprobs, |v| v.as_i64() == Some(0)),
+            "top_logprobs are supported in chat completions only",
         ),
         ("functions", unsupported(&c.functions, |_| false), "functions are not supported"),
         (
@@ -427,8 +466,6 @@ mod tests {
     fn rejects_unsupported_fields_that_change_results_but_accepts_their_defaults() {
         for (field, bad, good) in [
             ("n", json!(2), json!(1)),
-            ("logprobs", json!(true), json!(false)),
-            ("top_logprobs", json!(3), json!(0)),
             ("logit_bias", json!({"5": 10}), json!({})),
         ] {
             let e = chat_json(json!({"messages": msg(), field: bad})).unwrap_err();
@@ -436,6 +473,28 @@ mod tests {
             assert_eq!(e.code, Some("unsupported_parameter"));
             chat_json(json!({"messages": msg(), field: good})).unwrap();
             chat_json(json!({"messages": msg(), field: null})).unwrap();
+        }
+    }
+
+    #[test]
+    fn chat_logprobs_are_checked() {
+        let lp = |extra: Value| {
+            let mut v = json!({"messages": msg()});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            chat_json(v)
+        };
+        assert_eq!(lp(json!({})).unwrap().logprobs, None);
+        assert_eq!(lp(json!({"logprobs": false, "top_logprobs": 0})).unwrap().logprobs, None);
+        assert_eq!(lp(json!({"logprobs": true})).unwrap().logprobs, Some(0));
+        assert_eq!(lp(json!({"logprobs": true, "top_logprobs": 20})).unwrap().logprobs, Some(20));
+        for (bad, field) in [
+            (json!({"logprobs": "yes"}), "logprobs"),
+            (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+            (json!({"logprobs": true, "top_logprobs": -1}), "top_logprobs"),
+            (json!({"top_logprobs": 3}), "top_logprobs"),
+        ] {
+            let e = lp(bad.clone()).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some(field)), "{bad}");
         }
     }
 

@@ -116,3 +116,49 @@ async fn a_full_queue_is_a_503_and_every_admitted_request_finishes() {
     assert_eq!(ok + busy, 12);
     assert_eq!(pool.queue_depth(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_with_every_token_streaming_or_not() {
+    let (app, _, _) = app(2, 8, ToyConfig::default());
+    let body = json!({
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 9,
+        "temperature": 0,
+        "logprobs": true,
+        "top_logprobs": 3,
+        "treespec": {"method": "chain"},
+    });
+    let req = |b: &Value| {
+        Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(b.to_string()))
+            .unwrap()
+    };
+    let r = app.clone().oneshot(req(&body)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    let text: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap());
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the emitted token is the most likely one.
+        assert_eq!(top[0]["token"], e["token"]);
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    // Streaming: the same entries, spread over the chunks.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = app.clone().oneshot(req(&streamed)).await.unwrap();
+    let sse = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let entries: Vec<Value> = sse
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(entries, content);
+}

@@ -163,6 +163,7 @@ fn text_of_one_token() -> String {
         stream: false,
         include_usage: false,
         output: Default::default(),
+        logprobs: None,
     };
     let mut text = String::new();
     let mut done = false;
