@@ -14,3 +14,7 @@ echo "[test] cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "[test] cargo test"
 cargo test --workspace --release
+echo "[test] short soak: 8 streaming clients for 20 s on SmolLM2 (25% disconnect, 5% bad requests)"
+cargo build --release -p treespec-cli --bin treespec
+python3 scripts/soak.py --server-cmd "target/release/treespec serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --method suffix -t 2 -c 4096 --parallel 8 --port {port}" \
+    --clients 8 --duration 20 --max-tokens 16 --strict-metrics --max-rss-growth 0.25

@@ -261,8 +261,12 @@ pub fn step(
             }
             Ok(None) => {
                 // Finished without a step (grammar complete, or nothing left to emit).
-                results[i] =
-                    LaneStep::Stepped(StepOutcome { path: Vec::new(), emitted: Vec::new(), done: true, logprobs: Vec::new() })
+                results[i] = LaneStep::Stepped(StepOutcome {
+                    path: Vec::new(),
+                    emitted: Vec::new(),
+                    done: true,
+                    logprobs: Vec::new(),
+                })
             }
             Err(e) => results[i] = LaneStep::Failed(e),
         }

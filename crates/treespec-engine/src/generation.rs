@@ -411,7 +411,11 @@ fn observe_as_plain_steps(drafter: &mut dyn Drafter, tokens: &[TokenId]) -> Resu
 
 /// Each emitted token's log-probability at the node it was drawn from: the root for the first
 /// token, then each accepted node for the next one.
-fn token_logprobs(rows: &mut TreeRows<'_, '_>, outcome: &VerifyOutcome, top: usize) -> Result<Vec<TokenLogprob>> {
+fn token_logprobs(
+    rows: &mut TreeRows<'_, '_>,
+    outcome: &VerifyOutcome,
+    top: usize,
+) -> Result<Vec<TokenLogprob>> {
     let mut out = Vec::with_capacity(outcome.tokens.len());
     for (j, &token) in outcome.tokens.iter().enumerate() {
         let node = if j == 0 { ROOT } else { outcome.accepted[j - 1] };

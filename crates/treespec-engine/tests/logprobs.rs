@@ -7,8 +7,10 @@ use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::drafters::ChainDrafter;
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{Drafter, GenerateRequest, Generation, PlainDrafter, StopConditions, TokenLogprob, TreeBatch};
 use treespec_engine::CausalLm;
+use treespec_engine::{
+    Drafter, GenerateRequest, Generation, PlainDrafter, StopConditions, TokenLogprob, TreeBatch,
+};
 
 fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Vec<TokenLogprob>) {
     let model = ToyModel::new(7, 2, 5);

@@ -337,7 +337,8 @@ impl BatchedLm for LlamaBatchLm<'_> {
         // cells, masked or not, so dead cells cost attention time on every step.
         let live = self.live_cells();
         let dead = self.used - live.min(self.used);
-        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > live.max(COMPACT_MIN_DEAD) {
+        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > live.max(COMPACT_MIN_DEAD)
+        {
             self.compact()?;
         }
         if self.used + rows > self.n_ctx {

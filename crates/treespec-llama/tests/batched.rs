@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::OnceLock;
 
-use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_core::cost::CostCurve;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
+use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_engine::drafters::{
     AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
     StagedConfig, SuffixConfig,
@@ -133,7 +133,11 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
 /// Every method of the registry, with a cost curve cheap enough that the cost-aware ones draft.
 fn every_method() -> Vec<Method> {
     let cheap = || {
-        SharedCosts::new(CostModel { target: CostCurve::linear(10.0, 0.5, 64).unwrap(), draft: None, refine: false })
+        SharedCosts::new(CostModel {
+            target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
+            draft: None,
+            refine: false,
+        })
     };
     vec![
         Method::Plain,

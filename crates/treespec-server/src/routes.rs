@@ -189,7 +189,9 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Re
     let mut logprobs: Option<ChoiceLogprobs> = None;
     loop {
         match rx.recv().await {
-            Some(Event::Logprobs(l)) => logprobs.get_or_insert_with(ChoiceLogprobs::default).content.extend(l),
+            Some(Event::Logprobs(l)) => {
+                logprobs.get_or_insert_with(ChoiceLogprobs::default).content.extend(l)
+            }
             Some(Event::Text(t)) => {
                 if !t.is_empty() {
                     timer.text();

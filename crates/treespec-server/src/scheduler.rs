@@ -150,7 +150,15 @@ const DEFAULT_RESERVE: usize = 512;
 impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// A scheduler on `models`.
     pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
-        Self { models, config, metrics, lanes: Vec::new(), served: Vec::new(), waiting: VecDeque::new(), ready: None }
+        Self {
+            models,
+            config,
+            metrics,
+            lanes: Vec::new(),
+            served: Vec::new(),
+            waiting: VecDeque::new(),
+            ready: None,
+        }
     }
 
     /// Serve until every [`BatchPool`] handle is dropped and the work is done.
@@ -229,7 +237,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
         // Without max_tokens a request may fill the context, but reserves only a share of it
         // (if the cache runs out, the longest request ends with `length`; see `relieve`).
-        let reserve = prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
+        let reserve =
+            prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
         Ok(Ready { prepared, max_new, reserve })
     }
 
@@ -378,7 +387,12 @@ fn logprob_entries(logprobs: &[TokenLogprob], bytes: &dyn TokenBytes) -> Vec<Log
         .iter()
         .map(|l| {
             let TopLogprob { token, logprob, bytes } = top(l.token, l.logprob);
-            LogprobEntry { token, logprob, bytes, top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect() }
+            LogprobEntry {
+                token,
+                logprob,
+                bytes,
+                top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
+            }
         })
         .collect()
 }

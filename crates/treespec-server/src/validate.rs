@@ -464,10 +464,7 @@ mod tests {
 
     #[test]
     fn rejects_unsupported_fields_that_change_results_but_accepts_their_defaults() {
-        for (field, bad, good) in [
-            ("n", json!(2), json!(1)),
-            ("logit_bias", json!({"5": 10}), json!({})),
-        ] {
+        for (field, bad, good) in [("n", json!(2), json!(1)), ("logit_bias", json!({"5": 10}), json!({}))] {
             let e = chat_json(json!({"messages": msg(), field: bad})).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field));
             assert_eq!(e.code, Some("unsupported_parameter"));
