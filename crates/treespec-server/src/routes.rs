@@ -23,6 +23,7 @@ use crate::api::*;
 use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, RequestTimer};
+use crate::structured;
 use crate::tool_calls::ToolCallText;
 use crate::validate::{self, JobSpec};
 
@@ -169,6 +170,7 @@ enum Kind {
 
 async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
+    let auto_tools = spec.output.auto_tools().map(<[String]>::to_vec);
     let (tx, mut rx) = unbounded_channel();
     s.backend.submit(Job { spec, events: tx })?;
     // The first event tells whether the prompt was accepted: errors before any output are
@@ -180,7 +182,8 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Re
     };
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
     let mut timer = RequestTimer::new(s.metrics.clone(), arrived.0);
-    let meta = Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call };
+    let meta =
+        Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call, auto_tools };
     if stream {
         let events = sse_events(rx, meta, timer);
         return Ok(Sse::new(events).into_response());
@@ -217,6 +220,8 @@ struct Meta {
     include_usage: bool,
     /// The answer is a forced tool call (chat only).
     tool_call: bool,
+    /// The answer may be a call of these tools (`tool_choice: "auto"`).
+    auto_tools: Option<Vec<String>>,
 }
 
 /// The tool-call reader of a response whose answer is a call.
@@ -234,10 +239,17 @@ fn call_finish(f: &Finished) -> &'static str {
 }
 
 /// The reply message and finish reason: text, or the tool call parsed out of it (text again
-/// when it was cut before the call's arguments began).
-fn chat_message(text: String, f: &Finished, tool_call: bool) -> (ResponseMessage, &'static str) {
-    if let Some(mut call) = call_text(tool_call) {
-        call.push(&text);
+/// when it was cut before the call's arguments began). With `tool_choice: "auto"`, a text that
+/// is exactly one call of a declared tool is that call.
+fn chat_message(
+    text: String,
+    f: &Finished,
+    tool_call: bool,
+    auto: Option<&[String]>,
+) -> (ResponseMessage, &'static str) {
+    let auto_call = auto.and_then(|names| structured::auto_call(&text, names));
+    if let Some(mut call) = call_text(tool_call || auto_call.is_some()) {
+        call.push(auto_call.as_deref().unwrap_or(&text));
         if let Some((_, call)) = call.finish() {
             let message = ResponseMessage { role: "assistant", content: None, tool_calls: Some(vec![call]) };
             return (message, call_finish(f));
@@ -258,7 +270,8 @@ impl Meta {
         };
         match self.kind {
             Kind::Chat => {
-                let (message, finish_reason) = chat_message(text, f, self.tool_call);
+                let (message, finish_reason) =
+                    chat_message(text, f, self.tool_call, self.auto_tools.as_deref());
                 to_json(&ChatCompletionResponse {
                     id: self.id.clone(),
                     object: "chat.completion",
@@ -366,14 +379,16 @@ fn sse_events(
     timer: RequestTimer,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let call = call_text(meta.tool_call);
-    let state = (rx, (meta, timer), call, Phase::First);
-    stream::unfold(state, |(mut rx, (meta, mut timer), mut call, phase)| async move {
+    // A free answer that may be a call is held back while it still may be (`tool_choice: auto`).
+    let held = meta.auto_tools.as_ref().map(|_| String::new());
+    let state = (rx, (meta, timer, held), call, Phase::First);
+    stream::unfold(state, |(mut rx, (meta, mut timer, mut held), mut call, phase)| async move {
         match phase {
             Phase::First if meta.kind == Kind::Chat => {
                 let content = (!meta.tool_call).then(String::new);
                 let e =
                     meta.chunk(Delta { role: Some("assistant"), content, ..Delta::default() }, None, None);
-                Some((vec![e], (rx, (meta, timer), call, Phase::Streaming)))
+                Some((vec![e], (rx, (meta, timer, held), call, Phase::Streaming)))
             }
             Phase::First | Phase::Streaming => {
                 let out = loop {
@@ -382,6 +397,16 @@ fn sse_events(
                         Some(Event::Logprobs(l)) => break vec![meta.logprobs_chunk(l)],
                         Some(Event::Text(t)) => {
                             timer.text();
+                            let t = match held.as_mut() {
+                                Some(h) => {
+                                    h.push_str(&t);
+                                    if structured::may_be_call(h) {
+                                        continue;
+                                    }
+                                    held.take().unwrap_or_default()
+                                }
+                                None => t,
+                            };
                             match call.as_mut() {
                                 None => break vec![meta.chunk(text_delta(t), None, None)],
                                 Some(c) => {
@@ -396,7 +421,25 @@ fn sse_events(
                         Some(Event::Started { .. }) => continue,
                         Some(Event::Done(f)) => {
                             timer.done();
-                            break finish_chunks(&meta, call.as_mut(), &f);
+                            let Some(h) = held.take().filter(|h| !h.is_empty()) else {
+                                break finish_chunks(&meta, call.as_mut(), &f);
+                            };
+                            // The held answer: one call of a declared tool, or text after all.
+                            let names = meta.auto_tools.as_deref().unwrap_or_default();
+                            let Some(canonical) = structured::auto_call(&h, names) else {
+                                let mut out = vec![meta.chunk(text_delta(h), None, None)];
+                                out.extend(finish_chunks(&meta, None, &f));
+                                break out;
+                            };
+                            let mut c = call_text(true).expect("a call reader");
+                            let pieces = c.push(&canonical);
+                            let mut out = vec![meta.chunk(
+                                Delta { tool_calls: Some(pieces), ..Delta::default() },
+                                None,
+                                None,
+                            )];
+                            out.extend(finish_chunks(&meta, Some(&mut c), &f));
+                            break out;
                         }
                         Some(Event::Error(e)) => break error_chunks(&e),
                         None => {
@@ -407,7 +450,7 @@ fn sse_events(
                 // Only the end (finish or error, then `[DONE]`) comes as more than one event.
                 let done = out.len() > 1;
                 let next = if done { Phase::Finished } else { Phase::Streaming };
-                Some((out, (rx, (meta, timer), call, next)))
+                Some((out, (rx, (meta, timer, held), call, next)))
             }
             Phase::Finished => None,
         }
@@ -449,4 +492,103 @@ fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> 
 /// An error in the stream, then `[DONE]`.
 fn error_chunks(e: &ApiError) -> Vec<SseEvent> {
     vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use treespec_core::stats::DecodeStats;
+
+    fn meta(auto: bool) -> Meta {
+        Meta {
+            id: "chatcmpl-x".into(),
+            created: 0,
+            model: "m".into(),
+            kind: Kind::Chat,
+            include_usage: false,
+            tool_call: false,
+            auto_tools: auto.then(|| vec!["get_weather".to_string()]),
+        }
+    }
+
+    fn done() -> Event {
+        Event::Done(Finished {
+            finish_reason: "stop",
+            prompt_tokens: 3,
+            completion_tokens: 5,
+            method: "plain".into(),
+            stats: DecodeStats::default(),
+        })
+    }
+
+    /// The `data:` JSON chunks a stream sends for `events` (the role chunk first, `[DONE]` last
+    /// dropped).
+    async fn chunks(meta: Meta, events: Vec<Event>) -> Vec<serde_json::Value> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        drop(tx);
+        let timer = RequestTimer::new(Arc::new(Metrics::default()), std::time::Instant::now());
+        let out: Vec<_> = sse_events(rx, meta, timer).collect().await;
+        // An axum SSE event renders as "data: …\n\n".
+        out.into_iter()
+            .map(|e| axum::body::to_bytes(Sse::new(stream::iter([e])).into_response().into_body(), 1 << 20))
+            .collect::<futures_util::stream::FuturesOrdered<_>>()
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .filter_map(|b| {
+                let text = String::from_utf8(b.ok()?.to_vec()).ok()?;
+                serde_json::from_str(text.trim().strip_prefix("data: ")?).ok()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_auto_answer_that_is_a_call_streams_as_tool_calls() {
+        let events = vec![
+            Event::Text("{\"name\": \"get_weather\", ".into()),
+            Event::Text("\"arguments\": {\"city\": \"Paris\"}}".into()),
+            done(),
+        ];
+        let c = chunks(meta(true), events).await;
+        let contents: String =
+            c.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(contents, "", "nothing of the call leaks as text: {c:?}");
+        let call = c.iter().find_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned()).unwrap();
+        assert_eq!(call[0]["function"]["name"], "get_weather");
+        let last = &c[c.len() - 1];
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[tokio::test]
+    async fn an_auto_answer_that_is_text_streams_as_text() {
+        for (events, want) in [
+            (vec![Event::Text("Hel".into()), Event::Text("lo".into()), done()], "Hello"),
+            // Looked like a call at first, but was not one.
+            (
+                vec![Event::Text("{not json".into()), Event::Text(" at all".into()), done()],
+                "{not json at all",
+            ),
+        ] {
+            let c = chunks(meta(true), events).await;
+            let contents: String =
+                c.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+            assert_eq!(contents, want);
+            assert_eq!(c[c.len() - 1]["choices"][0]["finish_reason"], "stop");
+        }
+    }
+
+    #[test]
+    fn a_whole_auto_answer_that_is_a_call_becomes_tool_calls() {
+        let Event::Done(f) = done() else { unreachable!() };
+        let names = ["get_weather".to_string()];
+        let text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>";
+        let (m, finish) = chat_message(text.into(), &f, false, Some(&names));
+        assert_eq!((m.content, finish), (None, "tool_calls"));
+        assert_eq!(m.tool_calls.unwrap()[0].function.name, "get_weather");
+        let (m, finish) = chat_message("It is sunny.".into(), &f, false, Some(&names));
+        assert_eq!((m.content.as_deref(), finish), (Some("It is sunny."), "stop"));
+    }
 }

@@ -10,8 +10,11 @@
 //!   one call `{"name": .., "arguments": {..}}` (treespec-grammar's `tool_call_grammar`), which
 //!   the routes turn into `message.tool_calls`. The tools are described to the model in a
 //!   system message (the chat templates are rendered without tools).
-//! * `tool_choice: "auto"` (the default with tools) and `"none"` leave the output free: plain
-//!   text, and treespec does not parse free-form tool calls out of it (yet).
+//! * `tool_choice: "auto"` (the default with tools): the tools are described in the same system
+//!   message, the output stays free, and an answer that is one call — `{"name", "arguments"}`
+//!   with a declared name, also inside a ```json fence or `<tool_call>` tags — becomes
+//!   `message.tool_calls` (see [`auto_call`]). While a streamed answer may still turn out to be a
+//!   call (it starts with `{`, a fence or a tag) it is held back. `"none"`: plain text, no tools.
 //!
 //! A forced tool call wins over `response_format` (which is about `content`, null then).
 //! History with `role: "tool"` messages or assistant `tool_calls` is refused by `validate`.
@@ -33,13 +36,15 @@ pub enum Output {
     Constrained(GrammarSpec),
     /// One tool call `{"name", "arguments"}`, following the tool-call grammar.
     ToolCall(GrammarSpec),
+    /// Free text that may be one call of these tools (`tool_choice: "auto"`).
+    ToolAuto(Vec<String>),
 }
 
 impl Output {
     /// The grammar to constrain decoding with, if any.
     pub fn grammar(&self) -> Option<&GrammarSpec> {
         match self {
-            Output::Text => None,
+            Output::Text | Output::ToolAuto(_) => None,
             Output::Constrained(g) | Output::ToolCall(g) => Some(g),
         }
     }
@@ -49,23 +54,94 @@ impl Output {
         matches!(self, Output::ToolCall(_))
     }
 
+    /// The tools a free answer may call (`tool_choice: "auto"`).
+    pub fn auto_tools(&self) -> Option<&[String]> {
+        match self {
+            Output::ToolAuto(names) => Some(names),
+            _ => None,
+        }
+    }
+
     /// The request field a grammar error is about.
     pub fn param(&self) -> Option<&'static str> {
         match self {
             Output::Text => None,
             Output::Constrained(_) => Some("response_format"),
-            Output::ToolCall(_) => Some("tools"),
+            Output::ToolCall(_) | Output::ToolAuto(_) => Some("tools"),
         }
     }
 }
 
-/// The output format asked for, plus a system note describing the tools when a call is forced.
+/// The output format asked for, plus a system note describing the tools when a call is forced
+/// or may be made (`tool_choice: "auto"`).
 /// `chat`: only chat completions may ask for tool calls.
 pub fn output(c: &CommonParams, chat: bool) -> Result<(Output, Option<String>), ApiError> {
     if let Some((grammar, note)) = tool_call(c, chat)? {
         return Ok((Output::ToolCall(grammar), Some(note)));
     }
-    Ok((response_format(c.response_format.as_ref())?.map_or(Output::Text, Output::Constrained), None))
+    if let Some(g) = response_format(c.response_format.as_ref())? {
+        return Ok((Output::Constrained(g), None));
+    }
+    Ok(match auto_tools(c, chat)? {
+        Some((names, note)) => (Output::ToolAuto(names), Some(note)),
+        None => (Output::Text, None),
+    })
+}
+
+/// `tools` with `tool_choice` `auto` (or absent) on a chat request: the names a free answer may
+/// call and the tools' description.
+fn auto_tools(c: &CommonParams, chat: bool) -> Result<Option<(Vec<String>, String)>, ApiError> {
+    let Some(declared) = c.tools.as_ref().filter(|t| !t.is_null()) else { return Ok(None) };
+    let list = tools(declared)?;
+    let auto = match c.tool_choice.as_ref().filter(|t| !t.is_null()) {
+        None => true,
+        Some(v) => matches!(
+            ToolChoice::from_openai(v).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?,
+            ToolChoice::Auto
+        ),
+    };
+    if list.is_empty() || !auto || !chat {
+        return Ok(None);
+    }
+    let note = format!(
+        "You have access to these functions:\n{tools}\nIf calling one of them is the best answer, \
+         answer with only a JSON object {example} and nothing else; otherwise answer normally.",
+        tools = serde_json::to_string_pretty(declared).unwrap_or_default(),
+        example = json!({"name": "<function name>", "arguments": {"<parameter>": "<value>"}}),
+    );
+    Ok(Some((list.into_iter().map(|f| f.name).collect(), note)))
+}
+
+/// The call a free answer makes, if it is exactly one call of a declared tool: a JSON object
+/// `{"name", "arguments"}` (arguments an object, or a string holding one), alone or inside a
+/// ```json fence or `<tool_call>` tags. Returns it as the canonical JSON the forced-call reader
+/// takes.
+pub fn auto_call(text: &str, names: &[String]) -> Option<String> {
+    let mut t = text.trim();
+    for (open, close) in [("<tool_call>", "</tool_call>"), ("```json", "```"), ("```", "```")] {
+        if let Some(inner) = t.strip_prefix(open).and_then(|r| r.strip_suffix(close)) {
+            t = inner.trim();
+            break;
+        }
+    }
+    let v: Value = serde_json::from_str(t).ok()?;
+    let o = v.as_object()?;
+    let name = o.get("name")?.as_str()?;
+    if !names.iter().any(|n| n == name) || o.len() != 2 {
+        return None;
+    }
+    let args = match o.get("arguments")? {
+        Value::String(s) => serde_json::from_str::<Value>(s).ok()?,
+        a => a.clone(),
+    };
+    args.is_object().then(|| json!({"name": name, "arguments": args}).to_string())
+}
+
+/// Whether a streamed free answer beginning with `text` may still turn out to be a call.
+pub fn may_be_call(text: &str) -> bool {
+    let t = text.trim_start();
+    let opens = |tag: &str| t.starts_with(tag) || tag.starts_with(t);
+    t.starts_with('{') || opens("```") || opens("<tool_call>")
 }
 
 /// `response_format`: `text` (or absent) → None; `json_object`; `json_schema` with a schema.
@@ -186,6 +262,35 @@ mod tests {
     }
 
     #[test]
+    fn a_free_answer_is_a_call_only_when_it_is_exactly_one_declared_call() {
+        let names = vec!["get_weather".to_string()];
+        let call = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+        let canonical = Some(r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#.to_string());
+        let parse =
+            |t: &str| auto_call(t, &names).map(|c| serde_json::from_str::<Value>(&c).unwrap().to_string());
+        assert_eq!(parse(call), canonical);
+        assert_eq!(parse(&format!("  ```json\n{call}\n```  ")), canonical);
+        assert_eq!(parse(&format!("<tool_call>\n{call}\n</tool_call>")), canonical);
+        let as_string = r#"{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}"#;
+        assert_eq!(parse(as_string), canonical);
+        for not_a_call in [
+            "The weather is nice.",
+            r#"{"name": "other", "arguments": {}}"#,
+            r#"{"name": "get_weather", "arguments": [1]}"#,
+            r#"{"name": "get_weather", "arguments": {}, "extra": 1}"#,
+            r#"Sure: {"name": "get_weather", "arguments": {}}"#,
+        ] {
+            assert_eq!(auto_call(not_a_call, &names), None, "{not_a_call}");
+        }
+        for open in ["", "  ", "{", "`", "``", "```json\n{", "<tool", "<tool_call>{"] {
+            assert!(may_be_call(open), "{open:?}");
+        }
+        for text in ["The", "<b>", "`x`", "Sure"] {
+            assert!(!may_be_call(text), "{text:?}");
+        }
+    }
+
+    #[test]
     fn response_formats() {
         assert_eq!(out(json!({})).unwrap(), Output::Text);
         assert_eq!(out(json!({"response_format": {"type": "text"}})).unwrap(), Output::Text);
@@ -226,10 +331,12 @@ mod tests {
             "response_format": {"type": "json_object"}}))
         .unwrap();
         assert!(o.is_tool_call());
-        // auto / none / no choice: free text.
-        for choice in [json!("auto"), json!("none"), Value::Null] {
-            assert_eq!(out(json!({"tools": weather(), "tool_choice": choice})).unwrap(), Output::Text);
+        // auto / no choice: free text that may be a call; none: free text.
+        for choice in [json!("auto"), Value::Null] {
+            let o = out(json!({"tools": weather(), "tool_choice": choice})).unwrap();
+            assert_eq!(o.auto_tools().map(|n| n.len()), Some(1), "{o:?}");
         }
+        assert_eq!(out(json!({"tools": weather(), "tool_choice": "none"})).unwrap(), Output::Text);
         assert_eq!(out(json!({"tools": [], "tool_choice": "none"})).unwrap(), Output::Text);
         // Not on /v1/completions.
         let e = output(&params(json!({"tools": weather(), "tool_choice": "required"})), false).unwrap_err();

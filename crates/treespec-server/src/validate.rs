@@ -513,8 +513,13 @@ mod tests {
         assert!(j.output.is_tool_call());
         let PromptInput::Chat(m) = j.prompt else { panic!() };
         assert!(m[0].role == "system" && m[0].content.contains("\"f\"") && m.len() == 2);
-        // auto: plain text, the prompt unchanged.
+        // auto: free text that may be a call, the tools described the same way; none: plain
+        // text, the prompt unchanged.
         let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "auto"})).unwrap();
+        assert_eq!(j.output, Output::ToolAuto(vec!["f".into()]));
+        let PromptInput::Chat(m) = &j.prompt else { panic!() };
+        assert!(m[0].role == "system" && m[0].content.contains("\"f\""));
+        let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "none"})).unwrap();
         assert_eq!(
             (j.output, j.prompt),
             (Output::Text, chat_json(json!({"messages": msg()})).unwrap().prompt)
