@@ -58,5 +58,21 @@ args = json.loads(call.function.arguments)
 assert call.function.name == "get_weather" and isinstance(args["city"], str), call
 assert r.choices[0].finish_reason == "tool_calls", r
 print(f"[openai] tool call: {call.function.name}({args})")
+
+# The round trip: the call and the tool's result go back; the tools stay offered (auto).
+history = [{"role": "user", "content": "What is the weather in Paris?"},
+           r.choices[0].message.model_dump(exclude_none=True),
+           {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees."}]
+final = client.chat.completions.create(model="x", temperature=0, max_tokens=32, tools=tools, messages=history)
+answer = final.choices[0].message
+assert answer.content or answer.tool_calls, final
+print(f"[openai] after the tool's result: {answer.content or answer.tool_calls}")
+
+lp = client.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0,
+    logprobs=True, top_logprobs=2)
+entries = lp.choices[0].logprobs.content
+assert len(entries) == lp.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in entries), lp
+assert "".join(e.token for e in entries) == lp.choices[0].message.content, lp
+print(f"[openai] logprobs: {[(e.token, round(e.logprob, 3)) for e in entries]}")
 EOF
 echo "[openai] round trip OK" >&2

@@ -13,8 +13,8 @@
 //! tool calls (`tool_choice` `required` or a named function) decode under a grammar
 //! (treespec-grammar, compiled per request against the model's vocabulary, built once per
 //! server) with `generate_constrained`: speculative and lossless against constrained plain
-//! decoding. `tool_choice: "auto"` is plain text (no free-form tool-call parsing yet); tool
-//! messages in the history are refused with 400. Chat `logprobs`/`top_logprobs` are served by the
+//! decoding. With `tool_choice: "auto"` a free answer that is exactly one declared call comes
+//! back as `tool_calls`; tool results and earlier calls in the history are rendered for the model. Chat `logprobs`/`top_logprobs` are served by the
 //! batch scheduler (a 400 under `--scheduler fifo`).
 
 pub mod api;

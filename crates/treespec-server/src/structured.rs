@@ -17,7 +17,9 @@
 //!   call (it starts with `{`, a fence or a tag) it is held back. `"none"`: plain text, no tools.
 //!
 //! A forced tool call wins over `response_format` (which is about `content`, null then).
-//! History with `role: "tool"` messages or assistant `tool_calls` is refused by `validate`.
+//! In the history, an assistant's `tool_calls` become its content in the same `{"name",
+//! "arguments"}` shape, and `role: "tool"` results keep the template's own `tool` role
+//! (`validate`).
 
 use serde_json::{json, Value};
 use treespec_grammar::{tool_call_grammar, GrammarSpec, ToolChoice, ToolFunction};

@@ -109,32 +109,38 @@ pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiE
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => {
-                return Err(ApiError::invalid(
-                    "messages",
-                    format!("messages[{i}]: role '{}' (tools) is not supported", m.role),
-                ))
-            }
+            // A tool's result: the template's own `tool` role (Qwen2.5's wraps it in
+            // <tool_response>; a template that knows no such role may refuse it: a 400).
+            "tool" | "function" => "tool",
             "" => return Err(ApiError::invalid("messages", format!("messages[{i}]: missing `role`"))),
             other => {
                 return Err(ApiError::invalid(
                     "messages",
-                    format!("messages[{i}]: unknown role '{other}' (system, user, assistant)"),
+                    format!("messages[{i}]: unknown role '{other}' (system, user, assistant, tool)"),
                 ))
             }
         };
-        if m.tool_calls.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("messages[{i}]: tool_calls are not supported"),
-            ));
-        }
         let content = content_text(&m.content).ok_or_else(|| {
             ApiError::invalid(
                 "messages",
                 format!("messages[{i}]: `content` must be a string or a list of text parts"),
             )
         })?;
+        // An assistant's earlier calls, in the shape the model is told to answer with.
+        let content = match m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+            Some(calls) if role == "assistant" => {
+                let calls = history_calls(calls)
+                    .map_err(|e| ApiError::invalid("messages", format!("messages[{i}].tool_calls: {e}")))?;
+                [content].into_iter().chain(calls).filter(|c| !c.is_empty()).collect::<Vec<_>>().join("\n")
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("messages[{i}]: only assistant messages carry tool_calls"),
+                ))
+            }
+            None => content,
+        };
         messages.push(Message { role: role.to_string(), content });
     }
     common(PromptInput::Chat(messages), req.common, limits)
@@ -155,6 +161,27 @@ pub fn completion(req: CompletionRequest, limits: &Limits) -> Result<JobSpec, Ap
         return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
     }
     common(PromptInput::Text(prompt), req.common, limits)
+}
+
+/// An assistant message's `tool_calls` as `{"name", "arguments"}` JSON texts, one per call.
+fn history_calls(calls: &Value) -> Result<Vec<String>, String> {
+    let list = calls.as_array().ok_or("must be a list")?;
+    list.iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let f = c.get("function").ok_or(format!("[{k}] has no `function`"))?;
+            let name =
+                f.get("name").and_then(Value::as_str).ok_or(format!("[{k}].function has no `name`"))?;
+            let arguments = match f.get("arguments") {
+                Some(Value::String(a)) => serde_json::from_str::<Value>(a)
+                    .map_err(|e| format!("[{k}].function.arguments is not JSON: {e}"))?,
+                Some(a @ Value::Object(_)) => a.clone(),
+                None | Some(Value::Null) => Value::Object(Default::default()),
+                Some(_) => return Err(format!("[{k}].function.arguments must be a JSON object or its text")),
+            };
+            Ok(serde_json::json!({"name": name, "arguments": arguments}).to_string())
+        })
+        .collect()
 }
 
 fn content_text(v: &Value) -> Option<String> {
@@ -432,7 +459,25 @@ mod tests {
         assert_eq!(chat_json(json!({})).unwrap_err().param.as_deref(), Some("messages"));
         let e = chat_json(json!({"messages": [{"role": "wizard", "content": "x"}]})).unwrap_err();
         assert!(e.message.contains("unknown role 'wizard'"), "{}", e.message);
-        assert!(chat_json(json!({"messages": [{"role": "tool", "content": "x"}]})).is_err());
+        // A tool round trip: the assistant's call and the tool's result.
+        let j = chat_json(json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]}))
+        .unwrap();
+        let PromptInput::Chat(m) = &j.prompt else { panic!() };
+        assert_eq!(m[1].content, r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#);
+        assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("tool", "sunny"));
+        for bad in [
+            json!([{"role": "user", "content": "x", "tool_calls": []}]),
+            json!([{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
+            json!([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]),
+            json!([{"role": "assistant", "content": "", "tool_calls": {"name": "f"}}]),
+        ] {
+            assert!(chat_json(json!({"messages": bad})).is_err(), "{bad}");
+        }
         assert!(chat_json(json!({"messages": [{"role": "user", "content": 5}]})).is_err());
         assert!(
             chat_json(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})).is_err()

@@ -145,10 +145,16 @@ async fn structured_output_on_the_toy_backend() {
         let (s, v) = json_call(&app, post("/v1/chat/completions", chat(extra.clone()))).await;
         assert_eq!((s, &v["error"]["param"]), (StatusCode::BAD_REQUEST, &json!(param)), "{extra}: {v}");
     }
-    let (s, v) = json_call(&app, post("/v1/chat/completions", chat(json!({"tools": tools})))).await;
-    assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap().len(), 8);
-    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    // tool_choice auto (the default with tools): the tools are described to the model (a prompt
+    // too long for the toy's 256 positions; 1024 here), and an answer that is no call is text.
+    let roomy = app_with(ToyConfig { context: 1024, ..Default::default() }, 8, ServerConfig::default()).0;
+    for choice in [json!("auto"), json!("none")] {
+        let body = chat(json!({"tools": tools, "tool_choice": choice}));
+        let (s, v) = json_call(&roomy, post("/v1/chat/completions", body)).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap().len(), 8);
+        assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    }
 }
 
 #[tokio::test]
@@ -294,7 +300,9 @@ async fn error_paths_are_openai_errors() {
             "unknown role",
         ),
         (post("/v1/chat/completions", chat(json!({"n": 2}))), StatusCode::BAD_REQUEST, "n = 1"),
-        (post("/v1/chat/completions", chat(json!({"logprobs": true}))), StatusCode::BAD_REQUEST, "logprobs"),
+        (post("/v1/chat/completions", chat(json!({"logprobs": "yes"}))), StatusCode::BAD_REQUEST, "logprobs"),
+        (post("/v1/chat/completions", chat(json!({"top_logprobs": 2}))), StatusCode::BAD_REQUEST, "logprobs"),
+        (post("/v1/completions", json!({"prompt": "a", "logprobs": 2})), StatusCode::BAD_REQUEST, "logprobs"),
         (
             post("/v1/chat/completions", chat(json!({"tools": [{"type": "function"}]}))),
             StatusCode::BAD_REQUEST,
