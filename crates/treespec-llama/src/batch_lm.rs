@@ -128,7 +128,8 @@ impl LlamaModel {
             )));
         }
         let ctx = self.new_context(ctx_size, SEQ_IDS)?;
-        let n_ctx = ctx.n_ctx() as usize;
+        // The size asked for (the context may hold more cells, see `new_context`).
+        let n_ctx = (ctx.n_ctx() as usize).min(ctx_size);
         Ok(LlamaBatchLm {
             model: self,
             ctx,

@@ -87,7 +87,8 @@ impl LlamaModel {
         let o = self.options();
         let n_seq = o.n_seq_max + 2;
         let ctx = self.new_context(o.ctx_size, n_seq)?;
-        let n_ctx = ctx.n_ctx() as usize;
+        // The size asked for (the context may hold more cells, see `new_context`).
+        let n_ctx = (ctx.n_ctx() as usize).min(o.ctx_size);
         let n_vocab = self.vocab_size();
         Ok(LlamaLm {
             model: self,
@@ -119,8 +120,11 @@ impl LlamaModel {
         let o = self.options();
         // Every context allocates its own cache: check each against what is left now.
         check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, o.exact, 0, mem_available())?;
-        let ctx_size =
-            u32::try_from(ctx_size).map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;
+        // llama.cpp reserves an output row per sequence id and caps output rows at n_batch, which
+        // it caps at n_ctx: a context smaller than its sequence count aborts. Such a context gets
+        // n_seq cells (a few KB each); callers keep to the size asked for.
+        let ctx_size = u32::try_from(ctx_size.max(n_seq))
+            .map_err(|_| EngineError::InvalidRequest("ctx_size too large".into()))?;
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(ctx_size))
             // n_batch bounds the tokens of one llama_decode: make it the whole context so any

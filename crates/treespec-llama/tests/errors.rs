@@ -125,6 +125,25 @@ fn bad_options() {
     }
 }
 
+/// A context smaller than its sequence-id count (llama.cpp reserves an output row per id and
+/// aborted on `-c 64`) works, and keeps to the size asked for.
+#[test]
+fn contexts_smaller_than_their_sequence_count_work() {
+    if skip_model_tests("contexts_smaller_than_their_sequence_count_work") {
+        return;
+    }
+    let model = LlamaModel::load(model_path(), LoadOptions { ctx_size: 48, ..test_options() }).unwrap();
+    let mut lm = model.new_lm().unwrap();
+    assert_eq!(lm.context_size(), 48);
+    lm.prefill(&[100, 200, 300]).unwrap();
+    let logits = lm.forward(&TreeBatch::chain(&[400, 500], None, 0, false)).unwrap();
+    assert_eq!(logits.rows(), 2);
+    let e = lm.prefill(&[7; 60]).unwrap_err();
+    assert!(matches!(e, EngineError::PromptTooLong { .. } | EngineError::State(_)), "{e:?}");
+    let batch = model.new_batch_lm(40, 2).unwrap();
+    assert_eq!(treespec_engine::batched::BatchedLm::context_size(&batch), 40);
+}
+
 #[test]
 fn requests_beyond_limits_are_errors() {
     if skip_model_tests("requests_beyond_limits_are_errors") {
