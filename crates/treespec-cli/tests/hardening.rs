@@ -139,7 +139,8 @@ fn output_cut_inside_a_character_ends_cleanly() {
     let model =
         LlamaModel::load(&path, LoadOptions { threads: 1, ctx_size: 512, ..LoadOptions::default() }).unwrap();
     let template = model.compiled_chat_template().unwrap();
-    let tokens = model.chat_prompt(&template, &[treespec_text::ChatMessage::new("user", prompt)]).unwrap();
+    let tokens =
+        model.chat_prompt(&template, &[treespec_text::ChatMessage::new("user", prompt)], None).unwrap();
     let request = GenerateRequest {
         prompt: tokens,
         max_new_tokens: 64,

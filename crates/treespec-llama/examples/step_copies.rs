@@ -79,6 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt = target.chat_prompt(
         &template,
         &[ChatMessage::new("user", "Write a Python function that tells whether a number is prime.")],
+        None,
     )?;
     let eos: Vec<u32> = [target.eos(), target.eot()].into_iter().flatten().collect();
 

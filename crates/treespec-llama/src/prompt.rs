@@ -34,9 +34,14 @@ impl LlamaModel {
     /// Tokenize `messages` rendered by `template` (with the assistant's turn opened), so that only
     /// the template's own markup yields special tokens. A template refusing the messages (its
     /// `raise_exception`) is an [`EngineError::InvalidRequest`].
-    pub fn chat_prompt(&self, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<Vec<TokenId>> {
+    pub fn chat_prompt(
+        &self,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<TokenId>> {
         let pieces = template
-            .render_guarded(messages, true, self.control_texts())
+            .render_guarded_with_tools(messages, true, self.control_texts(), tools)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         // Templates that print the BOS text themselves must not get a second BOS.
         let bos_text = self.bos().map(|t| self.token_text(t)).transpose()?.unwrap_or_default();

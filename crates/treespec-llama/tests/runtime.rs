@@ -56,7 +56,7 @@ fn runtime_prompts_are_the_model_prompt_helpers() {
     assert_eq!(rt.prompt_tokens(Prompt::text_or_user(text, false)).unwrap(), m.text_prompt(text).unwrap());
     let template = m.compiled_chat_template().unwrap();
     let user = [ChatMessage::new("user", text)];
-    let chat = m.chat_prompt(&template, &user).unwrap();
+    let chat = m.chat_prompt(&template, &user, None).unwrap();
     assert_eq!(rt.prompt_tokens(Prompt::User(text)).unwrap(), chat);
     assert_eq!(rt.prompt_tokens(Prompt::text_or_user(text, true)).unwrap(), chat);
     assert_eq!(rt.prompt_tokens(Prompt::Messages(&user)).unwrap(), chat);

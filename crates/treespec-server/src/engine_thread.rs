@@ -360,11 +360,16 @@ impl ToyWorker {
         Arc::new(ServerMethods::new(default, Arc::new(context)))
     }
 
-    /// The toy "chat template": `role: content` lines, then `assistant:`.
-    pub fn render(prompt: &PromptInput) -> String {
-        match prompt {
+    /// The toy "chat template": `role: content` lines, then `assistant:` (it renders no tools:
+    /// their note goes in front).
+    pub fn render(spec: &JobSpec) -> String {
+        match &spec.prompt {
             PromptInput::Text(t) => t.clone(),
             PromptInput::Chat(msgs) => {
+                let msgs = match &spec.tools {
+                    Some(t) => t.messages(msgs),
+                    None => msgs.clone(),
+                };
                 let mut s: String = msgs.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
                 s.push_str("assistant:");
                 s
@@ -383,7 +388,7 @@ impl Worker for ToyWorker {
             .into());
         }
         let vocab = self.config.vocab.min(26) as u32;
-        let prompt: Vec<TokenId> = Self::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
+        let prompt: Vec<TokenId> = Self::render(spec).bytes().map(|b| b as u32 % vocab).collect();
         let method = self.methods.for_request(spec.method.as_ref())?;
         let mut drafter =
             method.build(Some(&mut self.draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;

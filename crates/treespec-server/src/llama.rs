@@ -16,7 +16,7 @@ use crate::engine_thread::{run_generation, EnginePool, Event, RunError, RunSumma
 use crate::error::ApiError;
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
-use crate::validate::{JobSpec, Limits, PromptInput};
+use crate::validate::{JobSpec, Limits, PromptInput, ToolsPrompt};
 
 /// What the workers run on: the models, loaded once by the caller (who may also have read the
 /// tokenizer fingerprint and the cost curves from the same runtime to build `method`), shared by
@@ -30,16 +30,27 @@ pub struct LlamaConfig {
 }
 
 /// Tokenize a request's prompt: chat messages through the model's template (only the template's
-/// markup yields special tokens, as in `treespec generate --chat`), raw text as is.
+/// markup yields special tokens, as in `treespec generate --chat`), raw text as is. The tools of
+/// a `tool_choice: "auto"` request go to a template that describes tools itself (Qwen2.5's),
+/// else in front as a system note.
 pub fn prompt_tokens(
     runtime: &ModelRuntime,
     prompt: &PromptInput,
+    tools: Option<&ToolsPrompt>,
 ) -> std::result::Result<Vec<TokenId>, ApiError> {
-    let tokens = match prompt {
-        PromptInput::Text(t) => runtime.prompt_tokens(Prompt::Text(t)),
-        PromptInput::Chat(msgs) => {
-            let msgs: Vec<ChatMessage> = msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect();
-            runtime.prompt_tokens(Prompt::Messages(&msgs))
+    let chat = |msgs: &[crate::validate::Message]| -> Vec<ChatMessage> {
+        msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
+    };
+    let tokens = match (prompt, tools) {
+        (PromptInput::Text(t), _) => runtime.prompt_tokens(Prompt::Text(t)),
+        (PromptInput::Chat(msgs), None) => runtime.prompt_tokens(Prompt::Messages(&chat(msgs))),
+        (PromptInput::Chat(msgs), Some(tools)) => {
+            let own = runtime.chat_template().map(|t| t.renders_tools()).unwrap_or(false);
+            if own {
+                runtime.prompt_tokens(Prompt::MessagesWithTools(&chat(msgs), &tools.declared))
+            } else {
+                runtime.prompt_tokens(Prompt::Messages(&chat(&tools.messages(msgs))))
+            }
         }
     };
     tokens.map_err(|e| match (e, prompt) {
@@ -116,7 +127,7 @@ fn drafter<'a>(
 
 impl Worker for LlamaWorker<'_> {
     fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
-        let prompt = prompt_tokens(self.runtime, &spec.prompt)?;
+        let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
         let mut constraint = constraint(self.runtime, &self.vocab, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
         let mut drafter = drafter(&method, self.draft.as_mut())

@@ -135,7 +135,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
     }
 
     fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'m>, ApiError> {
-        let prompt = prompt_tokens(self.runtime, &spec.prompt)?;
+        let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
         let constraint = constraint(self.runtime, &self.vocab, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
         let drafter = self.drafter(&method)?;

@@ -48,8 +48,7 @@ impl LaneModels<'static> for ToyLanes {
             ));
         }
         let vocab = self.config.vocab.min(26) as u32;
-        let prompt: Vec<TokenId> =
-            ToyWorker::render(&spec.prompt).bytes().map(|b| b as u32 % vocab).collect();
+        let prompt: Vec<TokenId> = ToyWorker::render(spec).bytes().map(|b| b as u32 % vocab).collect();
         let method = self.methods.for_request(spec.method.as_ref())?;
         let draft = ToyLm::new(self.draft.clone(), self.config.context);
         let drafter = method.build(Some(draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;

@@ -55,6 +55,27 @@ pub struct JobSpec {
     /// Chat `logprobs: true`: report each token's log-probability and this many alternatives
     /// (`top_logprobs`).
     pub logprobs: Option<usize>,
+    /// With `tool_choice: "auto"`: the tools, for a chat template that describes tools itself,
+    /// else their description as a system note (see [`ToolsPrompt::messages`]).
+    pub tools: Option<ToolsPrompt>,
+}
+
+/// How the tools of a `tool_choice: "auto"` request reach the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolsPrompt {
+    /// The OpenAI `tools` declarations, for a template that reads `tools`.
+    pub declared: Value,
+    /// Their description for a template that does not.
+    pub note: String,
+}
+
+impl ToolsPrompt {
+    /// `messages` with the note in front, for a template that renders no tools.
+    pub fn messages(&self, messages: &[Message]) -> Vec<Message> {
+        let mut m = messages.to_vec();
+        structured::add_system_note(&mut m, self.note.clone());
+        m
+    }
 }
 
 /// Limits known to the HTTP layer.
@@ -239,8 +260,15 @@ fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<J
     refuse_unsupported(&c, chat)?;
     let logprobs = if chat { logprobs(&c)? } else { None };
     let (output, note) = structured::output(&c, matches!(prompt, PromptInput::Chat(_)))?;
-    if let (PromptInput::Chat(messages), Some(note)) = (&mut prompt, note) {
-        structured::add_system_note(messages, note);
+    // A forced call's note always goes in (it names the function to call); an optional call's
+    // tools go to the template when it describes tools itself (decided where the model is).
+    let mut tools = None;
+    match (&mut prompt, note) {
+        (PromptInput::Chat(_), Some(note)) if output.auto_tools().is_some() => {
+            tools = Some(ToolsPrompt { declared: c.tools.clone().unwrap_or_default(), note })
+        }
+        (PromptInput::Chat(messages), Some(note)) => structured::add_system_note(messages, note),
+        _ => {}
     }
     let max_tokens = max_tokens(&c, limits)?;
     let sampling = sampling::params(&c)?;
@@ -261,6 +289,7 @@ fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<J
         include_usage: c.stream_options.is_some_and(|o| o.include_usage),
         output,
         logprobs,
+        tools,
     })
 }
 
@@ -562,7 +591,11 @@ mod tests {
         // text, the prompt unchanged.
         let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "auto"})).unwrap();
         assert_eq!(j.output, Output::ToolAuto(vec!["f".into()]));
-        let PromptInput::Chat(m) = &j.prompt else { panic!() };
+        let PromptInput::Chat(plain) = &j.prompt else { panic!() };
+        assert_eq!(j.prompt, chat_json(json!({"messages": msg()})).unwrap().prompt);
+        let t = j.tools.as_ref().unwrap();
+        assert_eq!(t.declared, tools);
+        let m = t.messages(plain);
         assert!(m[0].role == "system" && m[0].content.contains("\"f\""));
         let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "none"})).unwrap();
         assert_eq!(

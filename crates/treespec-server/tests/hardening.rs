@@ -164,6 +164,7 @@ fn text_of_one_token() -> String {
         include_usage: false,
         output: Default::default(),
         logprobs: None,
+        tools: None,
     };
     let mut text = String::new();
     let mut done = false;

@@ -41,6 +41,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// The template reads a `tools` variable (Qwen2.5's, Llama 3.1's, …).
+    renders_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -67,7 +69,13 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| TemplateError::Parse(e.to_string()))?;
-        Ok(Self { env, bos: bos.to_string(), eos: eos.to_string() })
+        let renders_tools = source.contains("tools");
+        Ok(Self { env, bos: bos.to_string(), eos: eos.to_string(), renders_tools })
+    }
+
+    /// Whether the template describes tools itself (it reads a `tools` variable).
+    pub fn renders_tools(&self) -> bool {
+        self.renders_tools
     }
 
     /// Render `messages`; with `add_generation_prompt` the text ends where the assistant's reply
@@ -77,12 +85,24 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`render`](Self::render) with OpenAI-style `tools` declarations passed to the template
+    /// as its `tools` variable.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template("chat").map_err(|e| TemplateError::Parse(e.to_string()))?;
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
+            tools => tools,
         })
         .map_err(|e| TemplateError::Render(render_error(&e)))
     }

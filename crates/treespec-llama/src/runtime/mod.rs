@@ -133,9 +133,12 @@ impl ModelRuntime {
         match prompt {
             Prompt::Text(text) => target.text_prompt(text),
             Prompt::User(text) => {
-                target.chat_prompt(self.chat_template()?, &[ChatMessage::new("user", text)])
+                target.chat_prompt(self.chat_template()?, &[ChatMessage::new("user", text)], None)
             }
-            Prompt::Messages(messages) => target.chat_prompt(self.chat_template()?, messages),
+            Prompt::Messages(messages) => target.chat_prompt(self.chat_template()?, messages, None),
+            Prompt::MessagesWithTools(messages, tools) => {
+                target.chat_prompt(self.chat_template()?, messages, Some(tools))
+            }
         }
     }
 

@@ -37,6 +37,9 @@ pub enum Prompt<'a> {
     User(&'a str),
     /// Messages through the target's chat template (the server's chat completions).
     Messages(&'a [ChatMessage]),
+    /// Messages and OpenAI `tools` declarations, both through the template (one that reads
+    /// `tools`; see [`ChatTemplate::renders_tools`](treespec_text::ChatTemplate::renders_tools)).
+    MessagesWithTools(&'a [ChatMessage], &'a serde_json::Value),
 }
 
 impl<'a> Prompt<'a> {
