@@ -39,19 +39,18 @@ import argparse
 import http.client
 import json
 import os
-import re
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_process import Server  # noqa: E402
+
 # Not one of the measured prompts, so that no server can reuse its cached prefix in the run.
 WARMUP_PROMPT = "Say hello."
-LISTEN_RE = re.compile(r"listening on (http://[^\s]+)")
 
 
 def log(msg):
@@ -114,110 +113,6 @@ def machine_facts():
 
 # ---------------------------------------------------------------------------------------------
 # The server process
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def health_ok(host, port, timeout=2.0):
-    try:
-        c = http.client.HTTPConnection(host, port, timeout=timeout)
-        c.request("GET", "/health")
-        r = c.getresponse()
-        r.read()
-        c.close()
-        return r.status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-
-
-class Server:
-    """A server process in its own process group, its output teed to a log file."""
-
-    def __init__(self, cmd, log_path, startup_timeout):
-        self.port = None
-        self.host = "127.0.0.1"
-        if "{port}" in cmd:
-            self.port = free_port()
-            cmd = cmd.replace("{port}", str(self.port))
-        self.cmd = cmd
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.proc = None
-        self.listen_url = None
-        self._listen_seen = threading.Event()
-
-    def start(self):
-        self.log_file = open(self.log_path, "ab") if self.log_path else open(os.devnull, "wb")
-        self.log_file.write(f"\n### {time.strftime('%F %T')} {self.cmd}\n".encode())
-        self.log_file.flush()
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            shlex.split(self.cmd),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._pump, daemon=True).start()
-        deadline = t0 + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} before it was ready (log: {self.log_path})")
-            if self.port is None and self.listen_url:
-                u = urllib.parse.urlsplit(self.listen_url)
-                self.host, self.port = u.hostname or "127.0.0.1", u.port
-                if self.host in ("0.0.0.0", "::"):
-                    self.host = "127.0.0.1"
-            if self.port is not None and health_ok(self.host, self.port):
-                self.startup_s = time.monotonic() - t0
-                return self
-            time.sleep(0.25)
-        raise RuntimeError(f"the server was not ready after {self.startup_timeout} s (log: {self.log_path})")
-
-    def _pump(self):
-        for raw in iter(self.proc.stdout.readline, b""):
-            self.log_file.write(raw)
-            self.log_file.flush()
-            if self.listen_url is None:
-                m = LISTEN_RE.search(raw.decode(errors="replace"))
-                if m:
-                    self.listen_url = m.group(1)
-
-    def rss_kib(self):
-        try:
-            for line in open(f"/proc/{self.proc.pid}/status"):
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        except OSError:
-            pass
-        return None
-
-    def stop(self):
-        if not self.proc:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                log(f"the server ignored SIGTERM for 15 s: SIGKILL to process group {self.proc.pid}")
-        # Children the server left behind in its group go too.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.log_file.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,17 +54,17 @@ import json
 import os
 import random
 import re
-import shlex
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 
-LISTEN_RE = re.compile(r"listening on (http://[^\s]+)")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_process import Server, http_get, rss_kib  # noqa: E402
+
 CHAT = "/v1/chat/completions"
 
 FALLBACK_PROMPTS = [
@@ -79,108 +79,6 @@ FALLBACK_PROMPTS = [
 
 def log(msg):
     print(f"[soak] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The server process (as in serve-bench.py)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(host, port, path, timeout):
-    c = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
-class Server:
-    def __init__(self, cmd, log_path, startup_timeout):
-        self.port = None
-        self.host = "127.0.0.1"
-        if "{port}" in cmd:
-            self.port = free_port()
-            cmd = cmd.replace("{port}", str(self.port))
-        self.cmd = cmd
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.proc = None
-        self.listen_url = None
-
-    def start(self):
-        self.log_file = open(self.log_path, "ab") if self.log_path else open(os.devnull, "wb")
-        self.log_file.write(f"\n### {time.strftime('%F %T')} {self.cmd}\n".encode())
-        self.log_file.flush()
-        self.proc = subprocess.Popen(shlex.split(self.cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        threading.Thread(target=self._pump, daemon=True).start()
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} before it was ready")
-            if self.port is None and self.listen_url:
-                u = urllib.parse.urlsplit(self.listen_url)
-                self.host, self.port = u.hostname or "127.0.0.1", u.port
-                if self.host in ("0.0.0.0", "::"):
-                    self.host = "127.0.0.1"
-            if self.port is not None:
-                try:
-                    if http_get(self.host, self.port, "/health", 2)[0] == 200:
-                        return self
-                except (OSError, http.client.HTTPException):
-                    pass
-            time.sleep(0.25)
-        raise RuntimeError(f"the server was not ready after {self.startup_timeout} s")
-
-    def _pump(self):
-        for raw in iter(self.proc.stdout.readline, b""):
-            self.log_file.write(raw)
-            self.log_file.flush()
-            if self.listen_url is None:
-                m = LISTEN_RE.search(raw.decode(errors="replace"))
-                if m:
-                    self.listen_url = m.group(1)
-
-    def stop(self):
-        if not self.proc:
-            return None
-        code = self.proc.poll()
-        if code is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                log(f"the server ignored SIGTERM for 15 s: SIGKILL to process group {self.proc.pid}")
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.log_file.close()
-        return code
-
-
-def rss_kib(pid):
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
