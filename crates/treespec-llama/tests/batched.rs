@@ -7,29 +7,16 @@ mod common;
 
 use std::sync::OnceLock;
 
-use treespec_core::cost::CostCurve;
-use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
-use treespec_engine::drafters::{
-    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
-    StagedConfig, SuffixConfig,
-};
+use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
 use treespec_engine::{generate, GenerateRequest, Method};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
 
-const PROMPTS: &[&str] = &[
-    "Write a haiku about autumn leaves.",
-    "What is the capital of France? Answer in one sentence.",
-    "List three uses of a paperclip.",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Explain why the sky is blue to a child.",
-    "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
+/// Prompts beyond `common::CHAT_PROMPTS`: eight in all for the mixed-method runs, twenty for the
+/// every-method run.
+const MORE_PROMPTS: &[&str] = &[
     "Name the planets of the solar system in order.",
     "Translate 'good morning' into French, Spanish and German.",
-];
-
-/// Twelve more, for the every-method run (20 prompts, 8 at a time).
-const MORE_PROMPTS: &[&str] = &[
     "Give me a recipe for pancakes.",
     "What is 17 times 23? Show your work.",
     "Summarize the plot of Romeo and Juliet in two sentences.",
@@ -64,9 +51,17 @@ fn methods() -> Vec<Method> {
     ]
 }
 
+/// The first `n` prompts.
+fn prompts(n: usize) -> Vec<&'static str> {
+    common::CHAT_PROMPTS.iter().chain(MORE_PROMPTS).take(n).copied().collect()
+}
+
+const MIXED: usize = 8;
+
 fn requests(repeat: usize) -> Vec<GenerateRequest> {
+    let prompts = prompts(MIXED);
     (0..repeat)
-        .flat_map(|_| PROMPTS.iter().enumerate())
+        .flat_map(|_| prompts.iter().enumerate())
         .map(|(i, p)| common::greedy_chat_request(model(), p, 40, i as u64))
         .collect()
 }
@@ -116,13 +111,13 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
     // Each prompt twice (the second time from a cached prefix), three lanes at a time in a
     // context so small it must be compacted, prompts prefilled in chunks of 16 tokens.
     let requests = requests(2);
-    let reference: Vec<Vec<u32>> = requests.iter().take(PROMPTS.len()).map(alone).collect();
+    let reference: Vec<Vec<u32>> = requests.iter().take(MIXED).map(alone).collect();
     let mut lm = model().new_batch_lm(256, 3).unwrap();
     let limits = StepLimits { prefill_chunk: 16, ..StepLimits::default() };
     let outputs = run_batched(&mut lm, jobs(&requests), 3, limits, None);
     for (i, out) in outputs.into_iter().enumerate() {
         let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));
-        assert_eq!(out.tokens, reference[i % PROMPTS.len()], "request {i}");
+        assert_eq!(out.tokens, reference[i % MIXED], "request {i}");
     }
     let c = lm.counters;
     assert!(c.compactions > 0, "{c:?}");
@@ -130,35 +125,9 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
     assert!(c.moved_rows > 0, "{c:?}");
 }
 
-/// Every method of the registry, with a cost curve cheap enough that the cost-aware ones draft.
+/// Plain decoding and every speculative method.
 fn every_method() -> Vec<Method> {
-    let cheap = || {
-        SharedCosts::new(CostModel {
-            target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
-            draft: None,
-            refine: false,
-        })
-    };
-    vec![
-        Method::Plain,
-        Method::Chain { k: 4 },
-        Method::Tree { widths: vec![2, 2, 1] },
-        Method::SpecInfer { expand: vec![2, 1, 1] },
-        Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
-        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
-        Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
-        Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
-        Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
-        Method::Staged(StagedConfig::default()),
-        Method::Lookup { config: LookupConfig::default(), table: None },
-        Method::Disco(DiscoConfig::default()),
-        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
-        Method::Auto(AutoConfig {
-            costs: cheap(),
-            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
-            dyspec: DySpecConfig::default(),
-        }),
-    ]
+    std::iter::once(Method::Plain).chain(common::speculative_methods()).collect()
 }
 
 /// Methods `i % 2 == half` of [`every_method`] (two tests, so the two cores share the work).
@@ -166,9 +135,8 @@ fn every_method_half(half: usize) {
     if common::skip_model_tests("every_method_on_twenty_prompts_eight_at_a_time_matches_alone") {
         return;
     }
-    let requests: Vec<GenerateRequest> = PROMPTS
-        .iter()
-        .chain(MORE_PROMPTS)
+    let requests: Vec<GenerateRequest> = prompts(20)
+        .into_iter()
         .enumerate()
         .map(|(i, p)| common::greedy_chat_request(model(), p, 24, i as u64))
         .collect();

@@ -4,31 +4,7 @@
 
 mod common;
 
-use treespec_core::cost::CostCurve;
-use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::drafters::{
-    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
-    StagedConfig, SuffixConfig,
-};
 use treespec_engine::{generate, Method};
-
-const PROMPTS: &[&str] = &[
-    "Write a haiku about autumn leaves.",
-    "What is the capital of France? Answer in one sentence.",
-    "List three uses of a paperclip.",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Explain why the sky is blue to a child.",
-    "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
-];
-
-/// A cost curve on which verifying is cheap, so the cost-aware free drafters do draft.
-fn cheap_costs() -> std::sync::Arc<SharedCosts> {
-    SharedCosts::new(CostModel {
-        target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
-        draft: None,
-        refine: false,
-    })
-}
 
 #[test]
 fn every_method_matches_plain_greedy_on_smollm2() {
@@ -36,31 +12,9 @@ fn every_method_matches_plain_greedy_on_smollm2() {
         return;
     }
     let model = common::model();
-    let methods = [
-        Method::Chain { k: 4 },
-        Method::Tree { widths: vec![2, 2, 1] },
-        Method::SpecInfer { expand: vec![2, 1, 1] },
-        Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
-        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
-        Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
-        Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
-        Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
-        Method::Staged(StagedConfig::default()),
-        Method::Lookup { config: LookupConfig::default(), table: None },
-        Method::Disco(DiscoConfig::default()),
-        // Every node it finds, verified (the global history carries across the prompts). Trees
-        // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
-        // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
-        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
-        Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
-        Method::Auto(AutoConfig {
-            costs: cheap_costs(),
-            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
-            dyspec: DySpecConfig::default(),
-        }),
-    ];
+    let methods = common::speculative_methods();
     let mut checked = 0;
-    for (i, text) in PROMPTS.iter().enumerate() {
+    for (i, text) in common::CHAT_PROMPTS.iter().enumerate() {
         let request = common::greedy_chat_request(model, text, 40, i as u64);
         let mut target = model.new_lm().unwrap();
         let mut plain = Method::Plain.build::<treespec_llama::LlamaLm>(None).unwrap();
@@ -84,5 +38,5 @@ fn every_method_matches_plain_greedy_on_smollm2() {
             checked += 1;
         }
     }
-    assert_eq!(checked, PROMPTS.len() * methods.len());
+    assert_eq!(checked, common::CHAT_PROMPTS.len() * methods.len());
 }

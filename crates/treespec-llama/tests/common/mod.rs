@@ -7,8 +7,14 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use rand::Rng;
+use treespec_core::cost::CostCurve;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::{GenerateRequest, StopConditions};
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
+use treespec_engine::drafters::{
+    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
+    StagedConfig, SuffixConfig,
+};
+use treespec_engine::{GenerateRequest, Method, StopConditions};
 use treespec_llama::{LlamaModel, LoadOptions};
 
 /// Small context and ONE thread per context: test functions run in parallel, and llama.cpp's
@@ -170,4 +176,51 @@ pub fn greedy_chat_request(
             stop_strings: vec![],
         },
     }
+}
+
+/// Chat prompts the greedy-equality tests run every method on.
+pub const CHAT_PROMPTS: &[&str] = &[
+    "Write a haiku about autumn leaves.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three uses of a paperclip.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Explain why the sky is blue to a child.",
+    "Repeat this list exactly, twice: apples, pears, plums, cherries, figs, dates, limes.",
+];
+
+/// A cost curve on which verifying is cheap, so the cost-aware free drafters do draft.
+pub fn cheap_costs() -> std::sync::Arc<SharedCosts> {
+    SharedCosts::new(CostModel {
+        target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
+        draft: None,
+        refine: false,
+    })
+}
+
+/// Every speculative method of the registry (plain decoding is the reference), at sizes whose
+/// trees stay batch-invariant outside exact mode on SmolLM2.
+pub fn speculative_methods() -> Vec<Method> {
+    vec![
+    Method::Chain { k: 4 },
+    Method::Tree { widths: vec![2, 2, 1] },
+    Method::SpecInfer { expand: vec![2, 1, 1] },
+    Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
+    Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
+    Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
+    Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
+    Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
+    Method::Staged(StagedConfig::default()),
+    Method::Lookup { config: LookupConfig::default(), table: None },
+    Method::Disco(DiscoConfig::default()),
+    // Every node it finds, verified (the global history carries across the prompts). Trees
+    // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
+    // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
+    Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
+    Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
+    Method::Auto(AutoConfig {
+        costs: cheap_costs(),
+        suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
+        dyspec: DySpecConfig::default(),
+    }),
+]
 }
