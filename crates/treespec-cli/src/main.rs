@@ -97,15 +97,15 @@ mod tests {
         };
         let g = parse("treespec generate -m T.gguf -md D.gguf -c 2048 -n 16 -t 1 --temp 0.5 -s 3 -p hi");
         assert_eq!(g.models.model.to_str(), Some("T.gguf"));
-        assert_eq!(g.models.draft.as_deref().and_then(|p| p.to_str()), Some("D.gguf"));
+        assert_eq!(g.models.runtime.draft.as_deref().and_then(|p| p.to_str()), Some("D.gguf"));
         assert_eq!(
-            (g.models.ctx, g.n, g.models.threads, g.sampling.temp, g.sampling.seed),
+            (g.models.runtime.ctx, g.n, g.models.runtime.threads, g.sampling.temp, g.sampling.seed),
             (2048, 16, Some(1), 0.5, 3)
         );
         let g = parse(
             "treespec generate -m T --model-draft D --ctx-size 512 --spec-draft-n-max 6 --method chain -p x",
         );
-        assert_eq!((g.models.ctx, g.method.knobs.k), (512, Some(6)));
-        assert_eq!(g.models.draft.as_deref().and_then(|p| p.to_str()), Some("D"));
+        assert_eq!((g.models.runtime.ctx, g.method.knobs.k), (512, Some(6)));
+        assert_eq!(g.models.runtime.draft.as_deref().and_then(|p| p.to_str()), Some("D"));
     }
 }

@@ -15,6 +15,14 @@ pub struct ModelArgs {
     /// Target model (GGUF).
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+/// How the models run, and the draft beside the target (every command that loads models; `bench`
+/// has its own, optional, target flag).
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
     /// Draft model (GGUF) for methods that need one; may be the target file itself. llama.cpp's
     /// `-md FILE` / `--model-draft FILE` also work.
     #[arg(long = "draft", visible_alias = "md", alias = "model-draft")]
@@ -31,7 +39,7 @@ pub struct ModelArgs {
     pub exact: bool,
 }
 
-impl ModelArgs {
+impl RuntimeArgs {
     /// Load options for both models.
     pub fn load_options(&self) -> LoadOptions {
         let mut o = LoadOptions { ctx_size: self.ctx, exact: self.exact, ..LoadOptions::default() };

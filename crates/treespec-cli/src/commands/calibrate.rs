@@ -83,7 +83,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
     )?
     .with_identity(
         args.models.model.display().to_string(),
-        args.models.draft.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+        args.models.runtime.draft.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
     );
     v.save(&args.out).with_context(|| format!("writing {}", args.out.display()))?;
     let shown: Vec<String> = v.acceptance.iter().map(|p| format!("{p:.3}")).collect();

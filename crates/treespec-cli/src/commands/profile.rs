@@ -40,12 +40,12 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     if args.max_n == 0 || args.repeat == 0 {
         bail!("--max-n and --repeat must be at least 1");
     }
-    if args.prefix + args.max_n >= args.models.ctx {
-        bail!("--prefix + --max-n must fit the context (--ctx {})", args.models.ctx);
+    if args.prefix + args.max_n >= args.models.runtime.ctx {
+        bail!("--prefix + --max-n must fit the context (--ctx {})", args.models.runtime.ctx);
     }
     // The target only: a draft given on the command line is not profiled here.
     let paths = ModelPaths::new(args.models.model.clone(), None);
-    let runtime = ModelRuntime::load(paths, args.models.load_options())?;
+    let runtime = ModelRuntime::load(paths, args.models.runtime.load_options())?;
     let model = runtime.target();
     let sizes: Vec<usize> = (1..=args.max_n).collect();
     let spec =

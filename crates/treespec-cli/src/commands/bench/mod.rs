@@ -21,7 +21,7 @@ use treespec_engine::registry::{FixedContext, MethodContext};
 use treespec_engine::toy::toy_costs;
 use treespec_engine::{MethodKind, MethodSpec, METHOD_NAMES};
 
-use super::args::{MethodArgs, ModelArgs, SamplingArgs};
+use super::args::{MethodArgs, ModelArgs, RuntimeArgs, SamplingArgs};
 use super::models::load_runtime;
 use llama_backend::{dump_prompts, LlamaBackend};
 
@@ -45,18 +45,8 @@ pub struct BenchArgs {
     /// Target model (GGUF). Not needed with --quick, --toy or --compare.
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Draft model (GGUF) for the methods that need one; may be the target file itself.
-    #[arg(long = "draft", visible_alias = "md", alias = "model-draft")]
-    pub draft: Option<PathBuf>,
-    /// CPU threads (default: all cores; more are capped to them).
-    #[arg(short = 't', long, value_parser = super::threads::threads_arg)]
-    pub threads: Option<usize>,
-    /// Context size in tokens (llama.cpp: `-c`, `--ctx-size`).
-    #[arg(short = 'c', long = "ctx", alias = "ctx-size", default_value_t = 4096)]
-    pub ctx: usize,
-    /// Batch-invariant kernels (greedy output equals plain decoding token for token; slower).
-    #[arg(long)]
-    pub exact: bool,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -189,7 +179,7 @@ impl Plan {
         let selection = selection(args);
         let prompts = select(&load_prompts(&prompts_file)?, &selection)?;
         let models = model_args(args)?;
-        let has_draft = args.toy || models.as_ref().is_some_and(|m| m.draft.is_some());
+        let has_draft = args.toy || models.as_ref().is_some_and(|m| m.runtime.draft.is_some());
         let kinds = method_kinds(args, has_draft)?;
         let base = args.method.spec();
         for &k in &kinds {
@@ -254,8 +244,8 @@ fn model_args(args: &BenchArgs) -> Result<Option<ModelArgs>> {
         }
         (None, false) => bail!("give a target model with -m MODEL.gguf (or use --quick or --toy)"),
     };
-    let draft = args.draft.clone().or_else(|| args.quick.then(|| model.clone()));
-    Ok(Some(ModelArgs { model, draft, threads: args.threads, ctx: args.ctx, exact: args.exact }))
+    let draft = args.runtime.draft.clone().or_else(|| args.quick.then(|| model.clone()));
+    Ok(Some(ModelArgs { model, runtime: RuntimeArgs { draft, ..args.runtime.clone() } }))
 }
 
 /// The methods to compare, plain first; those that need a draft model are refused without one.
@@ -299,9 +289,9 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
     let Some(margs) = &plan.models else {
         let toy = FixedContext { costs: Some(toy_costs()), ..Default::default() };
         let methods = bench_methods(&plan.base, &plan.kinds, &toy)?;
-        let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.ctx);
+        let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.runtime.ctx);
         let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
-        let options = json!({ "toy": { "vocab": 64, "order": 2, "noise": 1.0 }, "ctx": args.ctx });
+        let options = json!({ "toy": { "vocab": 64, "order": 2, "noise": 1.0 }, "ctx": args.runtime.ctx });
         return Ok(Some(Measured { output, machine: MachineInfo::collect(1, Vec::new()), options }));
     };
     let models = load_runtime(margs)?;
@@ -315,14 +305,14 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
     }
     let methods = bench_methods(&plan.base, &plan.kinds, &models)?;
     let mut files = vec![ModelFile::new("target", &margs.model)];
-    if let Some(d) = &margs.draft {
+    if let Some(d) = &margs.runtime.draft {
         files.push(ModelFile::new("draft", d));
     }
     let threads = models.options().threads;
     let mut backend = LlamaBackend::new(&models, chat)?;
     let machine = MachineInfo::collect(threads, files);
     let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
-    let options = json!({ "ctx": args.ctx, "exact": args.exact, "threads": threads });
+    let options = json!({ "ctx": args.runtime.ctx, "exact": args.runtime.exact, "threads": threads });
     Ok(Some(Measured { output, machine, options }))
 }
 
