@@ -2,15 +2,14 @@
 //! different methods share steps, and each answer is exactly the answer it gets alone (sampled,
 //! with its seed); admission beyond the queue is a 503; a client that leaves frees its lane.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 use treespec_server::{
     router, BatchPool, GenerationBackend, Metrics, SchedulerConfig, ServerConfig, ToyConfig,
 };
@@ -43,14 +42,8 @@ fn request(i: usize) -> Value {
 }
 
 async fn answer(app: &Router, body: Value) -> (StatusCode, String) {
-    let req = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let r = app.clone().oneshot(req).await.unwrap();
-    let status = r.status();
-    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let (status, body) = common::post_chat(app, body).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
     let text =
         v["choices"][0]["message"]["content"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     (status, text)
@@ -128,15 +121,9 @@ async fn logprobs_come_with_every_token_streaming_or_not() {
         "top_logprobs": 3,
         "treespec": {"method": "chain"},
     });
-    let req = |b: &Value| {
-        Request::post("/v1/chat/completions")
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(b.to_string()))
-            .unwrap()
-    };
-    let r = app.clone().oneshot(req(&body)).await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    let v: Value = serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let (s, whole) = common::post_chat(&app, body.clone()).await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_str(&whole).unwrap();
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
     assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
     let text: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
@@ -151,12 +138,9 @@ async fn logprobs_come_with_every_token_streaming_or_not() {
     // Streaming: the same entries, spread over the chunks.
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let r = app.clone().oneshot(req(&streamed)).await.unwrap();
-    let sse = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    let entries: Vec<Value> = sse
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+    let (_, sse) = common::post_chat(&app, streamed).await;
+    let entries: Vec<Value> = common::sse_chunks(&sse)
+        .into_iter()
         .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
         .flatten()
         .collect();

@@ -9,12 +9,9 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 use treespec_engine::Method;
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
 use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
@@ -32,25 +29,6 @@ fn app() -> Option<Router> {
         Some(router(pool, metrics, ServerConfig::default()))
     })
     .clone()
-}
-
-/// POST a chat request; the status and the body (JSON, or the raw SSE text).
-async fn post(app: &Router, body: Value) -> (StatusCode, String) {
-    let req = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let r = app.clone().oneshot(req).await.unwrap();
-    let status = r.status();
-    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
-}
-
-/// The JSON chunks of an SSE body (without `[DONE]`, which must end it).
-fn sse_chunks(body: &str) -> Vec<Value> {
-    let data: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
-    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
-    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }
 
 fn person_schema() -> Value {
@@ -87,15 +65,16 @@ async fn json_schema_answers_parse_for_every_method_streaming_or_not() {
     for method in
         [Value::Null, json!({"method": "chain"}), json!({"method": "suffix"}), json!({"method": "plain"})]
     {
-        let (s, body) = post(&app, person_request(json!({"treespec": method}))).await;
+        let (s, body) = common::post_chat(&app, person_request(json!({"treespec": method}))).await;
         assert_eq!(s, StatusCode::OK, "{method}: {body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["choices"][0]["finish_reason"], "stop", "{body}");
         let content = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
         check_person(&content);
-        let (s, body) = post(&app, person_request(json!({"treespec": method, "stream": true}))).await;
+        let (s, body) =
+            common::post_chat(&app, person_request(json!({"treespec": method, "stream": true}))).await;
         assert_eq!(s, StatusCode::OK, "{method}: {body}");
-        let chunks = sse_chunks(&body);
+        let chunks = common::sse_chunks(&body);
         let streamed: String =
             chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
         assert_eq!(streamed, content, "{method}");
@@ -114,7 +93,7 @@ async fn json_object_and_bad_schemas() {
     for method in [json!({"method": "plain"}), json!({"method": "chain"}), json!({"method": "suffix"})] {
         let body = person_request(json!({"response_format": {"type": "json_object"}, "max_tokens": 64,
             "treespec": method}));
-        let (s, body) = post(&app, body).await;
+        let (s, body) = common::post_chat(&app, body).await;
         assert_eq!(s, StatusCode::OK, "{method}: {body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["choices"][0]["finish_reason"], "stop", "{body}");
@@ -124,14 +103,16 @@ async fn json_object_and_bad_schemas() {
     // A schema llguidance cannot compile: 400 from the worker, naming response_format.
     let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}});
     for stream in [false, true] {
-        let (s, body) = post(&app, person_request(json!({"response_format": bad, "stream": stream}))).await;
+        let (s, body) =
+            common::post_chat(&app, person_request(json!({"response_format": bad, "stream": stream}))).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["error"]["param"], "response_format", "{body}");
         assert!(v["error"]["message"].as_str().unwrap().contains("invalid JSON schema"), "{body}");
     }
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}]);
-    let (s, body) = post(&app, person_request(json!({"tools": tools, "tool_choice": "required"}))).await;
+    let (s, body) =
+        common::post_chat(&app, person_request(json!({"tools": tools, "tool_choice": "required"}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("\"param\":\"tools\""), "{body}");
 }
@@ -158,7 +139,7 @@ async fn forced_tool_calls_whole_and_streamed() {
     let Some(app) = app() else { return };
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for choice in [json!("required"), named] {
-        let (s, body) = post(&app, weather_request(json!({"tool_choice": choice}))).await;
+        let (s, body) = common::post_chat(&app, weather_request(json!({"tool_choice": choice}))).await;
         assert_eq!(s, StatusCode::OK, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         let choice0 = &v["choices"][0];
@@ -180,9 +161,10 @@ async fn forced_tool_calls_whole_and_streamed() {
             assert_eq!(name, "get_weather");
         }
 
-        let (s, sse) = post(&app, weather_request(json!({"tool_choice": choice, "stream": true}))).await;
+        let (s, sse) =
+            common::post_chat(&app, weather_request(json!({"tool_choice": choice, "stream": true}))).await;
         assert_eq!(s, StatusCode::OK, "{sse}");
-        let chunks = sse_chunks(&sse);
+        let chunks = common::sse_chunks(&sse);
         let pieces: Vec<&Value> = chunks
             .iter()
             .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())

@@ -1,6 +1,14 @@
-//! Shared by the model tests: where SmolLM2-135M lives.
+//! Shared by the server tests: where SmolLM2-135M lives, and posting chat requests to a router.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
 
 /// `models/SmolLM2-135M-Instruct.Q4_1.gguf`, or None (skip) when it is missing and
 /// TREESPEC_SKIP_MODEL_TESTS=1; missing otherwise is a failure.
@@ -14,4 +22,23 @@ pub fn model_path() -> Option<PathBuf> {
         return None;
     }
     panic!("{} is missing: run scripts/fetch-models.sh (or set TREESPEC_SKIP_MODEL_TESTS=1)", p.display());
+}
+
+/// POST a chat request; the status and the body (JSON, or the raw SSE text).
+pub async fn post_chat(app: &Router, body: Value) -> (StatusCode, String) {
+    let req = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    let status = r.status();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The JSON chunks of an SSE body (without `[DONE]`, which must end it).
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    let data: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }

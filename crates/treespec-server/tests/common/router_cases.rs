@@ -1,4 +1,25 @@
-// Included by router.rs into one module per scheduler (`app_with` is the module's own).
+// Included by router.rs into one module per scheduler (`pool` is the module's own).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use treespec_server::{router, GenerationBackend, Metrics, ServerConfig, ToyConfig};
+
+fn app_with(
+    config: ToyConfig,
+    queue: usize,
+    server: ServerConfig,
+) -> (Router, Arc<dyn GenerationBackend>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let pool = pool(config, queue, metrics.clone());
+    (router(pool.clone(), metrics.clone(), server), pool, metrics)
+}
 
 fn app() -> Router {
     app_with(ToyConfig::default(), 8, ServerConfig { max_body_bytes: 4096, ..Default::default() }).0
