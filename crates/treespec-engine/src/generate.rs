@@ -35,6 +35,14 @@ pub struct GenerateRequest {
     pub stop: StopConditions,
 }
 
+impl GenerateRequest {
+    /// `max_new_tokens` tokens after `prompt` with `sampling` and `seed`, stopping at nothing
+    /// else (no end-of-generation tokens, no stop strings).
+    pub fn new(prompt: Vec<TokenId>, max_new_tokens: usize, sampling: SamplingParams, seed: u64) -> Self {
+        Self { prompt, max_new_tokens, sampling, seed, stop: StopConditions::default() }
+    }
+}
+
 /// The result of one generation.
 #[derive(Debug, Clone)]
 pub struct GenerateOutput {

@@ -6,13 +6,13 @@
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
 
-use common::{chi_square, FAMILY_ALPHA};
+use common::{gof_failure, FAMILY_ALPHA};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_engine::drafters::{ChainDrafter, SampleMode, TreeDrafter};
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
-use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter, StopConditions};
+use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter};
 
 const CTX: usize = 64;
 const VOCAB: usize = 5;
@@ -41,13 +41,7 @@ fn drafter(kind: Kind) -> Box<dyn Drafter> {
 }
 
 fn request(prompt: &[TokenId], len: usize, temperature: f32, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: len,
-        sampling: SamplingParams::with_temperature(temperature),
-        seed,
-        stop: StopConditions::default(),
-    }
+    GenerateRequest::new(prompt.to_vec(), len, SamplingParams::with_temperature(temperature), seed)
 }
 
 const PROBE_PROMPT: &[TokenId] = &[1, 3, 0, 2];
@@ -107,15 +101,7 @@ fn a_request_keeps_the_target_distribution_while_others_share_its_steps() {
         for tokens in batched_probes(*kind, 12_000, (k as u64) << 32) {
             counts[tokens.iter().fold(0usize, |acc, &t| acc * VOCAB + t as usize)] += 1;
         }
-        match chi_square(&counts, &probs) {
-            Ok(g) => {
-                eprintln!("{kind:?}: chi2 {:.1} df {} p {:.3e}", g.stat, g.df, g.p_value);
-                if g.p_value <= alpha {
-                    failures.push(format!("{kind:?}: p {:.3e}, worst {:?}", g.p_value, g.worst));
-                }
-            }
-            Err(e) => failures.push(format!("{kind:?}: {e}")),
-        }
+        failures.extend(gof_failure(&format!("{kind:?}"), &counts, &probs, alpha));
     }
     assert!(failures.is_empty(), "{failures:?}");
 }

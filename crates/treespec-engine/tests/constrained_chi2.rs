@@ -9,14 +9,13 @@
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
 
-use common::{chi_square, FAMILY_ALPHA};
+use common::{gof_failure, FAMILY_ALPHA};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::drafters::{ChainDrafter, TreeDrafter};
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
-    generate_constrained, DfaConstraint, Drafter, GenerateRequest, PlainDrafter, StopConditions,
-    TokenConstraint,
+    generate_constrained, DfaConstraint, Drafter, GenerateRequest, PlainDrafter, TokenConstraint,
 };
 
 const CTX: usize = 64;
@@ -80,13 +79,7 @@ fn drafter(kind: &str, draft: &ToyModel) -> Box<dyn Drafter> {
 }
 
 fn request(prompt: &[TokenId], len: usize, sampling: &SamplingParams, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: len,
-        sampling: sampling.clone(),
-        seed,
-        stop: StopConditions::default(),
-    }
+    GenerateRequest::new(prompt.to_vec(), len, sampling.clone(), seed)
 }
 
 fn run(target: &mut ToyLm, d: &mut dyn Drafter, req: &GenerateRequest) -> (Vec<TokenId>, u64) {
@@ -128,18 +121,8 @@ fn sampled_constrained_outputs_keep_the_masked_target_distribution() {
             forced_runs += tokens.contains(&2) as u64;
         }
         assert!(forced_runs > runs / 10, "{kind}: the forced stretch must be exercised");
-        match chi_square(&counts, &probs) {
-            Ok(g) => {
-                eprintln!(
-                    "{kind} T{t} top-k {top_k:?}: chi2 {:.1} df {} p {:.3e}, {forwards} forwards",
-                    g.stat, g.df, g.p_value
-                );
-                if g.p_value <= alpha {
-                    failures.push(format!("{kind} T{t}: p {:.3e}, worst {:?}", g.p_value, g.worst));
-                }
-            }
-            Err(e) => failures.push(format!("{kind}: {e}")),
-        }
+        let name = format!("{kind} T{t} top-k {top_k:?} ({forwards} forwards)");
+        failures.extend(gof_failure(&name, &counts, &probs, alpha));
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

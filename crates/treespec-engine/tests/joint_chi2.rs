@@ -20,9 +20,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 use treespec_engine::drafters::{ChainDrafter, SampleMode, TreeDrafter};
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
-use treespec_engine::{
-    generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, ProposeContext, StopConditions,
-};
+use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, ProposeContext};
 
 /// Context window of the toy models (never the limit here).
 const CTX: usize = 64;
@@ -238,13 +236,7 @@ fn penalties(t: f32, presence: f32, frequency: f32) -> SamplingParams {
 // Exact joint and the chi-square run.
 
 fn request(prompt: &[TokenId], len: usize, sampling: &SamplingParams, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: len,
-        sampling: sampling.clone(),
-        seed,
-        stop: StopConditions::default(),
-    }
+    GenerateRequest::new(prompt.to_vec(), len, sampling.clone(), seed)
 }
 
 fn run_once(target: &mut ToyLm, drafter: &mut dyn Drafter, req: &GenerateRequest) -> GenerateOutput {

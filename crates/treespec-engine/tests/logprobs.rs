@@ -8,20 +8,12 @@ use treespec_core::TokenId;
 use treespec_engine::drafters::ChainDrafter;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::CausalLm;
-use treespec_engine::{
-    Drafter, GenerateRequest, Generation, PlainDrafter, StopConditions, TokenLogprob, TreeBatch,
-};
+use treespec_engine::{Drafter, GenerateRequest, Generation, PlainDrafter, TokenLogprob, TreeBatch};
 
 fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Vec<TokenLogprob>) {
     let model = ToyModel::new(7, 2, 5);
     let mut target = ToyLm::new(model, 64);
-    let request = GenerateRequest {
-        prompt: vec![1, 4, 2],
-        max_new_tokens: 12,
-        sampling,
-        seed: 11,
-        stop: StopConditions::default(),
-    };
+    let request = GenerateRequest::new(vec![1, 4, 2], 12, sampling, 11);
     let mut g = Generation::new(request, 64, 7, None).unwrap().with_logprobs(3);
     target.prefill(g.prompt_head()).unwrap();
     g.begin(drafter, Default::default()).unwrap();

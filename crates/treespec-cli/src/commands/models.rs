@@ -9,7 +9,10 @@ use super::args::ModelArgs;
 
 /// Load the target (and draft) named by `args`, each file once.
 pub fn load_runtime(args: &ModelArgs) -> Result<ModelRuntime> {
-    ModelRuntime::load(ModelPaths::new(args.model.clone(), args.runtime.draft.clone()), args.runtime.load_options())
+    ModelRuntime::load(
+        ModelPaths::new(args.model.clone(), args.runtime.draft.clone()),
+        args.runtime.load_options(),
+    )
 }
 
 /// `spec` resolved on the loaded models; with `reprofile`, a method that needs the cost curves

@@ -93,3 +93,15 @@ pub fn binomial_p_value(successes: u64, n: u64, rate: f64) -> f64 {
     // Two-sided normal tail: 2·(1 − Φ(z)) = 1 − erf(z/√2) via the chi-square(1) survival.
     ChiSquared::new(1.0).expect("df 1").sf(z * z)
 }
+
+/// Chi-square test `observed` against `probs` at level `alpha`, printing the statistic under
+/// `name`; the failure to report, if any (a rejection or an impossible outcome).
+pub fn gof_failure(name: &str, observed: &[u64], probs: &[f64], alpha: f64) -> Option<String> {
+    match chi_square(observed, probs) {
+        Ok(g) => {
+            eprintln!("{name}: chi2 {:.1} df {} p {:.3e}", g.stat, g.df, g.p_value);
+            (g.p_value <= alpha).then(|| format!("{name}: p {:.3e}, worst {:?}", g.p_value, g.worst))
+        }
+        Err(e) => Some(format!("{name}: {e}")),
+    }
+}

@@ -201,26 +201,26 @@ pub fn cheap_costs() -> std::sync::Arc<SharedCosts> {
 /// trees stay batch-invariant outside exact mode on SmolLM2.
 pub fn speculative_methods() -> Vec<Method> {
     vec![
-    Method::Chain { k: 4 },
-    Method::Tree { widths: vec![2, 2, 1] },
-    Method::SpecInfer { expand: vec![2, 1, 1] },
-    Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
-    Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
-    Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
-    Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
-    Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
-    Method::Staged(StagedConfig::default()),
-    Method::Lookup { config: LookupConfig::default(), table: None },
-    Method::Disco(DiscoConfig::default()),
-    // Every node it finds, verified (the global history carries across the prompts). Trees
-    // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
-    // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
-    Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
-    Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
-    Method::Auto(AutoConfig {
-        costs: cheap_costs(),
-        suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
-        dyspec: DySpecConfig::default(),
-    }),
-]
+        Method::Chain { k: 4 },
+        Method::Tree { widths: vec![2, 2, 1] },
+        Method::SpecInfer { expand: vec![2, 1, 1] },
+        Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
+        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
+        Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
+        Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
+        Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
+        Method::Staged(StagedConfig::default()),
+        Method::Lookup { config: LookupConfig::default(), table: None },
+        Method::Disco(DiscoConfig::default()),
+        // Every node it finds, verified (the global history carries across the prompts). Trees
+        // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
+        // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
+        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
+        Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
+        Method::Auto(AutoConfig {
+            costs: cheap_costs(),
+            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
+            dyspec: DySpecConfig::default(),
+        }),
+    ]
 }
