@@ -237,17 +237,14 @@ pub struct ChoiceLogprobs {
 /// masked logits at temperature 1), with the most likely alternatives there.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct LogprobEntry {
-    /// The token's text (lossy UTF-8 of its bytes).
-    pub token: String,
-    /// Its natural log-probability.
-    pub logprob: f32,
-    /// Its bytes.
-    pub bytes: Vec<u8>,
+    /// The token.
+    #[serde(flatten)]
+    pub token: TopLogprob,
     /// The `top_logprobs` most likely tokens, best first.
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-/// One alternative token.
+/// A token and its log-probability.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TopLogprob {
     /// The token's text (lossy UTF-8 of its bytes).

@@ -378,17 +378,24 @@ impl ToyWorker {
     }
 }
 
-impl Worker for ToyWorker {
-    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
+impl ToyWorker {
+    /// A request's toy prompt: its rendering, byte by byte onto the vocabulary. Structured output
+    /// is refused: the toys have no vocabulary to compile a grammar against.
+    pub fn prompt(config: &ToyConfig, spec: &JobSpec) -> Result<Vec<TokenId>, ApiError> {
         if spec.output.grammar().is_some() {
             return Err(ApiError::invalid(
                 spec.output.param(),
                 "structured output needs a model vocabulary and the toy backend has none",
-            )
-            .into());
+            ));
         }
-        let vocab = self.config.vocab.min(26) as u32;
-        let prompt: Vec<TokenId> = Self::render(spec).bytes().map(|b| b as u32 % vocab).collect();
+        let vocab = config.vocab.min(26) as u32;
+        Ok(Self::render(spec).bytes().map(|b| b as u32 % vocab).collect())
+    }
+}
+
+impl Worker for ToyWorker {
+    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
+        let prompt = Self::prompt(&self.config, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
         let mut drafter =
             method.build(Some(&mut self.draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;

@@ -267,18 +267,32 @@ fn render_methods(s: &mut String, m: &Inner) {
 /// Histograms: time to first token and latency (all requests), per-request acceptance and rows
 /// per forward (by method).
 fn render_histograms(s: &mut String, m: &Inner) {
-    let name = "treespec_time_to_first_token_seconds";
-    head(s, name, "histogram", "Seconds from a generation request's arrival to its first generated text.");
-    m.ttft.render(s, name, "");
-    let name = "treespec_request_duration_seconds";
-    head(s, name, "histogram", "Seconds from a generation request's arrival to its end (finished ones).");
-    m.latency.render(s, name, "");
-    let name = "treespec_batch_size";
-    head(s, name, "histogram", "Per batched step: requests that decoded a step in its forward.");
-    m.batch_lanes.render(s, name, "");
-    let name = "treespec_batch_rows";
-    head(s, name, "histogram", "Per batched step: rows in its forward (prompt chunks and draft trees).");
-    m.batch_rows.render(s, name, "");
+    let whole: [(&str, &str, &Histogram); 4] = [
+        (
+            "treespec_time_to_first_token_seconds",
+            "Seconds from a generation request's arrival to its first generated text.",
+            &m.ttft,
+        ),
+        (
+            "treespec_request_duration_seconds",
+            "Seconds from a generation request's arrival to its end (finished ones).",
+            &m.latency,
+        ),
+        (
+            "treespec_batch_size",
+            "Per batched step: requests that decoded a step in its forward.",
+            &m.batch_lanes,
+        ),
+        (
+            "treespec_batch_rows",
+            "Per batched step: rows in its forward (prompt chunks and draft trees).",
+            &m.batch_rows,
+        ),
+    ];
+    for (name, help, h) in whole {
+        head(s, name, "histogram", help);
+        h.render(s, name, "");
+    }
     head(s, "treespec_batch_steps_total", "counter", "Batched steps (one forward each).");
     let _ = writeln!(s, "treespec_batch_steps_total {}", m.batch_steps);
     head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");

@@ -379,20 +379,15 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
 
 /// The wire form of a step's log-probabilities.
 fn logprob_entries(logprobs: &[TokenLogprob], bytes: &dyn TokenBytes) -> Vec<LogprobEntry> {
-    let top = |t: TokenId, logprob: f32| {
+    let token = |t: TokenId, logprob: f32| {
         let b = bytes.token_bytes(t);
         TopLogprob { token: String::from_utf8_lossy(&b).into_owned(), logprob, bytes: b }
     };
     logprobs
         .iter()
-        .map(|l| {
-            let TopLogprob { token, logprob, bytes } = top(l.token, l.logprob);
-            LogprobEntry {
-                token,
-                logprob,
-                bytes,
-                top_logprobs: l.top.iter().map(|&(t, p)| top(t, p)).collect(),
-            }
+        .map(|l| LogprobEntry {
+            token: token(l.token, l.logprob),
+            top_logprobs: l.top.iter().map(|&(t, p)| token(t, p)).collect(),
         })
         .collect()
 }

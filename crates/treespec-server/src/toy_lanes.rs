@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use treespec_core::TokenId;
 use treespec_engine::batched::BatchedLm;
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
 use treespec_engine::TokenBytes;
@@ -41,14 +40,7 @@ impl LaneModels<'static> for ToyLanes {
     }
 
     fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'static>, ApiError> {
-        if spec.output.grammar().is_some() {
-            return Err(ApiError::invalid(
-                spec.output.param(),
-                "structured output needs a model vocabulary and the toy backend has none",
-            ));
-        }
-        let vocab = self.config.vocab.min(26) as u32;
-        let prompt: Vec<TokenId> = ToyWorker::render(spec).bytes().map(|b| b as u32 % vocab).collect();
+        let prompt = ToyWorker::prompt(&self.config, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
         let draft = ToyLm::new(self.draft.clone(), self.config.context);
         let drafter = method.build(Some(draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
