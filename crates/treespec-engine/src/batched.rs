@@ -175,7 +175,7 @@ impl Default for StepLimits {
 }
 
 /// What one step cost.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepReport {
     /// Rows in the forward (prompt chunks and tree nodes).
     pub rows: usize,
@@ -183,8 +183,6 @@ pub struct StepReport {
     pub decoding: usize,
     /// Prompt tokens prefilled.
     pub prefilled: usize,
-    /// The forward's time.
-    pub forward_ms: f64,
 }
 
 /// One continuous-batching step over `lanes`: prompt chunks, then every decoding lane's tree
@@ -303,7 +301,6 @@ pub fn step(
         }
     };
     let time = t.elapsed();
-    let forward_ms = time.as_secs_f64() * 1e3;
     for &(i, n) in &chunks {
         lanes[i].prefilled += n;
         lanes[i].prefill_time += time;
@@ -319,7 +316,7 @@ pub fn step(
             lane.drafter.as_mut(),
             lane.constraint.as_deref_mut(),
             &own,
-            (rows, forward_ms),
+            rows,
             time,
             bytes,
         );
@@ -333,7 +330,7 @@ pub fn step(
             results[*i] = LaneStep::Failed(EngineError::Backend(format!("settling the step: {e}")));
         }
     }
-    let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows, forward_ms };
+    let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows };
     (results, report)
 }
 

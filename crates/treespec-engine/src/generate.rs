@@ -88,16 +88,9 @@ pub fn generate_constrained(
     {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
-        let time = t.elapsed();
         let rows = logits.rows();
-        let step = generation.complete(
-            drafter,
-            constraint.as_deref_mut(),
-            &logits,
-            (rows, time.as_secs_f64() * 1e3),
-            time,
-            bytes,
-        )?;
+        let step =
+            generation.complete(drafter, constraint.as_deref_mut(), &logits, rows, t.elapsed(), bytes)?;
         target.commit(&step.path)?;
         if !on_tokens(&step.emitted) {
             generation.cancel(drafter);

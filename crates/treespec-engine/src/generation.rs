@@ -27,7 +27,9 @@ use crate::stop::{FinishReason, StopConditions, StopScanner, TokenBytes};
 /// The state of one generation between steps.
 #[derive(Debug)]
 pub struct Generation {
-    request: GenerateRequest,
+    /// Seeds the drafter's stream (the verifier's is `verify_rng`).
+    seed: u64,
+    stop: StopConditions,
     sampler: Sampler,
     context: usize,
     vocab: usize,
@@ -35,7 +37,9 @@ pub struct Generation {
     start: Instant,
     stats: DecodeStats,
     verify_rng: StreamRng,
+    /// The prompt, then every token emitted.
     history: Vec<TokenId>,
+    prompt_len: usize,
     out: Vec<TokenId>,
     scanner: StopScanner,
     finish: Option<FinishReason>,
@@ -87,23 +91,26 @@ impl Generation {
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<Self> {
         validate(context, vocab, &request, bytes)?;
-        let sampler = Sampler::new(request.sampling.clone())?;
-        let max_new = request.max_new_tokens.min(context - request.prompt.len() + 1);
+        let GenerateRequest { prompt: history, max_new_tokens, sampling, seed, stop } = request;
+        let sampler = Sampler::new(sampling)?;
+        let max_new = max_new_tokens.min(context - history.len() + 1);
         Ok(Self {
+            seed,
+            stop,
             sampler,
             context,
             vocab,
             max_new,
             start: Instant::now(),
             stats: DecodeStats::default(),
-            verify_rng: StreamRng::new(request.seed, Stream::Verify),
-            history: request.prompt.clone(),
+            verify_rng: StreamRng::new(seed, Stream::Verify),
+            prompt_len: history.len(),
+            history,
             out: Vec::new(),
             scanner: StopScanner::default(),
             finish: None,
             proposed: None,
             logprobs: None,
-            request,
         })
     }
 
@@ -118,19 +125,14 @@ impl Generation {
     /// What the target must hold before the first step: the prompt without its last token (the
     /// first tree's root).
     pub fn prompt_head(&self) -> &[TokenId] {
-        &self.request.prompt[..self.request.prompt.len() - 1]
-    }
-
-    /// The request.
-    pub fn request(&self) -> &GenerateRequest {
-        &self.request
+        &self.history[..self.prompt_len - 1]
     }
 
     /// The prompt is in the target (it took `prefill` of its time): start the drafter.
     pub fn begin(&mut self, drafter: &mut dyn Drafter, prefill: Duration) -> Result<()> {
         self.stats.times.prefill += prefill;
         let t = Instant::now();
-        drafter.begin(&self.request.prompt, &self.sampler, self.request.seed)?;
+        drafter.begin(&self.history[..self.prompt_len], &self.sampler, self.seed)?;
         self.stats.times.prefill += t.elapsed();
         Ok(())
     }
@@ -177,30 +179,25 @@ impl Generation {
         Ok(Some(&self.proposed.insert(Proposed { tree, forced: forced.len() }).tree))
     }
 
-    /// The tree proposed this step, if any.
-    pub fn proposed(&self) -> Option<&TokenTree> {
-        self.proposed.as_ref().map(|p| &p.tree)
-    }
-
     /// Finish the step on the target's `logits` for the proposed tree (one row per node, in
-    /// node order). `forward_rows`/`forward_ms`: the whole forward that scored it (other
-    /// requests' rows included when batched), which cost-aware drafters learn the cost curve
-    /// from; `target_ms` is this request's share of the time, for its statistics.
+    /// node order). `forward_rows` and `forward_time` describe the whole forward that scored it
+    /// (other requests' rows included when batched): cost-aware drafters learn the cost curve
+    /// from them, and the request waited that long.
     pub fn complete(
         &mut self,
         drafter: &mut dyn Drafter,
         mut constraint: Option<&mut (dyn TokenConstraint + '_)>,
         logits: &Logits<'_>,
-        forward: (usize, f64),
-        target_time: Duration,
+        forward_rows: usize,
+        forward_time: Duration,
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<StepOutcome> {
         let Proposed { tree, forced } = self
             .proposed
             .take()
             .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
-        self.stats.times.target += target_time;
-        drafter.observe_cost(forward.0, forward.1);
+        self.stats.times.target += forward_time;
+        drafter.observe_cost(forward_rows, forward_time.as_secs_f64() * 1e3);
         if logits.rows() != tree.len() || logits.vocab() != self.vocab {
             return Err(EngineError::State(format!(
                 "target returned {} rows of {} logits for a tree of {} nodes",
@@ -227,13 +224,12 @@ impl Generation {
         self.stats.times.verify += t.elapsed();
 
         let t = Instant::now();
-        learn(drafter, constraint, &tree, &outcome, forced > 0, &self.request.stop.eos)?;
+        learn(drafter, constraint, &tree, &outcome, forced > 0, &self.stop.eos)?;
         self.history.extend_from_slice(&outcome.tokens);
         // Token bytes are only looked at for stop strings.
-        let bytes = bytes.filter(|_| !self.request.stop.stop_strings.is_empty());
+        let bytes = bytes.filter(|_| !self.stop.stop_strings.is_empty());
         let room = self.max_new - self.out.len();
-        let (emitted, reason) =
-            emitted_tokens(&outcome.tokens, &self.request.stop, bytes, &mut self.scanner, room);
+        let (emitted, reason) = emitted_tokens(&outcome.tokens, &self.stop, bytes, &mut self.scanner, room);
         self.out.extend_from_slice(&emitted);
         if reason != FinishReason::Length || self.out.len() >= self.max_new {
             self.finish = Some(reason);
@@ -247,7 +243,7 @@ impl Generation {
     /// End the generation: the drafter learns the text (prompt and emitted tokens).
     pub fn finish(mut self, drafter: &mut dyn Drafter) -> GenerateOutput {
         // The history may hold tokens past a stop (the rest of the last step).
-        self.history.truncate(self.request.prompt.len() + self.out.len());
+        self.history.truncate(self.prompt_len + self.out.len());
         drafter.finish(&self.history);
         let mut stats = self.stats;
         stats.new_tokens = self.out.len() as u64;

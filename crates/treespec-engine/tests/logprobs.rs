@@ -21,7 +21,7 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
     while let Some(tree) = g.propose(drafter, None, target.committed_len(), 0, usize::MAX).unwrap() {
         let batch = TreeBatch::from_tree(tree, 0);
         let logits = target.forward(&batch).unwrap().into_owned();
-        let step = g.complete(drafter, None, &logits, (batch.len(), 1.0), Default::default(), None).unwrap();
+        let step = g.complete(drafter, None, &logits, batch.len(), Default::default(), None).unwrap();
         target.commit(&step.path).unwrap();
         assert_eq!(step.logprobs.len(), step.emitted.len());
         tokens.extend(step.emitted);

@@ -18,20 +18,17 @@
 //! the cache runs out of room or sequence ids, a compaction evicts the cached prefixes and
 //! rewrites every live lane contiguously. Both moves keep each lane's cells in position order.
 
-use std::sync::atomic::Ordering;
-
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::llama_batch::LlamaBatch;
 
 use treespec_core::TokenId;
 use treespec_engine::batched::{BatchRoom, BatchedLm, LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result};
 
 use crate::backend;
-use crate::kv::{PendingTree, Plan, Undo};
-use crate::lm::{backend_err, decode_into, lend_rows};
-use crate::load::{LlamaModel, DECODED};
+use crate::kv::{PendingTree, Plan};
+use crate::lm::{backend_err, lend_rows, seq_rm, undo_plan, BatchBuf};
+use crate::load::LlamaModel;
 
 /// llama.cpp's limit on sequence ids in one context.
 const SEQ_IDS: usize = 256;
@@ -84,8 +81,7 @@ pub struct BatchCounters {
 pub struct LlamaBatchLm<'m> {
     model: &'m LlamaModel,
     ctx: LlamaContext<'m>,
-    batch: LlamaBatch<'static>,
-    batch_capacity: usize,
+    batch: BatchBuf,
     n_ctx: usize,
     n_vocab: usize,
     lanes: Vec<Option<LaneSeq>>,
@@ -133,8 +129,7 @@ impl LlamaModel {
         Ok(LlamaBatchLm {
             model: self,
             ctx,
-            batch: LlamaBatch::new(512, SEQ_IDS as i32),
-            batch_capacity: 512,
+            batch: BatchBuf::new(SEQ_IDS),
             n_ctx,
             n_vocab: self.vocab_size(),
             lanes: (0..lanes).map(|_| None).collect(),
@@ -157,16 +152,6 @@ fn common_prefix(a: &[TokenId], b: &[TokenId]) -> usize {
 }
 
 impl<'m> LlamaBatchLm<'m> {
-    /// The model this context runs.
-    pub fn model(&self) -> &'m LlamaModel {
-        self.model
-    }
-
-    /// Occupied KV cells (live lanes, cached prefixes).
-    pub fn used_cells(&self) -> usize {
-        self.used
-    }
-
     fn lane(&self, lane: LaneId) -> Result<&LaneSeq> {
         self.lanes
             .get(lane)
@@ -186,24 +171,8 @@ impl<'m> LlamaBatchLm<'m> {
         self.lanes.iter().flatten().map(|l| l.tokens.len()).sum()
     }
 
-    fn ensure_batch(&mut self, n: usize) {
-        if n > self.batch_capacity {
-            let cap = n.next_power_of_two().min(self.n_ctx.max(n));
-            self.batch = LlamaBatch::new(cap, SEQ_IDS as i32);
-            self.batch_capacity = cap;
-        }
-    }
-
     fn seq_rm(&mut self, seq: i32, from: Option<usize>, to: Option<usize>) -> Result<()> {
-        let ok = self
-            .ctx
-            .clear_kv_cache_seq(Some(seq as u32), from.map(|p| p as u32), to.map(|p| p as u32))
-            .map_err(|e| kv_err("KV cache removal failed", e))?;
-        if ok {
-            Ok(())
-        } else {
-            Err(EngineError::Backend(format!("llama.cpp refused to remove sequence {seq}")))
-        }
+        seq_rm(&mut self.ctx, seq, from, to)
     }
 
     fn seq_cp(&mut self, src: i32, dst: i32, from: Option<usize>, to: Option<usize>) -> Result<()> {
@@ -430,7 +399,6 @@ impl BatchedLm for LlamaBatchLm<'_> {
         let decoded = match fail.or(copy_err) {
             Some(e) => Err(e),
             None => {
-                self.ensure_batch(rows);
                 let lanes = &self.lanes;
                 let rows_iter =
                     work.iter().flat_map(|w| -> Box<dyn Iterator<Item = (TokenId, usize, &[i32], bool)>> {
@@ -457,21 +425,13 @@ impl BatchedLm for LlamaBatchLm<'_> {
                             }
                         }
                     });
-                DECODED.store(true, Ordering::SeqCst);
-                decode_into(&mut self.ctx, &mut self.batch, SEQ_IDS, rows_iter)
+                self.batch.decode(&mut self.ctx, self.n_ctx, rows, rows_iter)
             }
         };
         if let Err(e) = decoded {
             // Take every planned path and prefill row back out.
             for (lane, plan) in &plans {
-                for u in plan.undo.iter().rev() {
-                    let _ = match *u {
-                        Undo::DropSeq(s) => self.ctx.clear_kv_cache_seq(Some(s as u32), None, None),
-                        Undo::TrimSeq { seq, from } => {
-                            self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(from as u32), None)
-                        }
-                    };
-                }
+                undo_plan(&mut self.ctx, plan);
                 if let Ok(l) = self.lane_mut(*lane) {
                     if let Some((t, _)) = l.tree.take() {
                         let ids = t.ids().to_vec();

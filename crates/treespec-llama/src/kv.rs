@@ -67,7 +67,6 @@ pub(crate) struct PendingTree {
     ids: Vec<i32>,
     /// Unused path ids, largest first so `pop` hands out the smallest.
     free: Vec<i32>,
-    max_paths: usize,
 }
 
 impl PendingTree {
@@ -81,7 +80,7 @@ impl PendingTree {
     /// a batched context gets them from the context's pool for one step).
     pub fn with_ids(base: i32, mut ids: Vec<i32>) -> Self {
         ids.sort_unstable_by(|a, b| b.cmp(a));
-        let mut t = Self { nodes: Vec::new(), base, free: Vec::new(), max_paths: ids.len(), ids };
+        let mut t = Self { nodes: Vec::new(), base, free: Vec::new(), ids };
         t.clear();
         t
     }
@@ -104,7 +103,7 @@ impl PendingTree {
 
     /// Number of paths (leaves) in use.
     pub fn paths(&self) -> usize {
-        self.max_paths - self.free.len()
+        self.ids.len() - self.free.len()
     }
 
     fn alloc(&mut self, needed_paths: usize) -> Result<i32> {
@@ -112,7 +111,7 @@ impl PendingTree {
             EngineError::InvalidRequest(format!(
                 "the pending tree would have more than {} root-to-leaf paths (n_seq_max); load the \
                  model with a larger n_seq_max or feed a narrower tree (at least {needed_paths} needed)",
-                self.max_paths
+                self.ids.len()
             ))
         })
     }

@@ -38,9 +38,7 @@ use crate::memory::{check_fits, mem_available};
 pub struct LlamaLm<'m> {
     model: &'m LlamaModel,
     ctx: LlamaContext<'m>,
-    /// Reused between calls; grown on demand (its seq-id arrays cost `capacity × n_seq` ints).
-    batch: LlamaBatch<'static>,
-    batch_capacity: usize,
+    batch: BatchBuf,
     /// llama.cpp sequence ids: the committed prefix, the paths, and a scratch id for commits.
     n_seq: usize,
     n_ctx: usize,
@@ -93,8 +91,7 @@ impl LlamaModel {
         Ok(LlamaLm {
             model: self,
             ctx,
-            batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32),
-            batch_capacity: INITIAL_BATCH,
+            batch: BatchBuf::new(n_seq),
             n_seq,
             n_ctx,
             n_vocab,
@@ -178,14 +175,6 @@ impl<'m> LlamaLm<'m> {
         self.n_seq as i32 - 1
     }
 
-    fn ensure_batch(&mut self, n: usize) {
-        if n > self.batch_capacity {
-            let cap = n.next_power_of_two().min(self.n_ctx.max(n));
-            self.batch = LlamaBatch::new(cap, self.n_seq as i32);
-            self.batch_capacity = cap;
-        }
-    }
-
     fn check_tokens(&self, tokens: &[TokenId]) -> Result<()> {
         match tokens.iter().position(|&t| t as usize >= self.n_vocab) {
             Some(i) => Err(EngineError::State(format!(
@@ -204,37 +193,11 @@ impl<'m> LlamaLm<'m> {
         lend_rows(&self.ctx, self.n_vocab, wanted)
     }
 
-    fn seq_rm(&mut self, seq: i32, from: usize) -> Result<()> {
-        let ok = self
-            .ctx
-            .clear_kv_cache_seq(Some(seq as u32), Some(from as u32), None)
-            .map_err(|e| EngineError::Backend(format!("KV cache removal failed: {e}")))?;
-        if ok {
-            Ok(())
-        } else {
-            Err(EngineError::Backend(format!(
-                "llama.cpp refused to remove positions {from}.. of sequence {seq}"
-            )))
-        }
-    }
-
     /// Drop every pending cell: only cells of the committed sequence survive.
     fn drop_pending(&mut self) {
         if self.tree.len() > 0 {
             self.ctx.llama_kv_cache_seq_keep(BASE_SEQ);
             self.tree.clear();
-        }
-    }
-
-    fn undo(&mut self, plan: &Plan) {
-        for u in plan.undo.iter().rev() {
-            // Best effort: the decode error is what gets reported.
-            let _ = match *u {
-                Undo::DropSeq(s) => self.ctx.clear_kv_cache_seq(Some(s as u32), None, None),
-                Undo::TrimSeq { seq, from } => {
-                    self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(from as u32), None)
-                }
-            };
         }
     }
 }
@@ -265,24 +228,77 @@ pub(crate) fn lend_rows<'c>(ctx: &'c LlamaContext<'_>, n_vocab: usize, wanted: &
     Logits::new(n_vocab, data)
 }
 
-/// Fill `batch` with `rows` and run one `llama_decode` (a free function so that the rows can
-/// borrow the pending tree while the context and batch are borrowed mutably).
-pub(crate) fn decode_into<'r>(
-    ctx: &mut LlamaContext<'_>,
-    batch: &mut LlamaBatch<'static>,
+/// A llama.cpp batch reused between decodes, grown on demand (its seq-id arrays cost
+/// `capacity × n_seq` ints).
+pub(crate) struct BatchBuf {
+    batch: LlamaBatch<'static>,
+    capacity: usize,
     n_seq: usize,
-    rows: impl Iterator<Item = (TokenId, usize, &'r [i32], bool)>,
-) -> Result<()> {
-    batch.clear();
-    for (token, pos, seqs, logits) in rows {
-        debug_assert!(seqs.len() <= n_seq);
-        batch
-            .add(LlamaToken(token as i32), pos as i32, seqs, logits)
-            .map_err(|e| EngineError::Backend(format!("cannot fill llama.cpp batch: {e}")))?;
+}
+
+impl BatchBuf {
+    /// A batch for rows of up to `n_seq` sequence ids each.
+    pub(crate) fn new(n_seq: usize) -> Self {
+        Self { batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32), capacity: INITIAL_BATCH, n_seq }
     }
-    DECODED.store(true, Ordering::SeqCst);
-    backend::clear_captured();
-    ctx.decode(batch).map_err(|e| backend_err("llama_decode failed", e))
+
+    /// Fill the batch with the `n` `rows` (token, position, sequence ids, logits wanted) and run
+    /// one `llama_decode` on `ctx` (of `n_ctx` cells: the batch grows to that at most, unless
+    /// more rows are given).
+    pub(crate) fn decode<'r>(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        n_ctx: usize,
+        n: usize,
+        rows: impl Iterator<Item = (TokenId, usize, &'r [i32], bool)>,
+    ) -> Result<()> {
+        if n > self.capacity {
+            let cap = n.next_power_of_two().min(n_ctx.max(n));
+            self.batch = LlamaBatch::new(cap, self.n_seq as i32);
+            self.capacity = cap;
+        }
+        self.batch.clear();
+        for (token, pos, seqs, logits) in rows {
+            debug_assert!(seqs.len() <= self.n_seq);
+            self.batch
+                .add(LlamaToken(token as i32), pos as i32, seqs, logits)
+                .map_err(|e| EngineError::Backend(format!("cannot fill llama.cpp batch: {e}")))?;
+        }
+        DECODED.store(true, Ordering::SeqCst);
+        backend::clear_captured();
+        ctx.decode(&mut self.batch).map_err(|e| backend_err("llama_decode failed", e))
+    }
+}
+
+/// Remove sequence `seq` from the cells at positions `from..to` (None: from the start, to the
+/// end).
+pub(crate) fn seq_rm(
+    ctx: &mut LlamaContext<'_>,
+    seq: i32,
+    from: Option<usize>,
+    to: Option<usize>,
+) -> Result<()> {
+    let ok = ctx
+        .clear_kv_cache_seq(Some(seq as u32), from.map(|p| p as u32), to.map(|p| p as u32))
+        .map_err(|e| EngineError::Backend(format!("KV cache removal failed: {e}")))?;
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::Backend(format!(
+            "llama.cpp refused to remove positions {from:?}..{to:?} of sequence {seq}"
+        )))
+    }
+}
+
+/// Take a failed batch's planned paths back out of the cache (best effort: the decode error is
+/// what gets reported).
+pub(crate) fn undo_plan(ctx: &mut LlamaContext<'_>, plan: &Plan) {
+    for u in plan.undo.iter().rev() {
+        let _ = match *u {
+            Undo::DropSeq(s) => seq_rm(ctx, s, None, None),
+            Undo::TrimSeq { seq, from } => seq_rm(ctx, seq, Some(from), None),
+        };
+    }
 }
 
 impl CausalLm for LlamaLm<'_> {
@@ -321,9 +337,8 @@ impl CausalLm for LlamaLm<'_> {
         self.check_tokens(tokens)?;
         let committed = self.committed;
         let rows = tokens.iter().enumerate().map(|(i, &t)| (t, committed + i, &[BASE_SEQ][..], false));
-        self.ensure_batch(tokens.len());
-        if let Err(e) = decode_into(&mut self.ctx, &mut self.batch, self.n_seq, rows) {
-            let _ = self.seq_rm(BASE_SEQ, self.committed);
+        if let Err(e) = self.batch.decode(&mut self.ctx, self.n_ctx, tokens.len(), rows) {
+            let _ = seq_rm(&mut self.ctx, BASE_SEQ, Some(self.committed), None);
             return Err(e);
         }
         self.committed += tokens.len();
@@ -351,19 +366,18 @@ impl CausalLm for LlamaLm<'_> {
         let plan = self.tree.extend(batch, self.committed)?;
         for c in &plan.copies {
             if let Err(e) = self.ctx.copy_kv_cache_seq(c.src, c.dst, None, Some(c.end as u32)) {
-                self.undo(&plan);
+                undo_plan(&mut self.ctx, &plan);
                 self.tree.rollback(base, &plan);
                 return Err(EngineError::Backend(format!("KV cache copy failed: {e}")));
             }
         }
-        self.ensure_batch(batch.len());
         let (committed, tree) = (self.committed, &self.tree);
         let rows = (0..batch.len()).map(|i| {
             let (depth, seqs) = tree.row(base + i);
             (batch.tokens[i], committed + depth, seqs, batch.logits[i])
         });
-        if let Err(e) = decode_into(&mut self.ctx, &mut self.batch, self.n_seq, rows) {
-            self.undo(&plan);
+        if let Err(e) = self.batch.decode(&mut self.ctx, self.n_ctx, batch.len(), rows) {
+            undo_plan(&mut self.ctx, &plan);
             self.tree.rollback(base, &plan);
             return Err(e);
         }
@@ -413,7 +427,7 @@ impl CausalLm for LlamaLm<'_> {
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.drop_pending();
         if len < self.committed {
-            self.seq_rm(BASE_SEQ, len)?;
+            seq_rm(&mut self.ctx, BASE_SEQ, Some(len), None)?;
             self.committed = len;
         }
         Ok(())

@@ -15,8 +15,6 @@ pub struct ToyBatchLm {
     model: ToyModel,
     context: usize,
     lanes: Vec<Option<ToyLm>>,
-    /// Forwards run so far (one per step that had rows).
-    pub forwards: usize,
     /// The most rows one forward held.
     pub widest: usize,
 }
@@ -24,7 +22,7 @@ pub struct ToyBatchLm {
 impl ToyBatchLm {
     /// `lanes` lanes over `model`, each with a context of `context` positions.
     pub fn new(model: ToyModel, context: usize, lanes: usize) -> Self {
-        Self { model, context, lanes: vec![None; lanes.max(1)], forwards: 0, widest: 0 }
+        Self { model, context, lanes: vec![None; lanes.max(1)], widest: 0 }
     }
 
     fn lane(&mut self, lane: LaneId) -> Result<&mut ToyLm> {
@@ -85,7 +83,6 @@ impl BatchedLm for ToyBatchLm {
                 }
             }
         }
-        self.forwards += 1;
         self.widest = self.widest.max(rows);
         Ok(Logits::new(vocab, data))
     }
