@@ -310,11 +310,12 @@ def report(results_path, md_path):
     out.append("")
     out.append("Throughput = completion tokens of all ok requests / (last done − first sent). TTFT = sent → first "
                "non-empty content delta. Ratios: treespec-batch throughput ÷ the other server's, same model and "
-               "clients.")
+               "clients (treespec-plain: the batch scheduler decoding plain; treespec-request: each request "
+               "sizing its own drafts).")
     out.append("")
     out.append("| model | clients | server | throughput tok/s | TTFT p50 / p99 s | latency p50 / p99 s | ok / failed "
-               "| batch ÷ fifo | batch ÷ llama-server | load1 start → end |")
-    out.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+               "| batch ÷ fifo | batch ÷ llama-server | batch ÷ plain | load1 start → end |")
+    out.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models:
         for n in sorted({r["clients"] for r in rows if r.get("model", "") == model}):
             here = {r["name"]: r for r in rows if r.get("model", "") == model and r["clients"] == n}
@@ -324,16 +325,16 @@ def report(results_path, md_path):
                 if not r:
                     continue
                 tp = r.get("throughput_tok_s")
-                ratios = ["", ""]
+                ratios = ["", "", ""]
                 if name == "treespec-batch":
-                    for i, other in enumerate(("treespec-fifo", "llama-server")):
+                    for i, other in enumerate(("treespec-fifo", "llama-server", "treespec-plain")):
                         o = (here.get(other) or {}).get("throughput_tok_s")
                         ratios[i] = f"{b / o:.2f}×" if b and o else "–"
                 load = f"{fmt((r.get('machine', {}).get('loadavg') or [None])[0])} → {fmt((r.get('loadavg_end') or [None])[0])}"
                 out.append(
                     f"| {model} | {n} | {name} | {fmt(tp, 1)} | {fmt(r.get('ttft_p50_s'))} / {fmt(r.get('ttft_p99_s'))} "
                     f"| {fmt(r.get('latency_p50_s'))} / {fmt(r.get('latency_p99_s'))} | {r.get('ok', 0)} / {r.get('failed', 0)} "
-                    f"| {ratios[0]} | {ratios[1]} | {load} |")
+                    f"| {ratios[0]} | {ratios[1]} | {ratios[2]} | {load} |")
     failures = [r for r in rows if r.get("failed")]
     if failures:
         out += ["", "Failures:", ""]

@@ -18,6 +18,9 @@
 #   treespec-fifo   treespec serve -m T [-md D] --method $METHOD -t 2 --scheduler fifo -c CTX --queue 64
 #                   (one request at a time; the same draft as the batch server so the two differ only
 #                   in scheduling)
+#   treespec-plain  as treespec-batch with --method plain and no draft (optional, for SERVERS)
+#   treespec-request as treespec-batch with --batch-budget request (optional: each request sizes its
+#                   own drafts instead of one budget for the whole batch)
 #   llama-server    llama-server -m T -np N -c N*CTX --kv-unified -t 2 -tb 2 -ngl 0 --no-webui --metrics
 # Why these llama-server flags (llama.cpp from scripts/peer-bench.sh build, same ggml CPU flags as
 # treespec's build): -np N slots decoded together by its continuous batching (on by default);
@@ -129,6 +132,18 @@ for model in $MODELS; do
                 treespec-batch)
                     cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
                     cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
+                    ;;
+                treespec-plain)
+                    # The batch scheduler decoding plain: the baseline a speculative METHOD must beat.
+                    cmd="$TREESPEC_BIN serve -m $target --method plain -t $THREADS --port {port}"
+                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
+                    ;;
+                treespec-request)
+                    # The batch scheduler with each request sizing its own drafts (--batch-budget
+                    # request) instead of one budget for the whole batch: the lever's ablation.
+                    cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
+                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 --batch-budget request"
+                    cmd+=" ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-fifo)
                     cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"

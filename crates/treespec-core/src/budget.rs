@@ -47,9 +47,11 @@ impl<'a> Economics<'a> {
     /// What this request's root and `n` drafted nodes add to the forward, in ms (`T(n + 1)`
     /// alone).
     pub fn ms(&self, n: usize) -> f64 {
-        let b = self.batch_rows;
-        let base = if b == 0 { 0.0 } else { self.target.ms(b) };
-        self.target.ms(b + n + 1) - base
+        match self.batch_rows {
+            0 => self.target.ms(n + 1),
+            // In a batch the curve is read as non-decreasing: a dip must not make rows free.
+            b => self.target.ms_envelope(b + n + 1) - self.target.ms_envelope(b),
+        }
     }
 
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
@@ -124,6 +126,29 @@ pub fn chain_bound(
         out.push((k, tokens, ms, tokens / ms));
     }
     out
+}
+
+/// One budget for a whole batch: how many of the batch's cuttable draft nodes to verify.
+///
+/// The forward already holds `fixed_rows` rows (prompt chunks, every request's root, trees that
+/// may not be cut) which will emit `tokens` tokens; `values` are the expected acceptances of
+/// every cuttable node of every request, merged into one non-increasing order. The cut is the
+/// prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`, on the curve
+/// read as non-decreasing: a node of any request competes with every other request's next
+/// token, so the more rows a batch already holds, the fewer drafts pay, down to none.
+pub fn batch_cut(target: &CostCurve, fixed_rows: usize, tokens: f64, values: &[f64]) -> usize {
+    let mut peak = (1..=fixed_rows).map(|n| target.ms(n)).fold(0.0, f64::max);
+    let mut best = (0, if peak > 0.0 { tokens / peak } else { 0.0 });
+    let mut sum = tokens;
+    for (i, v) in values.iter().enumerate() {
+        sum += v;
+        peak = peak.max(target.ms(fixed_rows + i + 1));
+        let rate = sum / peak;
+        if rate > best.1 {
+            best = (i + 1, rate);
+        }
+    }
+    best.0
 }
 
 fn merge_sorted(a: &[f64], b: &[f64]) -> Vec<f64> {
@@ -207,6 +232,35 @@ mod tests {
         assert_eq!((b[1].1, b[1].2), (1.5, 45.0));
         assert_eq!((b[2].1, b[2].2), (1.75, 60.0));
         assert!((b[2].3 - 1.75 / 60.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_batch_cut_keeps_what_pays_on_the_merged_forward_and_nothing_once_rows_are_dear() {
+        // 1 row 30 ms, 2..=4 rows 40 ms, then 25 ms a row; a dip at 6 (kernel change).
+        let c = CostCurve::from_points(&[(1, 30.0), (2, 40.0), (4, 40.0), (5, 65.0), (6, 60.0), (8, 110.0)])
+            .unwrap();
+        // Alone: 3 good nodes ride the flat part of the curve, the weak 4th does not pay.
+        assert_eq!(batch_cut(&c, 1, 1.0, &[0.9, 0.8, 0.7, 0.1]), 3);
+        // Four requests' roots already fill the flat part: 0.9 more tokens for 25 ms is less than
+        // the batch's 4 tokens / 40 ms, so nothing is drafted.
+        assert_eq!(batch_cut(&c, 4, 4.0, &[0.9, 0.8]), 0);
+        // A row on the dip (T(6) = 60 < T(5) = 65) is free at best: read raw, it would make the
+        // forward faster, and a node worth nothing would be verified.
+        assert_eq!(batch_cut(&c, 5, 5.0, &[0.0]), 0);
+        // No candidates, or no rows at all: nothing to cut.
+        assert_eq!(batch_cut(&c, 3, 3.0, &[]), 0);
+        assert_eq!(batch_cut(&c, 0, 0.0, &[]), 0);
+        // Two requests: a near-certain copy pays up to the end of the flat part, not past it.
+        assert_eq!(batch_cut(&c, 2, 2.0, &[1.0; 4]), 2);
+    }
+
+    #[test]
+    fn batched_economics_read_the_curve_as_non_decreasing() {
+        let c = CostCurve::from_points(&[(1, 30.0), (4, 60.0), (5, 90.0), (6, 80.0)]).unwrap();
+        let e = Economics::in_batch(&c, 0.0, 4);
+        // T(6) dips below T(5): two rows on top of 4 cost what the envelope says, 30 ms.
+        assert!((e.ms(1) - 30.0).abs() < 1e-9);
+        assert!(e.ms(1) >= e.ms(0));
     }
 
     #[test]

@@ -79,6 +79,15 @@ impl CostCurve {
         self.ms[last - 1] + slope.max(0.0) * (n - last) as f64
     }
 
+    /// The most any batch of at most `n` tokens costs: T read as non-decreasing. A measured
+    /// curve can dip (T(16) below T(14) where the kernels change), and a price read off a dip
+    /// would make rows look free or even negative; a batch budget prices rows on this envelope.
+    pub fn ms_envelope(&self, n: usize) -> f64 {
+        let measured = n.min(self.ms.len());
+        let peak = self.ms[..measured].iter().copied().fold(0.0, f64::max);
+        peak.max(self.ms(n))
+    }
+
     /// Fold one timed forward of `n` tokens into the estimate (exponentially weighted). Sizes
     /// beyond the measured range are ignored: one observation is not a curve.
     pub fn observe(&mut self, n: usize, ms: f64) {

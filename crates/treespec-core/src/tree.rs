@@ -160,6 +160,30 @@ impl TokenTree {
         (0..self.nodes.len()).filter(|&i| self.children[i].is_empty()).collect()
     }
 
+    /// Keep only the first `len` nodes in arena order (at least the root). Parents come before
+    /// children, so any arena prefix is a tree and keeps every node id; a batch budget cuts a
+    /// value-ordered proposal this way without renumbering what its drafter recorded per node.
+    /// Exact only for deterministic candidates (see [`retain`](Self::retain)); a tree holding
+    /// sampled nodes is refused unless nothing is cut.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        let len = len.max(1);
+        if len >= self.nodes.len() {
+            return Ok(());
+        }
+        if let Some(id) = self.nodes.iter().position(|n| !matches!(n.draw, Draw::Deterministic)) {
+            return Err(Error::BadDraftNode {
+                node: id,
+                reason: "a tree with sampled nodes cannot be pruned after drafting".into(),
+            });
+        }
+        self.nodes.truncate(len);
+        self.children.truncate(len);
+        for c in &mut self.children {
+            c.retain(|&k| k < len);
+        }
+        Ok(())
+    }
+
     /// The subtree made of the root and the drafted nodes in `keep` (any order; the root is always
     /// kept), in arena order, plus the old → new id map. Every kept node's parent must be kept.
     ///
@@ -225,6 +249,28 @@ impl TokenTree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncate_keeps_an_arena_prefix_with_its_ids_and_refuses_sampled_trees() {
+        let mut t = TokenTree::new(9);
+        let a = t.add(ROOT, 1, Draw::Deterministic, 1.0).unwrap();
+        let b = t.add(ROOT, 2, Draw::Deterministic, 1.0).unwrap();
+        let c = t.add(a, 3, Draw::Deterministic, 1.0).unwrap();
+        t.truncate(3).unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.children(ROOT), &[a, b]);
+        assert!(t.children(a).is_empty(), "node {c} is gone from its parent's children");
+        assert_eq!(t.leaves(), vec![a, b]);
+        t.truncate(0).unwrap();
+        assert_eq!(t.len(), 1, "the root always stays");
+
+        let q = Arc::new(Dist::from_weights(vec![0.5, 0.5]).unwrap());
+        let mut s = TokenTree::new(0);
+        s.add(ROOT, 1, Draw::Iid { q }, 0.5).unwrap();
+        assert!(s.truncate(1).is_err());
+        s.truncate(2).unwrap();
+        assert_eq!(s.len(), 2, "cutting nothing is fine");
+    }
 
     #[test]
     fn builds_paths_and_leaves() {

@@ -186,6 +186,11 @@ impl AutoBudget {
         Economics::in_batch(&self.costs.target, self.achieved_rate().unwrap_or(0.0), self.batch_rows)
     }
 
+    /// The target's cost curve as refined so far.
+    pub fn target(&self) -> &CostCurve {
+        &self.costs.target
+    }
+
     /// The next forward holds `rows` rows of other requests besides this one's (0 alone).
     pub fn set_batch_rows(&mut self, rows: usize) {
         self.batch_rows = rows;

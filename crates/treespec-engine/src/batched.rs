@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use treespec_core::budget::batch_cut;
 use treespec_core::TokenId;
 
 use crate::constraint::TokenConstraint;
@@ -166,11 +167,17 @@ pub struct StepLimits {
     pub prefill_chunk: usize,
     /// Most drafted nodes one lane's tree may hold.
     pub max_tree: usize,
+    /// One value-ordered budget over every request's cuttable draft nodes (the default): when
+    /// two or more requests decode in a step, their [`Cuttable`](crate::Cuttable) proposals are
+    /// cut together where the next node no longer pays on the merged forward
+    /// ([`batch_cut`](treespec_core::budget::batch_cut)). Off, each request prices its own
+    /// tree on the rows proposed before it.
+    pub batch_budget: bool,
 }
 
 impl Default for StepLimits {
     fn default() -> Self {
-        Self { prefill_chunk: 256, max_tree: 64 }
+        Self { prefill_chunk: 256, max_tree: 64, batch_budget: true }
     }
 }
 
@@ -230,7 +237,7 @@ pub fn step(
     }
 
     // 2. Trees, each proposed knowing the rows already in the forward.
-    let mut trees: Vec<(usize, TreeBatch)> = Vec::new();
+    let mut proposed: Vec<usize> = Vec::new();
     for (i, lane) in lanes.iter_mut().enumerate() {
         if !lane.begun || !matches!(results[i], LaneStep::Waiting) || lane.generation.is_done() {
             continue;
@@ -243,19 +250,19 @@ pub fn step(
         let committed = lm.committed_len(lane.lane);
         // The tree may use the rows and paths left, and at most `max_tree` drafted nodes.
         let cap = (free_rows - 1).min(free_paths - 1).min(limits.max_tree);
-        let proposed = lane.generation.propose(
+        let tree = lane.generation.propose(
             lane.drafter.as_mut(),
             lane.constraint.as_deref_mut(),
             committed,
             rows,
             cap,
+            limits.batch_budget,
         );
-        match proposed {
+        match tree {
             Ok(Some(tree)) => {
-                let batch = TreeBatch::from_tree(tree, 0);
-                rows += batch.len();
-                paths += batch.len();
-                trees.push((i, batch));
+                rows += tree.len();
+                paths += tree.len();
+                proposed.push(i);
             }
             Ok(None) => {
                 // Finished without a step (grammar complete, or nothing left to emit).
@@ -269,6 +276,13 @@ pub fn step(
             Err(e) => results[i] = LaneStep::Failed(e),
         }
     }
+    if limits.batch_budget && proposed.len() > 1 {
+        rows -= cut_together(lanes, &proposed, rows);
+    }
+    let mut trees: Vec<(usize, TreeBatch)> = proposed
+        .iter()
+        .filter_map(|&i| lanes[i].generation.proposed().map(|t| (i, TreeBatch::from_tree(t, 0))))
+        .collect();
     // Single-row trees (plain steps) go first: every one of them is kept, so the rows a commit
     // drops sit above them (the backend then moves fewer kept rows).
     trees.sort_by_key(|(_, b)| b.len() > 1);
@@ -332,6 +346,44 @@ pub fn step(
     }
     let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows };
     (results, report)
+}
+
+/// The batch budget: every cuttable proposal of the step (`proposed` lanes) cut together by one
+/// value-ordered budget on the merged forward of `rows` rows; returns the rows dropped. Lanes
+/// whose trees may not be cut keep them whole; they count as rows already in the forward.
+fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usize {
+    let mut target = None;
+    let mut candidates: Vec<(f64, usize, usize)> = Vec::new(); // (value, lane, node)
+    let mut cuttable_nodes = 0;
+    for &i in proposed {
+        let lane = &lanes[i];
+        if let Some(c) = lane.generation.cuttable(lane.drafter.as_ref()) {
+            target.get_or_insert_with(|| c.target.clone());
+            candidates.extend(c.values.iter().enumerate().map(|(k, &v)| (v, i, k)));
+            cuttable_nodes += c.values.len();
+        }
+    }
+    let Some(target) = target else { return 0 };
+    // One order over every request's nodes: by value, then (ties) each lane's arena order, so
+    // the kept nodes of a lane are a prefix of its tree.
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
+    let values: Vec<f64> = candidates.iter().map(|c| c.0).collect();
+    let keep = batch_cut(&target, rows - cuttable_nodes, proposed.len() as f64, &values);
+    let mut kept = vec![0usize; lanes.len()];
+    for &(_, i, _) in &candidates[..keep] {
+        kept[i] += 1;
+    }
+    let mut dropped = 0;
+    for &i in proposed {
+        let lane = &mut lanes[i];
+        let Some(n) = lane.generation.cuttable(lane.drafter.as_ref()).map(|c| c.values.len()) else {
+            continue;
+        };
+        if kept[i] < n && lane.generation.cut(kept[i]).is_ok() {
+            dropped += n - kept[i];
+        }
+    }
+    dropped
 }
 
 /// A request for [`run_batched`]: what to generate, with its own drafter (and grammar).

@@ -2,6 +2,7 @@
 //! and vLLM's proposers use), so every method — model drafts, n-gram lookups, dynamic trees —
 //! plugs into the same loop.
 
+use treespec_core::cost::CostCurve;
 use treespec_core::sampling::Sampler;
 use treespec_core::tree::{NodeId, TokenTree};
 use treespec_core::verify::VerifyOutcome;
@@ -26,6 +27,9 @@ pub struct ProposeContext<'a> {
     /// cost-aware drafter prices its nodes at their marginal cost on top of these, so
     /// speculation shrinks as a batch fills the cheap part of the cost curve.
     pub batch_rows: usize,
+    /// True when a batch budget will cut [`Drafter::cuttable`] proposals across every request of
+    /// the forward: such a proposal is priced as if alone and the batch keeps what pays.
+    pub batch_cut: bool,
 }
 
 impl ProposeContext<'_> {
@@ -52,6 +56,16 @@ impl ProposeContext<'_> {
     }
 }
 
+/// A proposal a batch budget may cut to any arena prefix ([`Drafter::cuttable`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Cuttable<'a> {
+    /// Expected acceptance of each drafted node (the probability that its whole path is
+    /// accepted), for nodes 1.. in arena order, non-increasing.
+    pub values: &'a [f64],
+    /// The target cost curve the values were priced against.
+    pub target: &'a CostCurve,
+}
+
 /// A speculative drafting method.
 pub trait Drafter {
     /// Short method name (as on the command line).
@@ -71,6 +85,14 @@ pub trait Drafter {
     /// The time the target took to score the last proposed tree (`target_rows` rows, root
     /// included), reported before `observe`. Cost-aware drafters refine their cost curve with it.
     fn observe_cost(&mut self, _target_rows: usize, _target_ms: f64) {}
+
+    /// The last proposal as a batch budget may cut it, or `None` when it may not be cut (the
+    /// default; trees with sampled nodes never may: a sampled node's presence must not depend on
+    /// its own draw). `Some` promises that every arena prefix of the proposed tree is an equally
+    /// exact proposal, and that `observe` accepts the prefix the batch kept.
+    fn cuttable(&self) -> Option<Cuttable<'_>> {
+        None
+    }
 
     /// The generation is over: `text` is its prompt and every emitted token. Drafters that learn
     /// from finished text (the suffix drafter's global history) take it here.

@@ -83,9 +83,14 @@ pub fn generate_constrained(
     target.truncate(0)?;
     target.prefill(generation.prompt_head())?;
     generation.begin(drafter, t.elapsed())?;
-    while let Some(tree) =
-        generation.propose(drafter, constraint.as_deref_mut(), target.committed_len(), 0, usize::MAX)?
-    {
+    while let Some(tree) = generation.propose(
+        drafter,
+        constraint.as_deref_mut(),
+        target.committed_len(),
+        0,
+        usize::MAX,
+        false,
+    )? {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
         let rows = logits.rows();

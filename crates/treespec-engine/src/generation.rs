@@ -18,7 +18,7 @@ use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
 use crate::constraint::TokenConstraint;
-use crate::drafter::{Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::generate::{GenerateOutput, GenerateRequest};
 use crate::model::Logits;
@@ -155,6 +155,7 @@ impl Generation {
         committed: usize,
         batch_rows: usize,
         cap: usize,
+        batch_cut: bool,
     ) -> Result<Option<&TokenTree>> {
         if self.finish.is_some() {
             return Ok(None);
@@ -171,12 +172,36 @@ impl Generation {
             max_depth: (self.max_new - self.out.len() - 1).min(room),
             sampler: &self.sampler,
             batch_rows,
+            batch_cut,
         };
         let Some((tree, forced)) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
             self.finish = Some(FinishReason::Eos);
             return Ok(None);
         };
         Ok(Some(&self.proposed.insert(Proposed { tree, forced: forced.len() }).tree))
+    }
+
+    /// The proposed tree as a batch budget may cut it: the drafter's [`Cuttable`] values, when
+    /// it offers them for exactly this tree (never for a grammar's forced chain).
+    pub fn cuttable<'d>(&self, drafter: &'d dyn Drafter) -> Option<Cuttable<'d>> {
+        let proposed = self.proposed.as_ref().filter(|p| p.forced == 0)?;
+        drafter.cuttable().filter(|c| c.values.len() == proposed.tree.drafted())
+    }
+
+    /// Keep only the proposed tree's first `drafted` drafted nodes (a batch budget's cut of a
+    /// [`cuttable`](Self::cuttable) proposal).
+    pub fn cut(&mut self, drafted: usize) -> Result<()> {
+        let proposed = self
+            .proposed
+            .as_mut()
+            .ok_or_else(|| EngineError::State("cut() without a proposed tree".into()))?;
+        proposed.tree.truncate(drafted + 1)?;
+        Ok(())
+    }
+
+    /// The proposed tree (after any cut), waiting for its scores.
+    pub fn proposed(&self) -> Option<&TokenTree> {
+        self.proposed.as_ref().map(|p| &p.tree)
     }
 
     /// Finish the step on the target's `logits` for the proposed tree (one row per node, in

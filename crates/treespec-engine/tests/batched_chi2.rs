@@ -7,10 +7,16 @@
 mod common;
 
 use common::{gof_failure, FAMILY_ALPHA};
+use std::sync::Arc;
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
+
+use treespec_core::cost::CostCurve;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
-use treespec_engine::drafters::{ChainDrafter, SampleMode, TreeDrafter};
+use treespec_engine::drafters::{
+    ChainDrafter, SampleMode, SuffixConfig, SuffixDrafter, SuffixShared, TreeDrafter,
+};
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
 use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter};
 
@@ -24,15 +30,43 @@ enum Kind {
     Chain(usize),
     Tree(&'static [usize]),
     TreeIid(&'static [usize]),
+    /// Suffix drafts over a history every request of the run shares, cut by the batch budget.
+    Suffix,
+}
+
+/// What the suffix drafters of one run share: the global history and prices, and a target
+/// curve on which a lone request's drafts pay and a full batch's weak ones do not.
+struct SuffixEnv {
+    shared: Arc<SuffixShared>,
+    costs: Arc<SharedCosts>,
+}
+
+impl SuffixEnv {
+    fn new() -> Self {
+        let target = CostCurve::linear(1.0, 0.1, 64).unwrap();
+        let costs = CostModel { target, draft: None, refine: false };
+        Self { shared: SuffixShared::empty(), costs: SharedCosts::new(costs) }
+    }
+
+    fn drafter(&self) -> SuffixDrafter {
+        let config = SuffixConfig {
+            max_depth: 4,
+            costs: Some(self.costs.clone()),
+            shared: self.shared.clone(),
+            ..Default::default()
+        };
+        SuffixDrafter::new(config).unwrap()
+    }
 }
 
 fn target() -> ToyModel {
     ToyModel::new(VOCAB, 2, 31)
 }
 
-fn drafter(kind: Kind) -> Box<dyn Drafter> {
+fn drafter(kind: Kind, env: &SuffixEnv) -> Box<dyn Drafter> {
     let lm = ToyLm::new(target().draft(1.0, 77), CTX);
     match kind {
+        Kind::Suffix => Box::new(env.drafter()),
         Kind::Plain => Box::new(PlainDrafter),
         Kind::Chain(k) => Box::new(ChainDrafter::new(lm, k).unwrap()),
         Kind::Tree(w) => Box::new(TreeDrafter::new(lm, w.to_vec()).unwrap()),
@@ -50,7 +84,9 @@ const PROBE_PROMPT: &[TokenId] = &[1, 3, 0, 2];
 /// lengths and methods, decoded 4 lanes at a time with prompts prefilled 2 tokens per step.
 /// Returns the probes' outputs in order.
 fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
-    let noise_kinds = [Kind::Chain(2), Kind::Plain, Kind::Tree(&[2, 1]), Kind::TreeIid(&[2, 2])];
+    let noise_kinds =
+        [Kind::Chain(2), Kind::Plain, Kind::Tree(&[2, 1]), Kind::TreeIid(&[2, 2]), Kind::Suffix];
+    let env = SuffixEnv::new();
     let mut jobs = Vec::new();
     let mut is_probe = Vec::new();
     for p in 0..probes {
@@ -58,23 +94,23 @@ fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
             let prompt: Vec<TokenId> =
                 (0..(2 + (p + n) % 5)).map(|i| ((p + n + i) % VOCAB as u64) as TokenId).collect();
             let len = 1 + ((p * 7 + n) % 6) as usize;
-            let kind = noise_kinds[((p + n) % 4) as usize];
+            let kind = noise_kinds[((p + n) % 5) as usize];
             jobs.push(BatchJob {
                 request: request(&prompt, len, 0.8, !p ^ n),
-                drafter: drafter(kind),
+                drafter: drafter(kind, &env),
                 constraint: None,
             });
             is_probe.push(false);
         }
         jobs.push(BatchJob {
             request: request(PROBE_PROMPT, LEN, 1.0, seed0 + p),
-            drafter: drafter(kind),
+            drafter: drafter(kind, &env),
             constraint: None,
         });
         is_probe.push(true);
     }
     let mut lm = ToyBatchLm::new(target(), CTX, 4);
-    let limits = StepLimits { prefill_chunk: 2, max_tree: 16 };
+    let limits = StepLimits { prefill_chunk: 2, max_tree: 16, ..StepLimits::default() };
     let outputs = run_batched(&mut lm, jobs, 4, limits, None);
     assert!(lm.widest > 4, "requests shared forwards (widest forward: {} rows)", lm.widest);
     outputs
@@ -91,7 +127,7 @@ fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
 
 #[test]
 fn a_request_keeps_the_target_distribution_while_others_share_its_steps() {
-    let kinds = [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2]), Kind::Plain];
+    let kinds = [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2]), Kind::Plain, Kind::Suffix];
     let sampler = Sampler::new(SamplingParams::with_temperature(1.0)).unwrap();
     let probs = target().exact_joint(&sampler, PROBE_PROMPT, LEN).unwrap();
     let alpha = FAMILY_ALPHA / kinds.len() as f64;
@@ -112,10 +148,51 @@ fn a_request_emits_what_it_emits_alone_with_the_same_seed() {
         let batched = batched_probes(kind, 40, 9_000);
         for (p, tokens) in batched.iter().enumerate() {
             let mut target = ToyLm::new(target(), CTX);
-            let mut d = drafter(kind);
+            let mut d = drafter(kind, &SuffixEnv::new());
             let req = request(PROBE_PROMPT, LEN, 1.0, 9_000 + p as u64);
             let alone = generate(&mut target, d.as_mut(), &req, None, &mut |_| true).unwrap();
             assert_eq!(&alone.tokens, tokens, "{kind:?} probe {p}");
         }
     }
+}
+
+/// Greedy suffix requests that copy their prompts, `lanes` at a time: each one's tokens and the
+/// drafted nodes verified in all.
+fn copying_requests(lanes: usize, batch_budget: bool) -> (Vec<Vec<TokenId>>, u64) {
+    let env = SuffixEnv::new();
+    let jobs: Vec<BatchJob<'_>> = (0..12u32)
+        .map(|j| {
+            // A period-3 pattern the toy target tends to continue, repeated: long matches.
+            let prompt: Vec<TokenId> = (0..24).map(|i| ((i % 3 + j) % VOCAB as u32) as TokenId).collect();
+            BatchJob {
+                request: request(&prompt, 12, 0.0, j as u64),
+                drafter: drafter(Kind::Suffix, &env),
+                constraint: None,
+            }
+        })
+        .collect();
+    let mut lm = ToyBatchLm::new(target(), CTX, lanes);
+    let limits = StepLimits { batch_budget, ..StepLimits::default() };
+    let outputs: Vec<_> =
+        run_batched(&mut lm, jobs, lanes, limits, None).into_iter().map(|o| o.unwrap()).collect();
+    let drafted = outputs.iter().map(|o| o.stats.drafted).sum();
+    (outputs.into_iter().map(|o| o.tokens).collect(), drafted)
+}
+
+#[test]
+fn the_batch_budget_cuts_what_does_not_pay_together_and_changes_no_token() {
+    let (alone_on, drafted_alone_on) = copying_requests(1, true);
+    let (alone_off, drafted_alone_off) = copying_requests(1, false);
+    // One request at a time: exactly the per-request budget.
+    assert_eq!(alone_on, alone_off);
+    assert_eq!(drafted_alone_on, drafted_alone_off);
+    let (batched_on, drafted_on) = copying_requests(6, true);
+    let (batched_off, drafted_off) = copying_requests(6, false);
+    assert_eq!(batched_on, alone_on, "greedy output is the same batched or not");
+    assert_eq!(batched_off, alone_on);
+    assert!(drafted_alone_on > 0, "the requests draft at all");
+    assert!(
+        drafted_on < drafted_off,
+        "six requests in one forward verify fewer drafts under one budget ({drafted_on} vs {drafted_off})"
+    );
 }

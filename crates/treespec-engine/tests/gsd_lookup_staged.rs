@@ -220,8 +220,14 @@ fn lookup_falls_back_to_the_static_table() {
     );
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     let history = [0, 5];
-    let ctx =
-        ProposeContext { history: &history, max_nodes: 100, max_depth: 10, sampler: &sampler, batch_rows: 0 };
+    let ctx = ProposeContext {
+        history: &history,
+        max_nodes: 100,
+        max_depth: 10,
+        sampler: &sampler,
+        batch_rows: 0,
+        batch_cut: false,
+    };
     let mut bare = LookupDrafter::new(LookupConfig::default()).unwrap();
     let mut backed = LookupDrafter::with_table(LookupConfig::default(), table).unwrap();
     bare.begin(&history, &sampler, 0).unwrap();

@@ -18,7 +18,7 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
     target.prefill(g.prompt_head()).unwrap();
     g.begin(drafter, Default::default()).unwrap();
     let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-    while let Some(tree) = g.propose(drafter, None, target.committed_len(), 0, usize::MAX).unwrap() {
+    while let Some(tree) = g.propose(drafter, None, target.committed_len(), 0, usize::MAX, false).unwrap() {
         let batch = TreeBatch::from_tree(tree, 0);
         let logits = target.forward(&batch).unwrap().into_owned();
         let step = g.complete(drafter, None, &logits, batch.len(), Default::default(), None).unwrap();

@@ -21,6 +21,16 @@ pub enum SchedulerKind {
     Fifo,
 }
 
+/// Who sizes the free (suffix) drafts of a batched step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchBudget {
+    /// One value-ordered budget over every request's draft nodes, cut where the next node no
+    /// longer pays on the merged forward.
+    Batch,
+    /// Each request prices its own tree on the rows proposed before it.
+    Request,
+}
+
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -48,6 +58,10 @@ pub struct ServeArgs {
     /// stall the requests already decoding).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// Batch scheduler: who sizes the suffix drafts (`suffix`, `auto`) of a step: one budget
+    /// for the whole batch, or each request on its own.
+    #[arg(long = "batch-budget", value_enum, default_value_t = BatchBudget::Batch)]
+    pub batch_budget: BatchBudget,
     /// FIFO scheduler: generations run at once (each worker thread has its own model contexts).
     #[arg(long = "max-concurrent", default_value_t = 1)]
     pub max_concurrent: usize,
@@ -78,7 +92,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             if args.parallel == 0 || args.prefill_chunk == 0 {
                 anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
             }
-            let limits = StepLimits { prefill_chunk: args.prefill_chunk, ..StepLimits::default() };
+            let limits = StepLimits {
+                prefill_chunk: args.prefill_chunk,
+                batch_budget: args.batch_budget == BatchBudget::Batch,
+                ..StepLimits::default()
+            };
             let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };
             let ctx = runtime_ctx;
             Arc::new(BatchPool::llama(config, scheduler, ctx, metrics.clone())?)

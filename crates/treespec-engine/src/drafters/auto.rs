@@ -19,7 +19,7 @@ use treespec_core::TokenId;
 
 use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter};
 use crate::auto_budget::SharedCosts;
-use crate::drafter::{Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
 use crate::model::CausalLm;
@@ -120,6 +120,15 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         }
         self.counts[self.choice as usize] += 1;
         Ok(best.0)
+    }
+
+    /// A suffix proposal may be cut by a batch budget; a model tree may not (its nodes are
+    /// sampled under sampling, and its drafter maps node ids to draft-model rows).
+    fn cuttable(&self) -> Option<Cuttable<'_>> {
+        match self.choice {
+            Choice::Suffix => self.suffix.cuttable(),
+            Choice::Plain | Choice::Model => None,
+        }
     }
 
     fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {

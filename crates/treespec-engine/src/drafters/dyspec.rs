@@ -432,7 +432,14 @@ mod tests {
         nodes: usize,
         depth: usize,
     ) -> ProposeContext<'a> {
-        ProposeContext { history, max_nodes: nodes, max_depth: depth, sampler, batch_rows: 0 }
+        ProposeContext {
+            history,
+            max_nodes: nodes,
+            max_depth: depth,
+            sampler,
+            batch_rows: 0,
+            batch_cut: false,
+        }
     }
 
     /// Sibling without-replacement draws must share one `q` and never repeat a token, and values

@@ -238,6 +238,7 @@ mod tests {
             max_depth: 8,
             sampler: &sampler,
             batch_rows: 0,
+            batch_cut: false,
         };
         let tree = d.propose(&ctx).unwrap();
         let mut paths: Vec<Vec<TokenId>> = tree.leaves().into_iter().map(|l| tree.path_tokens(l)).collect();

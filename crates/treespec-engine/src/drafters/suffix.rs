@@ -30,7 +30,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use crate::auto_budget::{AutoBudget, SharedCosts};
-use crate::drafter::{Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, SuffixCounts};
 
@@ -180,6 +180,9 @@ pub struct SuffixDrafter {
     prompt_key: u64,
     /// Features of each node of the tree last proposed (index = node id), empty if discarded.
     features: Vec<NodeFeatures>,
+    /// Pessimistic path value of each drafted node of the tree last proposed (node 1.., in
+    /// arena order = value order), for a batch budget.
+    values: Vec<f64>,
     last_gain: f64,
     stats: SuffixStats,
 }
@@ -195,6 +198,7 @@ impl SuffixDrafter {
             budget,
             prompt_key: 0,
             features: Vec::new(),
+            values: Vec::new(),
             last_gain: 0.0,
             stats: SuffixStats::default(),
         })
@@ -214,18 +218,19 @@ impl SuffixDrafter {
     /// The last proposal was not verified (another drafter's was): learn nothing from this step.
     pub fn discard_proposal(&mut self) {
         self.features.clear();
+        self.values.clear();
     }
 
     /// The nodes of `tree` in value order and how many of them to verify (at most `room`), with the
-    /// expected gain: every node priced pessimistically, or on an exploration step (`explore`)
-    /// little-tried cells optimistically.
+    /// expected gain and every node's path value: every node priced pessimistically, or on an
+    /// exploration step (`explore`) little-tried cells optimistically.
     fn select(
         &self,
         tree: &TokenTree,
         features: &[NodeFeatures],
         room: usize,
         explore: bool,
-    ) -> (Vec<usize>, usize, f64) {
+    ) -> (Vec<usize>, usize, f64, Vec<f64>) {
         let pricing = self.config.shared.pricing();
         let z = self.config.pessimism;
         let mut value = vec![1.0; tree.len()];
@@ -241,7 +246,7 @@ impl SuffixDrafter {
             Some(b) => b.economics().best_prefix(&values),
             None => (values.iter().take_while(|&&v| v >= self.config.min_value).count(), 0.0),
         };
-        (order, keep, gain)
+        (order, keep, gain, value)
     }
 
     /// The merged continuation trie for `history` as a token tree, with each node's features.
@@ -292,9 +297,11 @@ impl Drafter for SuffixDrafter {
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         self.stats.steps += 1;
         if let Some(b) = self.budget.as_mut() {
-            b.set_batch_rows(ctx.batch_rows);
+            // Cut by the batch's budget afterwards, the proposal is priced as if alone.
+            b.set_batch_rows(if ctx.batch_cut { 0 } else { ctx.batch_rows });
         }
         self.features.clear();
+        self.values.clear();
         self.last_gain = 0.0;
         let depth = self.config.max_depth.min(ctx.max_depth);
         let room = self.config.max_nodes.min(ctx.max_nodes);
@@ -306,24 +313,37 @@ impl Drafter for SuffixDrafter {
         let explore = self.config.explore_every > 0
             && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
         self.stats.explore_steps += explore as u64;
-        let (mut order, mut keep, gain) = self.select(&tree, &features, room, false);
+        let (mut order, mut keep, gain, value) = self.select(&tree, &features, room, false);
         if explore {
             // Little-tried cells at their optimistic price, a few nodes past the cautious choice.
-            let (o, k, _) = self.select(&tree, &features, room, true);
+            let (o, k, _, _) = self.select(&tree, &features, room, true);
             (order, keep) = (o, k.min(keep + EXPLORE_EXTRA));
         }
-        let (cut, map) = tree.retain(&order[..keep])?;
-        let mut kept = vec![features[ROOT]; cut.len()];
-        for (old, new) in map.iter().enumerate() {
-            if let Some(new) = *new {
-                kept[new] = features[old];
-            }
+        // The kept nodes in value order (parents come first in it), so that every arena prefix is
+        // the best tree of its size: a batch budget may cut the proposal by truncating it.
+        let mut cut = TokenTree::new(tree.node(ROOT).token);
+        let mut new_id = vec![None; tree.len()];
+        new_id[ROOT] = Some(ROOT);
+        self.features.push(features[ROOT]);
+        for &n in &order[..keep] {
+            let node = tree.node(n);
+            let parent = node
+                .parent
+                .and_then(|p| new_id[p])
+                .ok_or_else(|| EngineError::State(format!("suffix: node {n} ordered before its parent")))?;
+            new_id[n] = Some(cut.add(parent, node.token, Draw::Deterministic, 0.0)?);
+            self.features.push(features[n]);
+            // Pessimistic values, non-increasing even where exploration reordered the nodes.
+            let floor = self.values.last().copied().unwrap_or(1.0);
+            self.values.push(value[n].min(floor));
         }
-        self.features = kept;
         self.last_gain = gain.max(0.0);
-        self.stats.drafting_steps += (cut.drafted() > 0) as u64;
-        self.stats.verified += cut.drafted() as u64;
         Ok(cut)
+    }
+
+    fn cuttable(&self) -> Option<Cuttable<'_>> {
+        let target = self.budget.as_ref()?.target();
+        (!self.values.is_empty()).then_some(Cuttable { values: &self.values, target })
     }
 
     fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
@@ -336,9 +356,12 @@ impl Drafter for SuffixDrafter {
         if let Some(b) = self.budget.as_mut() {
             b.observe(tree, outcome);
         }
-        if self.features.len() != tree.len() {
+        // The tree verified is the proposal or, cut by a batch budget, an arena prefix of it.
+        if self.features.is_empty() || tree.len() > self.features.len() {
             return Ok(());
         }
+        self.stats.drafting_steps += (tree.drafted() > 0) as u64;
+        self.stats.verified += tree.drafted() as u64;
         let mut accepted = vec![false; tree.len()];
         accepted[ROOT] = true;
         for &n in &outcome.accepted {
@@ -352,6 +375,7 @@ impl Drafter for SuffixDrafter {
             }
         }
         self.features.clear();
+        self.values.clear();
         Ok(())
     }
 
@@ -398,7 +422,7 @@ mod tests {
     }
 
     fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
-        ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0 }
+        ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0, batch_cut: false }
     }
 
     #[test]
