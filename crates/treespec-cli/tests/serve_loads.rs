@@ -72,3 +72,74 @@ fn serve_loads_each_model_file_once() {
     assert!(log.contains("treespec serve: 2 model file(s) loaded"), "{log}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// One chat request over a plain TCP connection (HTTP/1.1, `Connection: close`); the response.
+fn chat(addr: &str, content: &str) -> String {
+    use std::io::{Read, Write};
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 16,
+        "temperature": 0
+    })
+    .to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
+    let Some(model) = model() else { return };
+    let dir = scratch("serve-history");
+    let history = dir.join("history.bin");
+    let (m, h) = (model.to_str().unwrap(), history.to_str().unwrap());
+    let args = ["serve", "-m", m, "--method", "suffix", "--suffix-history", h, "--port", "0", "-t", "1"];
+    let mut child =
+        command(&args).args(["--ctx", "1024"]).env("TREESPEC_CACHE_DIR", dir.join("cache")).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let addr = lines
+        .by_ref()
+        .find_map(|l| l.split("listening on http://").nth(1).map(str::to_owned))
+        .expect("the server listens");
+    let answer = chat(&addr, "Repeat after me: the quick brown fox jumps over the lazy dog.");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // SIGTERM, as a service manager stops it: a clean exit that saves what requests added.
+    let killed =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = lines.collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("saved the suffix history")), "{rest:?}");
+    assert!(std::fs::metadata(&history).unwrap().len() > 0);
+
+    // The CLI loads the server's history (a malformed or foreign file would be an error).
+    let run = treespec(
+        &[
+            "generate",
+            "-m",
+            m,
+            "--method",
+            "suffix",
+            "--suffix-history",
+            h,
+            "-p",
+            "the quick brown",
+            "-n",
+            "4",
+        ],
+        LIMIT,
+    );
+    assert!(run.exited_cleanly() && run.code == Some(0), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

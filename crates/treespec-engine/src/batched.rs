@@ -236,12 +236,18 @@ pub fn step(
         }
     }
 
-    // 2. Trees, each proposed knowing the rows already in the forward.
+    // 2. Trees, each proposed knowing the rows already in the forward and the roots still to
+    // come: every decoding lane puts at least its root in, whatever the order.
+    let decodes = |i: usize, lane: &Lane<'_>, results: &[LaneStep]| {
+        lane.begun && matches!(results[i], LaneStep::Waiting) && !lane.generation.is_done()
+    };
+    let mut roots_to_come = lanes.iter().enumerate().filter(|(i, l)| decodes(*i, l, &results)).count();
     let mut proposed: Vec<usize> = Vec::new();
     for (i, lane) in lanes.iter_mut().enumerate() {
-        if !lane.begun || !matches!(results[i], LaneStep::Waiting) || lane.generation.is_done() {
+        if !decodes(i, lane, &results) {
             continue;
         }
+        roots_to_come -= 1;
         let free_rows = room.rows.saturating_sub(rows);
         let free_paths = room.paths.saturating_sub(paths);
         if free_rows == 0 || free_paths == 0 {
@@ -254,7 +260,7 @@ pub fn step(
             lane.drafter.as_mut(),
             lane.constraint.as_deref_mut(),
             committed,
-            rows,
+            rows + roots_to_come,
             cap,
             limits.batch_budget,
         );

@@ -25,6 +25,8 @@ struct MethodTotals {
     completion_tokens: u64,
     seconds: f64,
     target_forwards: u64,
+    /// Draft-model forwards (0 for model-free methods).
+    draft_forwards: u64,
     /// Target rows verified: drafted nodes plus one root row per forward.
     target_rows: u64,
     /// (reached, accepted) per depth.
@@ -44,6 +46,7 @@ impl Default for MethodTotals {
             completion_tokens: 0,
             seconds: 0.0,
             target_forwards: 0,
+            draft_forwards: 0,
             target_rows: 0,
             depth: Vec::new(),
             accepted_length: Histogram::new(histogram::ACCEPTED_LENGTH),
@@ -138,6 +141,7 @@ impl Metrics {
             t.completion_tokens += stats.new_tokens;
             t.seconds += stats.wall.as_secs_f64();
             t.target_forwards += stats.target_forwards;
+            t.draft_forwards += stats.draft_forwards;
             let rows = stats.drafted + stats.target_forwards;
             t.target_rows += rows;
             if stats.target_forwards > 0 {
@@ -207,7 +211,7 @@ fn render_requests(s: &mut String, m: &Inner, queue_depth: usize) {
 /// Per-method counters and gauges, and the acceptance rate per depth.
 fn render_methods(s: &mut String, m: &Inner) {
     type Field = fn(&MethodTotals) -> String;
-    let per_method: [(&str, &str, &str, Field); 10] = [
+    let per_method: [(&str, &str, &str, Field); 11] = [
         ("treespec_generations_total", "counter", "Finished generations by method.", |t| {
             t.generations.to_string()
         }),
@@ -226,6 +230,12 @@ fn render_methods(s: &mut String, m: &Inner) {
         ("treespec_target_forwards_total", "counter", "Target forwards (decode steps).", |t| {
             t.target_forwards.to_string()
         }),
+        (
+            "treespec_draft_forwards_total",
+            "counter",
+            "Draft-model forwards (0 for model-free drafts).",
+            |t| t.draft_forwards.to_string(),
+        ),
         (
             "treespec_target_rows_total",
             "counter",

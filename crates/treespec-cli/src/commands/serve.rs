@@ -76,11 +76,14 @@ pub struct ServeArgs {
     pub max_body: usize,
 }
 
-/// Run `serve` until Ctrl-C.
+/// Run `serve` until Ctrl-C or SIGTERM; then, with `--suffix-history`, save the global history
+/// every request added to, so that the next start (server or CLI) drafts from it.
 pub fn run(args: ServeArgs) -> Result<()> {
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
     let method = resolve(&runtime, &args.method.spec(), args.method.reprofile)?;
+    let history = args.method.knobs.suffix_history.clone().zip(method.suffix_shared().cloned());
+    let fingerprint = runtime.clone();
     let metrics = Arc::new(Metrics::default());
     let runtime_ctx = runtime.options().ctx_size;
     let config = LlamaConfig { runtime, method };
@@ -110,10 +113,35 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        treespec_server::serve(listener, app, shutdown).await?;
-        Ok(())
-    })
+        treespec_server::serve(listener, app, stop_signal()).await?;
+        anyhow::Ok(())
+    })?;
+    if let Some((path, shared)) = history {
+        let history = shared.history();
+        history
+            .save(&path, fingerprint.tokenizer_id()?)
+            .with_context(|| format!("saving the suffix history {}", path.display()))?;
+        eprintln!(
+            "treespec serve: saved the suffix history ({} tokens) to {}",
+            history.tokens(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what service managers and `kill` send).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -80,11 +80,14 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         "auto"
     }
 
+    /// The draft model gets the text only when a step first asks it to draft: its prompt
+    /// prefill (a large part of a request's first-token time, and in a batch a stall for every
+    /// other request) is not spent on requests whose steps never find that it can pay.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.counts = [0; 3];
         if let Some(m) = self.model.as_mut() {
-            m.begin(prompt, sampler, seed)?;
+            m.begin_deferred(seed);
         }
         Ok(())
     }
@@ -94,8 +97,12 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         let mut best = (suffix_tree, self.suffix.last_gain());
         self.choice = if best.0.drafted() > 0 { Choice::Suffix } else { Choice::Plain };
         self.steps += 1;
-        // A draft model that cannot pay even along its best chain stays idle, apart from a rare
+        // A draft model that cannot pay even along its best chain (in a batch: on the batch's
+        // rate, which its drafting time holds up for every request) stays idle, apart from a rare
         // step that lets its calibration see whether the text got easier.
+        if let Some(m) = self.model.as_mut() {
+            m.set_batch_rows(ctx.batch_rows);
+        }
         let model = self
             .model
             .as_mut()

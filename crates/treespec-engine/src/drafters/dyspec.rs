@@ -140,6 +140,10 @@ pub struct DySpecDrafter<M: CausalLm> {
     bar: f64,
     /// `--budget auto`: the estimated gain of the last proposed tree (0 for plain decoding).
     last_gain: f64,
+    /// Whether the draft model holds this generation's text. `auto` starts a generation without
+    /// it when earlier requests showed the model cannot pay ([`Self::begin_deferred`]): the
+    /// draft's prompt prefill is then spent only if the model is ever asked to draft.
+    synced: bool,
 }
 
 impl<M: CausalLm> DySpecDrafter<M> {
@@ -155,7 +159,29 @@ impl<M: CausalLm> DySpecDrafter<M> {
             auto,
             bar: 0.0,
             last_gain: 0.0,
+            synced: false,
         })
+    }
+
+    /// Start a generation like [`Drafter::begin`] but leave the draft model empty: it is filled
+    /// with the whole history on the first `propose` (or by [`Self::sync`]).
+    pub(crate) fn begin_deferred(&mut self, seed: u64) {
+        self.rng = StreamRng::new(seed, Stream::Draft);
+        self.stats = DySpecStats::default();
+        if let Some(a) = self.auto.as_mut() {
+            a.begin();
+        }
+        self.synced = false;
+    }
+
+    /// Fill the draft model with `history` (all but the last token, which is the next root) if a
+    /// deferred start left it empty.
+    pub(crate) fn sync(&mut self, history: &[TokenId]) -> Result<()> {
+        if !self.synced {
+            self.draft.begin(history)?;
+            self.synced = true;
+        }
+        Ok(())
     }
 
     /// The configuration.
@@ -175,12 +201,8 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
-        self.rng = StreamRng::new(seed, Stream::Draft);
-        self.stats = DySpecStats::default();
-        if let Some(a) = self.auto.as_mut() {
-            a.begin();
-        }
-        self.draft.begin(prompt)
+        self.begin_deferred(seed);
+        self.sync(prompt)
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
@@ -189,6 +211,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
             auto.set_batch_rows(ctx.batch_rows);
             return self.propose_auto(ctx);
         }
+        self.sync(ctx.history)?;
         let budget = self.config.budget.min(ctx.max_nodes);
         let depth = self.config.max_depth.min(ctx.max_depth);
         if budget == 0 || depth == 0 {
@@ -217,6 +240,9 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
         if let Some(a) = self.auto.as_mut() {
             a.observe(tree, outcome);
+        }
+        if !self.synced {
+            return Ok(()); // the whole history is fed when the model first drafts
         }
         self.draft.observe(tree, outcome)
     }

@@ -47,14 +47,25 @@ impl<M: CausalLm> DySpecDrafter<M> {
         }
         // 1. Draft at all?
         let econ = auto.economics();
-        let start_ms = auto.draft_cost(self.draft.unfed_len().max(1));
+        let start_rows = if self.synced { self.draft.unfed_len().max(1) } else { 1 };
+        let start_ms = auto.draft_cost(start_rows);
         let forwards: Vec<f64> =
             (0..depth).map(|d| if d == 0 { start_ms } else { auto.draft_cost(1) }).collect();
         let look = econ.lookahead_gain(&[], 1.0, auto.best_acceptance(1), &forwards, depth);
         let pays = look > self.bar;
         // A probe can only change the answer if drafting would pay at perfect acceptance.
         let could_pay = econ.lookahead_gain(&[], 1.0, 1.0, &forwards, depth) > self.bar;
-        let draft = pays || (could_pay && auto.probe_due());
+        // Probes only a model that already holds the text: on a deferred one a probe would cost
+        // the whole prompt's prefill (in a batch, a stall for every request) to learn one step.
+        let mut draft = pays || (could_pay && self.synced && auto.probe_due());
+        if draft && !self.synced {
+            // A deferred model must first be caught up: a prefill of the whole history, paid once
+            // and earned back over the steps left (at most one per two tokens still wanted).
+            let catch_up = auto.draft_cost(ctx.history.len());
+            let steps_left = (ctx.max_depth + 1) as f64 / 2.0;
+            draft = (look - self.bar) * steps_left > econ.rate * catch_up;
+        }
+        let pays = pays && draft;
         auto.note_drafting(pays, draft);
         self.last_gain = 0.0;
         if !draft {
@@ -62,6 +73,10 @@ impl<M: CausalLm> DySpecDrafter<M> {
             return Ok(root_only);
         }
 
+        if !self.synced {
+            self.draft.begin(ctx.history)?;
+            self.synced = true;
+        }
         let root_logits = self.draft.start_step()?;
         let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
         let mut cal = Calibrated { raw: vec![1.0], value: vec![1.0] };
@@ -104,6 +119,13 @@ impl<M: CausalLm> DySpecDrafter<M> {
 
     /// Whether any chain of this draft model's tokens could beat the rate to beat (see
     /// [`crate::auto_budget::AutoBudget::chain_can_pay`]); always yes without a cost model.
+    /// The next forward holds `rows` rows of other requests (see [`ProposeContext::batch_rows`]).
+    pub(crate) fn set_batch_rows(&mut self, rows: usize) {
+        if let Some(a) = self.auto.as_mut() {
+            a.set_batch_rows(rows);
+        }
+    }
+
     pub(crate) fn chain_can_pay(&self) -> bool {
         self.auto.as_ref().is_none_or(|a| a.chain_can_pay())
     }
