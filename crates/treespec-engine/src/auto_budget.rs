@@ -293,8 +293,11 @@ impl AutoBudget {
         for &n in &outcome.accepted {
             accepted[n] = true;
         }
-        if self.raw.len() == tree.len() {
-            for (id, node) in tree.nodes().iter().enumerate().skip(1) {
+        // The tree verified is the one the raw confidences were noted for or (auto's combined
+        // tree) that tree with other nodes appended: its nodes keep their ids, and under greedy
+        // decoding their acceptance does not depend on the nodes added after them.
+        if !self.raw.is_empty() && self.raw.len() <= tree.len() {
+            for (id, node) in tree.nodes().iter().enumerate().take(self.raw.len()).skip(1) {
                 let parent: NodeId = node.parent.unwrap_or(ROOT);
                 if accepted[parent] {
                     self.calib.record(node.depth, self.raw[id], accepted[id]);

@@ -36,9 +36,13 @@ pub struct AutoChoices {
     /// The suffix draft.
     #[serde(rename = "auto_suffix_steps")]
     pub suffix_steps: u64,
-    /// The draft model's tree.
+    /// The draft model's tree (alone or with suffix drafts grafted on).
     #[serde(rename = "auto_model_steps")]
     pub model_steps: u64,
+    /// Of the model steps, those that verified the model's tree with the suffix draft's nodes
+    /// grafted on (greedy decoding, when the extra rows paid).
+    #[serde(rename = "auto_combined_steps")]
+    pub combined_steps: u64,
 }
 
 /// What a cost-aware drafter decided.

@@ -150,6 +150,27 @@ fn drafts_where_verification_is_cheap_and_never_where_it_is_not() {
     assert!(out.stats.drafted > 0);
 }
 
+#[test]
+fn greedy_auto_grafts_suffix_drafts_onto_the_model_tree_and_stays_exact() {
+    let greedy = SamplingParams::greedy();
+    // A perfect draft model beside a prompt whose repetition the target does not follow: the
+    // model's tree wins, and the suffix draft's own guesses ride along while rows are cheap.
+    let target = ToyModel::new(16, 1, 7);
+    let draft = target.draft(0.0, 7);
+    let prompt: Vec<TokenId> = (0..40).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
+    let plain = run(&target, &mut PlainDrafter, &prompt, 64, &greedy, 0).tokens;
+    let mut both = auto(Some(&draft), cheap_verify());
+    let out = run(&target, &mut both, &prompt, 64, &greedy, 0);
+    assert_eq!(out.tokens, plain);
+    let choices = both.extra_stats().auto.unwrap();
+    assert!(choices.combined_steps > 0 && choices.combined_steps <= choices.model_steps, "{choices:?}");
+    // Where verification is as dear as decoding, nothing extra is grafted on.
+    let mut dear = auto(Some(&draft), linear_verify());
+    let out = run(&target, &mut dear, &prompt, 64, &greedy, 0);
+    assert_eq!(out.tokens, plain);
+    assert_eq!(dear.extra_stats().auto.unwrap().combined_steps, 0);
+}
+
 const RUNS: u64 = 20_000;
 
 #[test]

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use treespec_core::sampling::Sampler;
-use treespec_core::tree::TokenTree;
+use treespec_core::tree::{Draw, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
@@ -52,6 +52,7 @@ pub struct AutoDrafter<M: CausalLm> {
     model: Option<DySpecDrafter<M>>,
     choice: Choice,
     counts: [u64; 3],
+    combined: u64,
     steps: u64,
 }
 
@@ -71,7 +72,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             None => None,
         };
-        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3], steps: 0 })
+        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3], combined: 0, steps: 0 })
     }
 }
 
@@ -86,6 +87,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.counts = [0; 3];
+        self.combined = 0;
         if let Some(m) = self.model.as_mut() {
             m.begin_deferred(seed);
         }
@@ -118,8 +120,15 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
                 model_tree.drafted() > 0
             };
             if model_wins {
-                best = (model_tree, model_gain);
+                let suffix_tree = std::mem::replace(&mut best, (model_tree, model_gain)).0;
                 self.choice = Choice::Model;
+                // Greedy: the suffix draft's nodes grafted onto the model's tree, if they pay.
+                if ctx.sampler.is_greedy() {
+                    if let Some(combined) = graft(&best, &suffix_tree, &self.suffix)? {
+                        best = combined;
+                        self.combined += 1;
+                    }
+                }
                 self.suffix.discard_proposal();
             } else {
                 m.discard_proposal(model_tree.len());
@@ -166,6 +175,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             plain_steps: self.counts[Choice::Plain as usize],
             suffix_steps: self.counts[Choice::Suffix as usize],
             model_steps: self.counts[Choice::Model as usize],
+            combined_steps: self.combined,
         };
         ExtraStats {
             auto: Some(auto),
@@ -173,4 +183,42 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             ..self.suffix.extra_stats()
         }
     }
+}
+
+/// The model's greedy tree `model` (with its estimated gain) plus the suffix draft's nodes: each
+/// suffix node joins under its parent's image, merged with a model node of the same token. The
+/// model's nodes keep their ids (the draft model's bookkeeping and calibration rely on them);
+/// suffix-only nodes come after. Returns the combined tree and its gain when the added nodes'
+/// expected tokens (their suffix values, an upper bound where they are siblings of model nodes)
+/// pay for the rows they add, else `None`.
+fn graft(
+    model: &(TokenTree, f64),
+    suffix_tree: &TokenTree,
+    suffix: &SuffixDrafter,
+) -> Result<Option<(TokenTree, f64)>> {
+    let (Some(cut), Some(econ)) = (suffix.cuttable(), suffix.economics()) else { return Ok(None) };
+    if cut.values.len() != suffix_tree.drafted() {
+        return Ok(None);
+    }
+    let (model_tree, model_gain) = model;
+    let mut combined = model_tree.clone();
+    let mut image = vec![ROOT; suffix_tree.len()];
+    let mut added = 0.0;
+    for (id, node) in suffix_tree.nodes().iter().enumerate().skip(1) {
+        let parent = image[node.parent.unwrap_or(ROOT)];
+        let same = combined.children(parent).iter().copied().find(|&c| combined.node(c).token == node.token);
+        image[id] = match same {
+            Some(c) => c,
+            None => {
+                added += cut.values[id - 1];
+                combined.add(parent, node.token, Draw::Deterministic, cut.values[id - 1] as f32)?
+            }
+        };
+    }
+    if combined.len() == model_tree.len() {
+        return Ok(None);
+    }
+    let extra_ms = econ.ms(combined.drafted()) - econ.ms(model_tree.drafted());
+    let gain = model_gain + added - econ.rate * extra_ms;
+    Ok((gain > *model_gain).then_some((combined, gain)))
 }

@@ -215,6 +215,11 @@ impl SuffixDrafter {
         self.last_gain
     }
 
+    /// The economics the proposals are priced on (`None` without cost curves).
+    pub fn economics(&self) -> Option<treespec_core::budget::Economics<'_>> {
+        self.budget.as_ref().map(|b| b.economics())
+    }
+
     /// The last proposal was not verified (another drafter's was): learn nothing from this step.
     pub fn discard_proposal(&mut self) {
         self.features.clear();

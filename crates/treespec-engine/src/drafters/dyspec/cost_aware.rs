@@ -117,8 +117,6 @@ impl<M: CausalLm> DySpecDrafter<M> {
         Ok(tree)
     }
 
-    /// Whether any chain of this draft model's tokens could beat the rate to beat (see
-    /// [`crate::auto_budget::AutoBudget::chain_can_pay`]); always yes without a cost model.
     /// The next forward holds `rows` rows of other requests (see [`ProposeContext::batch_rows`]).
     pub(crate) fn set_batch_rows(&mut self, rows: usize) {
         if let Some(a) = self.auto.as_mut() {
@@ -126,6 +124,8 @@ impl<M: CausalLm> DySpecDrafter<M> {
         }
     }
 
+    /// Whether any chain of this draft model's tokens could beat the rate to beat (see
+    /// [`crate::auto_budget::AutoBudget::chain_can_pay`]); always yes without a cost model.
     pub(crate) fn chain_can_pay(&self) -> bool {
         self.auto.as_ref().is_none_or(|a| a.chain_can_pay())
     }
