@@ -132,6 +132,8 @@ impl<'d> Lane<'d> {
         constraint: Option<Box<dyn TokenConstraint + 'd>>,
         cached: usize,
     ) -> Self {
+        let mut drafter = drafter;
+        drafter.join_batch();
         Self {
             lane,
             generation,

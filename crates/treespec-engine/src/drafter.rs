@@ -75,6 +75,12 @@ pub trait Drafter {
     /// seeds the drafter's own random stream, never shared with the verifier.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()>;
 
+    /// This drafter's requests will share every forward with other requests (continuous
+    /// batching; called before `begin`). Work it does on its own — a draft model's prompt
+    /// prefill — then holds up every request of the step, so it may defer such work until it
+    /// pays.
+    fn join_batch(&mut self) {}
+
     /// Propose a token tree whose root is `ctx.root()`.
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree>;
 

@@ -54,6 +54,8 @@ pub struct AutoDrafter<M: CausalLm> {
     counts: [u64; 3],
     combined: u64,
     steps: u64,
+    /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
+    batched: bool,
 }
 
 impl<M: CausalLm> AutoDrafter<M> {
@@ -72,7 +74,15 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             None => None,
         };
-        Ok(Self { suffix, model, choice: Choice::Plain, counts: [0; 3], combined: 0, steps: 0 })
+        Ok(Self {
+            suffix,
+            model,
+            choice: Choice::Plain,
+            counts: [0; 3],
+            combined: 0,
+            steps: 0,
+            batched: false,
+        })
     }
 }
 
@@ -81,15 +91,21 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         "auto"
     }
 
-    /// The draft model gets the text only when a step first asks it to draft: its prompt
-    /// prefill (a large part of a request's first-token time, and in a batch a stall for every
-    /// other request) is not spent on requests whose steps never find that it can pay.
+    fn join_batch(&mut self) {
+        self.batched = true;
+    }
+
+    /// Alone, the draft model takes the prompt now, as part of prefill. In a batch its prompt
+    /// prefill would stall every other request's step, so it gets the text only when a step
+    /// finds that the model's extra tokens over the steps left pay for that prefill.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.counts = [0; 3];
         self.combined = 0;
-        if let Some(m) = self.model.as_mut() {
-            m.begin_deferred(seed);
+        match self.model.as_mut() {
+            Some(m) if self.batched => m.begin_deferred(seed),
+            Some(m) => m.begin(prompt, sampler, seed)?,
+            None => {}
         }
         Ok(())
     }
