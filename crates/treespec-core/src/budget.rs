@@ -114,6 +114,22 @@ pub fn chain_bound(
     acceptance: &[f64],
     max_k: usize,
 ) -> Vec<(usize, f64, f64, f64)> {
+    lanes_chain_bound(target, 1, draft_ms, acceptance, max_k)
+}
+
+/// [`chain_bound`] for `lanes` requests decoding together, each verifying a k-chain in ONE target
+/// forward of `lanes · (k + 1)` rows: `lanes` times the tokens, over `T_target(lanes · (k + 1)) +
+/// k · depth_ms`, where `depth_ms` is what drafting one depth for every lane costs (0 for a free
+/// draft; `lanes · T_draft(1)` when each lane's draft model runs alone; `T_draft(lanes)` when the
+/// draft model is batched across the lanes too). k = 0 is the batch decoding plain.
+pub fn lanes_chain_bound(
+    target: &CostCurve,
+    lanes: usize,
+    depth_ms: f64,
+    acceptance: &[f64],
+    max_k: usize,
+) -> Vec<(usize, f64, f64, f64)> {
+    let lanes = lanes.max(1);
     let mut out = Vec::with_capacity(max_k + 1);
     let (mut tokens, mut reach) = (1.0, 1.0);
     for k in 0..=max_k {
@@ -122,8 +138,8 @@ pub fn chain_bound(
             reach *= a.clamp(0.0, 1.0);
             tokens += reach;
         }
-        let ms = target.ms(k + 1) + k as f64 * draft_ms;
-        out.push((k, tokens, ms, tokens / ms));
+        let ms = target.ms(lanes * (k + 1)) + k as f64 * depth_ms;
+        out.push((k, lanes as f64 * tokens, ms, lanes as f64 * tokens / ms));
     }
     out
 }
@@ -261,6 +277,22 @@ mod tests {
         // T(6) dips below T(5): two rows on top of 4 cost what the envelope says, 30 ms.
         assert!((e.ms(1) - 30.0).abs() < 1e-9);
         assert!(e.ms(1) >= e.ms(0));
+    }
+
+    #[test]
+    fn a_batched_draft_is_priced_once_per_depth_for_every_lane() {
+        let target = CostCurve::linear(20.0, 5.0, 64).unwrap();
+        // One lane: exactly the single-request bound.
+        assert_eq!(lanes_chain_bound(&target, 1, 7.0, &[0.8], 4), chain_bound(&target, 7.0, &[0.8], 4));
+        // Four lanes, k = 2, acceptance 0.5: 4 × 1.75 tokens over T(12) + 2 depths.
+        let alone = lanes_chain_bound(&target, 4, 4.0 * 10.0, &[0.5], 2);
+        let batched = lanes_chain_bound(&target, 4, 16.0, &[0.5], 2);
+        assert_eq!(alone[0], batched[0], "k = 0 is the batch decoding plain");
+        assert!((alone[0].3 - 4.0 / 40.0).abs() < 1e-12);
+        assert!((batched[2].1 - 7.0).abs() < 1e-12);
+        assert!((batched[2].2 - (80.0 + 32.0)).abs() < 1e-12);
+        assert!((alone[2].2 - (80.0 + 80.0)).abs() < 1e-12);
+        assert!(batched[2].3 > alone[2].3);
     }
 
     #[test]
