@@ -228,6 +228,9 @@ fn fill_level(p: &[f64], n: usize, child: Option<&[f64]>) -> Level {
     Level { f, best_b, choice }
 }
 
+/// Largest budget [`optimal_tree`] builds tables for (they grow as budget² · width).
+pub const MAX_TABLE_BUDGET: usize = 1 << 14;
+
 /// The best tree of at most `budget` drafted nodes (the root not counted) whose drafted nodes
 /// sit at depth ≤ `max_depth` (`None`: unbounded), for the positional acceptance vector
 /// `acceptance` (`P[1..B]`; at most B children per node).
@@ -235,6 +238,11 @@ fn fill_level(p: &[f64], n: usize, child: Option<&[f64]>) -> Level {
 /// Cost: O(n² · B) unbounded, O(n² · B · d) with a depth bound, for n = budget + 1.
 pub fn optimal_tree(acceptance: &[f32], budget: usize, max_depth: Option<usize>) -> Result<OptimalTree> {
     validate_acceptance(acceptance)?;
+    if budget > MAX_TABLE_BUDGET {
+        return Err(Error::Invalid(format!(
+            "sequoia budget {budget} is too large (the tables hold at most {MAX_TABLE_BUDGET} nodes)"
+        )));
+    }
     let p: Vec<f64> = acceptance.iter().map(|&x| x as f64).collect();
     let n = budget + 1;
     let w = p.len();
@@ -474,6 +482,9 @@ mod tests {
         assert!(optimal_tree(&[0.6, 0.6], 4, None).is_err());
         assert!(optimal_tree(&[-0.1], 4, None).is_err());
         assert!(optimal_tree(&[f32::NAN], 4, None).is_err());
+        // A budget near usize::MAX once overflowed `budget + 1` and indexed out of bounds.
+        assert!(optimal_tree(&[0.5], usize::MAX, None).is_err());
+        assert!(optimal_tree(&[0.5], usize::MAX, Some(3)).is_err());
         assert!(validate_acceptance(&[0.5, 0.5]).is_ok());
     }
 

@@ -54,6 +54,11 @@ impl LookupConfig {
             if v == 0 {
                 return bad(format!("{name} must be ≥ 1"));
             }
+            // Sizes of per-step tables and trees: far beyond any useful draft, a stall or an
+            // allocation failure.
+            if v > MAX_KNOB {
+                return bad(format!("{name} must be ≤ {MAX_KNOB}, got {v}"));
+            }
         }
         if self.min_ngram > self.max_ngram {
             return bad(format!(
@@ -64,6 +69,9 @@ impl LookupConfig {
         Ok(())
     }
 }
+
+/// Largest value of any lookup size knob.
+const MAX_KNOB: usize = 1024;
 
 /// Per-generation counters of a [`LookupDrafter`] (reset by `begin`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -47,6 +47,14 @@ impl SequoiaConfig {
         if self.budget == 0 {
             return Err(EngineError::InvalidRequest("sequoia budget must be ≥ 1 drafted node".into()));
         }
+        // The optimal-shape DP costs O(budget² · width): past this it would stall the request
+        // (and a budget near usize::MAX overflowed its table size).
+        if self.budget > MAX_BUDGET {
+            return Err(EngineError::InvalidRequest(format!(
+                "sequoia budget must be ≤ {MAX_BUDGET} drafted nodes, got {}",
+                self.budget
+            )));
+        }
         if self.max_depth == Some(0) {
             return Err(EngineError::InvalidRequest(
                 "sequoia max depth must be ≥ 1 (omit it for no bound)".into(),
@@ -63,6 +71,9 @@ impl SequoiaConfig {
             .map_err(|e| EngineError::InvalidRequest(format!("sequoia acceptance vector: {e}")))
     }
 }
+
+/// Largest Sequoia budget accepted, in drafted nodes.
+pub const MAX_BUDGET: usize = 1024;
 
 /// Drafts Sequoia's optimal tree shape.
 pub struct SequoiaDrafter<M: CausalLm> {

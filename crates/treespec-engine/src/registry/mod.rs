@@ -69,6 +69,19 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_sizes_are_refused_or_served_never_a_panic() {
+        for &kind in crate::METHOD_NAMES {
+            for knob in ["k", "budget", "budget_max", "depth", "lookup_tokens", "lookup_ngram"] {
+                let mut v = json!({ knob: u64::MAX });
+                v["method"] = json!(kind);
+                let Ok(Some(spec)) = MethodSpec::from_json(v) else { continue };
+                let checked = std::panic::catch_unwind(|| spec.validate().map(|_| ()));
+                assert!(checked.is_ok(), "{kind} with {knob} = u64::MAX panicked");
+            }
+        }
+    }
+
+    #[test]
     fn bad_knobs_are_refused_naming_the_knob() {
         let bad = |kind, knobs: serde_json::Value| {
             let mut v = knobs;
@@ -77,6 +90,7 @@ mod tests {
             spec.validate().unwrap_err().to_string()
         };
         assert!(bad("chain", json!({"k": 0})).contains("chain length"));
+        assert!(bad("sequoia", json!({"budget": u64::MAX})).contains("sequoia budget"));
         assert!(bad("tree", json!({"widths": [2, 0]})).contains("widths"));
         assert!(bad("eagle2", json!({"budget": "auto"})).contains("budget auto"));
         assert!(bad("dyspec", json!({"budget": 0})).contains("budget"));
