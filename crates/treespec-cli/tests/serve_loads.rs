@@ -6,15 +6,48 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-/// Start `treespec serve` with `draft`, read its stderr until it listens (or exits), stop it, and
+/// Read `child`'s stderr until the server listens: the log up to there, and the rest of the
+/// stream. A server that never gets there is killed at the time limit, so the read ends instead
+/// of hanging the test.
+fn until_listening(child: &mut Child) -> (String, impl Iterator<Item = String>) {
+    let pid = child.id().to_string();
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::SeqCst) && start.elapsed() < LIMIT {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !done.load(Ordering::SeqCst) {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        })
+    };
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("listening on") {
+            break;
+        }
+    }
+    done.store(true, Ordering::SeqCst);
+    watchdog.join().unwrap();
+    (log, lines)
+}
+
+/// Start `treespec serve` with `draft`, read its log until it listens (or exits), stop it, and
 /// return the log.
 fn serve_log(model: &Path, draft: &Path, dir: &Path) -> String {
     let (model, draft, history) = (model.to_str().unwrap(), draft.to_str().unwrap(), dir.join("history.bin"));
@@ -24,31 +57,9 @@ fn serve_log(model: &Path, draft: &Path, dir: &Path) -> String {
         .env("TREESPEC_CACHE_DIR", dir.join("cache"))
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let child = Arc::new(Mutex::new(child));
-    let done = Arc::new(AtomicBool::new(false));
-    // A server that never gets to listening is killed at the time limit.
-    let watchdog = {
-        let (child, done) = (child.clone(), done.clone());
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::SeqCst) && start.elapsed() < LIMIT {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.lock().unwrap().kill();
-        })
-    };
-    let mut log = String::new();
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        log.push_str(&line);
-        log.push('\n');
-        if line.contains("listening on") {
-            break;
-        }
-    }
-    done.store(true, Ordering::SeqCst);
-    watchdog.join().unwrap();
-    let _ = child.lock().unwrap().wait();
+    let (log, _) = until_listening(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
     log
 }
 
@@ -105,11 +116,9 @@ fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
     let args = ["serve", "-m", m, "--method", "suffix", "--suffix-history", h, "--port", "0", "-t", "1"];
     let mut child =
         command(&args).args(["--ctx", "1024"]).env("TREESPEC_CACHE_DIR", dir.join("cache")).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
-    let addr = lines
-        .by_ref()
-        .find_map(|l| l.split("listening on http://").nth(1).map(str::to_owned))
-        .expect("the server listens");
+    let (log, lines) = until_listening(&mut child);
+    let addr =
+        log.split("listening on http://").nth(1).map(str::trim).expect("the server listens").to_owned();
     let answer = chat(&addr, "Repeat after me: the quick brown fox jumps over the lazy dog.");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 

@@ -153,7 +153,7 @@ pub fn lanes_chain_bound(
 /// read as non-decreasing: a node of any request competes with every other request's next
 /// token, so the more rows a batch already holds, the fewer drafts pay, down to none.
 pub fn batch_cut(target: &CostCurve, fixed_rows: usize, tokens: f64, values: &[f64]) -> usize {
-    let mut peak = (1..=fixed_rows).map(|n| target.ms(n)).fold(0.0, f64::max);
+    let mut peak = target.ms_envelope(fixed_rows);
     let mut best = (0, if peak > 0.0 { tokens / peak } else { 0.0 });
     let mut sum = tokens;
     for (i, v) in values.iter().enumerate() {

@@ -362,16 +362,17 @@ pub fn step(
 fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usize {
     let mut target = None;
     let mut candidates: Vec<(f64, usize, usize)> = Vec::new(); // (value, lane, node)
-    let mut cuttable_nodes = 0;
+    let mut cuttable: Vec<(usize, usize)> = Vec::new(); // (lane, drafted nodes)
     for &i in proposed {
         let lane = &lanes[i];
         if let Some(c) = lane.generation.cuttable(lane.drafter.as_ref()) {
             target.get_or_insert_with(|| c.target.clone());
             candidates.extend(c.values.iter().enumerate().map(|(k, &v)| (v, i, k)));
-            cuttable_nodes += c.values.len();
+            cuttable.push((i, c.values.len()));
         }
     }
     let Some(target) = target else { return 0 };
+    let cuttable_nodes: usize = cuttable.iter().map(|&(_, n)| n).sum();
     // One order over every request's nodes: by value, then (ties) each lane's arena order, so
     // the kept nodes of a lane are a prefix of its tree.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
@@ -382,12 +383,8 @@ fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usiz
         kept[i] += 1;
     }
     let mut dropped = 0;
-    for &i in proposed {
-        let lane = &mut lanes[i];
-        let Some(n) = lane.generation.cuttable(lane.drafter.as_ref()).map(|c| c.values.len()) else {
-            continue;
-        };
-        if kept[i] < n && lane.generation.cut(kept[i]).is_ok() {
+    for (i, n) in cuttable {
+        if kept[i] < n && lanes[i].generation.cut(kept[i]).is_ok() {
             dropped += n - kept[i];
         }
     }

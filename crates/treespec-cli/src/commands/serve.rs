@@ -83,7 +83,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime = Arc::new(load_runtime(&args.models)?);
     let method = resolve(&runtime, &args.method.spec(), args.method.reprofile)?;
     let history = args.method.knobs.suffix_history.clone().zip(method.suffix_shared().cloned());
-    let fingerprint = runtime.clone();
+    // Known already when a history file was loaded (the file is tagged with it).
+    let tokenizer = history.as_ref().map(|_| runtime.tokenizer_id()).transpose()?;
     let metrics = Arc::new(Metrics::default());
     let runtime_ctx = runtime.options().ctx_size;
     let config = LlamaConfig { runtime, method };
@@ -116,10 +117,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         treespec_server::serve(listener, app, stop_signal()).await?;
         anyhow::Ok(())
     })?;
-    if let Some((path, shared)) = history {
+    if let (Some((path, shared)), Some(tokenizer)) = (history, tokenizer) {
         let history = shared.history();
         history
-            .save(&path, fingerprint.tokenizer_id()?)
+            .save(&path, tokenizer)
             .with_context(|| format!("saving the suffix history {}", path.display()))?;
         eprintln!(
             "treespec serve: saved the suffix history ({} tokens) to {}",

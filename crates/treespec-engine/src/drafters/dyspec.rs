@@ -140,9 +140,9 @@ pub struct DySpecDrafter<M: CausalLm> {
     bar: f64,
     /// `--budget auto`: the estimated gain of the last proposed tree (0 for plain decoding).
     last_gain: f64,
-    /// Whether the draft model holds this generation's text. `auto` starts a generation without
-    /// it when earlier requests showed the model cannot pay ([`Self::begin_deferred`]): the
-    /// draft's prompt prefill is then spent only if the model is ever asked to draft.
+    /// Whether the draft model holds this generation's text. `auto` in a continuous batch starts
+    /// a generation without it ([`Self::begin_deferred`]): the draft's prompt prefill is then
+    /// spent only when a cost-aware step finds that drafting pays for it.
     synced: bool,
 }
 
@@ -163,8 +163,8 @@ impl<M: CausalLm> DySpecDrafter<M> {
         })
     }
 
-    /// Start a generation like [`Drafter::begin`] but leave the draft model empty: it is filled
-    /// with the whole history on the first `propose` (or by [`Self::sync`]).
+    /// Start a generation like [`Drafter::begin`] but leave the draft model empty: the
+    /// cost-aware step fills it with the whole history ([`Self::sync`]) when it first drafts.
     pub(crate) fn begin_deferred(&mut self, seed: u64) {
         self.rng = StreamRng::new(seed, Stream::Draft);
         self.stats = DySpecStats::default();
@@ -211,7 +211,6 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
             auto.set_batch_rows(ctx.batch_rows);
             return self.propose_auto(ctx);
         }
-        self.sync(ctx.history)?;
         let budget = self.config.budget.min(ctx.max_nodes);
         let depth = self.config.max_depth.min(ctx.max_depth);
         if budget == 0 || depth == 0 {

@@ -73,10 +73,8 @@ impl<M: CausalLm> DySpecDrafter<M> {
             return Ok(root_only);
         }
 
-        if !self.synced {
-            self.draft.begin(ctx.history)?;
-            self.synced = true;
-        }
+        self.sync(ctx.history)?;
+        let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
         let root_logits = self.draft.start_step()?;
         let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
         let mut cal = Calibrated { raw: vec![1.0], value: vec![1.0] };
