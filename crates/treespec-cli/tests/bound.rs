@@ -45,4 +45,14 @@ fn bound_prices_a_batch_of_requests_and_refuses_zero_lanes() {
             assert!(m >= 1.0 && free >= m, "{model} {label}: {m} vs free {free}: {out}");
         }
     }
+    // A long context makes every row dearer: plain decoding is slower there, and the bound
+    // says by how much per row.
+    let plain_rate = |out: &str| -> f64 {
+        let line = out.lines().find(|l| l.contains("decoding plain together")).unwrap();
+        line.rsplit(", ").next().unwrap().trim_end_matches(" tok/s").parse().unwrap()
+    };
+    let (code, long, err) = run(&["--lanes", "4", "--context", "1800"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(long.contains("context 1800 tokens: +"), "{long}");
+    assert!(plain_rate(&long) <= plain_rate(&out), "{long}\n{out}");
 }

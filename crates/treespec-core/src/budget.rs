@@ -27,6 +27,9 @@ pub struct Economics<'a> {
     /// Rows other requests already put in the same forward: this request's rows cost only what
     /// they add on top of them, `T(b + n) − T(b)`.
     pub batch_rows: usize,
+    /// What each of this request's rows costs for its context, beyond the profiled curve (ms;
+    /// see [`CostCurve::row_surcharge`]).
+    pub row_ms: f64,
 }
 
 impl<'a> Economics<'a> {
@@ -40,18 +43,28 @@ impl<'a> Economics<'a> {
     /// and a node's price is what it adds to the merged forward: as the batch fills the cheap
     /// part of the curve, speculation shrinks, down to none.
     pub fn in_batch(target: &'a CostCurve, rate: f64, batch_rows: usize) -> Self {
-        let plain = (batch_rows + 1) as f64 / target.ms(batch_rows + 1);
-        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain }, batch_rows }
+        Self::in_batch_at(target, rate, batch_rows, 0)
+    }
+
+    /// [`Economics::in_batch`] for a request with `context` committed tokens: each of its rows
+    /// costs the curve's context surcharge on top (the batch's other rows are priced at the same
+    /// context, for the plain rate to beat).
+    pub fn in_batch_at(target: &'a CostCurve, rate: f64, batch_rows: usize, context: usize) -> Self {
+        let row_ms = target.row_surcharge(context);
+        let rows = (batch_rows + 1) as f64;
+        let plain = rows / (target.ms(batch_rows + 1) + rows * row_ms);
+        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain }, batch_rows, row_ms }
     }
 
     /// What this request's root and `n` drafted nodes add to the forward, in ms (`T(n + 1)`
-    /// alone).
+    /// alone, plus their context surcharge).
     pub fn ms(&self, n: usize) -> f64 {
-        match self.batch_rows {
+        let rows = match self.batch_rows {
             0 => self.target.ms(n + 1),
             // In a batch the curve is read as non-decreasing: a dip must not make rows free.
             b => self.target.ms_envelope(b + n + 1) - self.target.ms_envelope(b),
-        }
+        };
+        rows + (n + 1) as f64 * self.row_ms
     }
 
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
@@ -147,21 +160,31 @@ pub fn lanes_chain_bound(
 /// One budget for a whole batch: how many of the batch's cuttable draft nodes to verify.
 ///
 /// The forward already holds `fixed_rows` rows (prompt chunks, every request's root, trees that
-/// may not be cut) which will emit `tokens` tokens; `values` are the expected acceptances of
-/// every cuttable node of every request, merged into one non-increasing order. The cut is the
-/// prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`, on the curve
-/// read as non-decreasing: a node of any request competes with every other request's next
+/// may not be cut), costing `fixed_ms` beyond the curve for their contexts, which will emit
+/// `tokens` tokens; `nodes` are every cuttable node of every request as (expected acceptance,
+/// its row's context surcharge), merged into one order of non-increasing acceptance. The cut is
+/// the prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`, on the
+/// curve read as non-decreasing: a node of any request competes with every other request's next
 /// token, so the more rows a batch already holds, the fewer drafts pay, down to none.
-pub fn batch_cut(target: &CostCurve, fixed_rows: usize, tokens: f64, values: &[f64]) -> usize {
+pub fn batch_cut(
+    target: &CostCurve,
+    fixed_rows: usize,
+    fixed_ms: f64,
+    tokens: f64,
+    nodes: &[(f64, f64)],
+) -> usize {
     let mut peak = target.ms_envelope(fixed_rows);
-    let mut best = (0, if peak > 0.0 { tokens / peak } else { 0.0 });
+    let mut extra = fixed_ms.max(0.0);
+    let rate = |peak: f64, extra: f64, tokens: f64| if peak > 0.0 { tokens / (peak + extra) } else { 0.0 };
+    let mut best = (0, rate(peak, extra, tokens));
     let mut sum = tokens;
-    for (i, v) in values.iter().enumerate() {
+    for (i, &(v, row_ms)) in nodes.iter().enumerate() {
         sum += v;
+        extra += row_ms.max(0.0);
         peak = peak.max(target.ms(fixed_rows + i + 1));
-        let rate = sum / peak;
-        if rate > best.1 {
-            best = (i + 1, rate);
+        let r = rate(peak, extra, sum);
+        if r > best.1 {
+            best = (i + 1, r);
         }
     }
     best.0
@@ -256,18 +279,45 @@ mod tests {
         let c = CostCurve::from_points(&[(1, 30.0), (2, 40.0), (4, 40.0), (5, 65.0), (6, 60.0), (8, 110.0)])
             .unwrap();
         // Alone: 3 good nodes ride the flat part of the curve, the weak 4th does not pay.
-        assert_eq!(batch_cut(&c, 1, 1.0, &[0.9, 0.8, 0.7, 0.1]), 3);
+        assert_eq!(batch_cut(&c, 1, 0.0, 1.0, &free(&[0.9, 0.8, 0.7, 0.1])), 3);
         // Four requests' roots already fill the flat part: 0.9 more tokens for 25 ms is less than
         // the batch's 4 tokens / 40 ms, so nothing is drafted.
-        assert_eq!(batch_cut(&c, 4, 4.0, &[0.9, 0.8]), 0);
+        assert_eq!(batch_cut(&c, 4, 0.0, 4.0, &free(&[0.9, 0.8])), 0);
         // A row on the dip (T(6) = 60 < T(5) = 65) is free at best: read raw, it would make the
         // forward faster, and a node worth nothing would be verified.
-        assert_eq!(batch_cut(&c, 5, 5.0, &[0.0]), 0);
+        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.0])), 0);
         // No candidates, or no rows at all: nothing to cut.
-        assert_eq!(batch_cut(&c, 3, 3.0, &[]), 0);
-        assert_eq!(batch_cut(&c, 0, 0.0, &[]), 0);
+        assert_eq!(batch_cut(&c, 3, 0.0, 3.0, &[]), 0);
+        assert_eq!(batch_cut(&c, 0, 0.0, 0.0, &[]), 0);
         // Two requests: a near-certain copy pays up to the end of the flat part, not past it.
-        assert_eq!(batch_cut(&c, 2, 2.0, &[1.0; 4]), 2);
+        assert_eq!(batch_cut(&c, 2, 0.0, 2.0, &free(&[1.0; 4])), 2);
+        // On the flat part a weak third node rides free; on a long context each row costs 20 ms
+        // more, and 0.3 tokens for 20 ms is below the 2.7 tokens / 100 ms of the first two.
+        assert_eq!(batch_cut(&c, 1, 0.0, 1.0, &free(&[0.9, 0.8, 0.3])), 3);
+        let long: Vec<(f64, f64)> = [0.9, 0.8, 0.3].iter().map(|&v| (v, 20.0)).collect();
+        assert_eq!(batch_cut(&c, 1, 20.0, 1.0, &long), 2);
+    }
+
+    fn free(values: &[f64]) -> Vec<(f64, f64)> {
+        values.iter().map(|&v| (v, 0.0)).collect()
+    }
+
+    #[test]
+    fn a_long_context_prices_every_row_of_the_request_dearer() {
+        let c = CostCurve::from_points(&[(1, 25.0), (4, 67.0), (16, 136.0)])
+            .unwrap()
+            .with_context_cost(0.003, 64)
+            .unwrap();
+        let short = Economics::in_batch_at(&c, 0.0, 0, 64);
+        let long = Economics::in_batch_at(&c, 0.0, 0, 4064);
+        assert_eq!(short.ms(3), 67.0);
+        assert!((long.ms(3) - (67.0 + 4.0 * 12.0)).abs() < 1e-9);
+        // Plain decoding there is slower too: the rate to beat is one token per 37 ms.
+        assert!((long.rate - 1.0 / 37.0).abs() < 1e-12);
+        // Three nodes accepted 0.6 each: on the short cache 2.8 tokens in 67 ms beat 1 in 25; on
+        // the long one 2.8 in 115 ms (and any shorter prefix) lose to 1 in 37.
+        assert_eq!(short.best_prefix(&[0.6, 0.6, 0.6]).0, 3);
+        assert_eq!(long.best_prefix(&[0.6, 0.6, 0.6]).0, 0);
     }
 
     #[test]

@@ -5,6 +5,14 @@
 //! 3-token one). Tree budgeting must read the curve, never assume its shape, so a [`CostCurve`]
 //! holds one measured value per batch size, starts from a start-up profile (cached per model file
 //! and thread count by the caller) and is refined online from every timed forward.
+//!
+//! The profile is taken on a short cache, but every row of a forward attends to every committed
+//! token, so a row costs more the longer the context: on the 1.5B target on 2 AMD cores, about
+//! 3 µs per row per committed token (T(16) is 136 ms on 64 committed tokens and 207 ms on 1,536).
+//! Read off the short-cache curve, a long prompt's draft rows look cheaper than they are and
+//! the drafters over-draft. So a curve also carries that slope: [`CostCurve::ms_at`] adds
+//! `n · slope · (context − profiled context)` to T(n), and online observations are folded in
+//! with the same term taken out, so a long request's timings do not skew a short one's prices.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,8 +26,14 @@ const ONLINE_WEIGHT: f64 = 0.05;
 /// T(n) in milliseconds for n = 1..=`max_n`, beyond which it is extrapolated linearly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostCurve {
-    /// `ms[n - 1]` = T(n).
+    /// `ms[n - 1]` = T(n) on a cache of `profiled_context` committed tokens.
     ms: Vec<f64>,
+    /// Extra ms per row for each committed token beyond `profiled_context` (0: not measured).
+    #[serde(default)]
+    row_ms_per_context_token: f64,
+    /// Committed tokens under the profiled forwards.
+    #[serde(default)]
+    profiled_context: usize,
 }
 
 impl CostCurve {
@@ -46,7 +60,58 @@ impl CostCurve {
             }
         }
         ms.push(pts.last().map(|p| p.1).unwrap_or(1.0));
-        Ok(Self { ms })
+        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0 })
+    }
+
+    /// This curve, measured on `profiled_context` committed tokens, with the cost of context:
+    /// every row costs `ms_per_row_token` more for each committed token beyond that. A slope
+    /// that is not finite and ≥ 0 is refused.
+    pub fn with_context_cost(mut self, ms_per_row_token: f64, profiled_context: usize) -> Result<Self> {
+        if !(ms_per_row_token.is_finite() && ms_per_row_token >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "context cost {ms_per_row_token} ms per row per token: must be finite and ≥ 0"
+            )));
+        }
+        self.row_ms_per_context_token = ms_per_row_token;
+        self.profiled_context = profiled_context;
+        Ok(self)
+    }
+
+    /// Extra ms per row for each committed token beyond the profiled context.
+    pub fn row_ms_per_context_token(&self) -> f64 {
+        self.row_ms_per_context_token
+    }
+
+    /// What one row costs beyond T(n)'s share on a cache of `context` committed tokens (0 up to
+    /// the profiled context: a shorter cache is not priced below the profile).
+    pub fn row_surcharge(&self, context: usize) -> f64 {
+        self.row_ms_per_context_token * context.saturating_sub(self.profiled_context) as f64
+    }
+
+    /// T(n) on a cache of `context` committed tokens.
+    pub fn ms_at(&self, n: usize, context: usize) -> f64 {
+        self.ms(n) + n as f64 * self.row_surcharge(context)
+    }
+
+    /// This curve as it reads on a cache of `context` committed tokens: T(n) is
+    /// [`CostCurve::ms_at`]`(n, context)` (for bounds and tables that take a plain curve).
+    pub fn at_context(&self, context: usize) -> CostCurve {
+        let s = self.row_surcharge(context);
+        let ms = self.ms.iter().enumerate().map(|(i, t)| t + (i + 1) as f64 * s).collect();
+        CostCurve {
+            ms,
+            row_ms_per_context_token: self.row_ms_per_context_token,
+            profiled_context: context.max(self.profiled_context),
+        }
+    }
+
+    /// [`CostCurve::observe`] for a forward on a cache of `context` committed tokens: the
+    /// context's share is taken out before the time is folded into T(n).
+    pub fn observe_at(&mut self, n: usize, ms: f64, context: usize) {
+        let base = ms - n as f64 * self.row_surcharge(context);
+        if base > 0.0 {
+            self.observe(n, base);
+        }
     }
 
     /// A curve that is linear in n: `base + per_token · n` (toy models, tests).
@@ -142,8 +207,39 @@ mod tests {
 
     #[test]
     fn round_trips_through_json() {
-        let c = CostCurve::from_points(&[(1, 40.0), (3, 90.0)]).unwrap();
+        let c =
+            CostCurve::from_points(&[(1, 40.0), (3, 90.0)]).unwrap().with_context_cost(0.003, 64).unwrap();
         let back: CostCurve = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
+        // A curve cached before the context cost existed reads as "not measured".
+        let old: CostCurve = serde_json::from_str(r#"{"ms":[40.0,65.0]}"#).unwrap();
+        assert_eq!((old.row_ms_per_context_token(), old.ms_at(2, 4096)), (0.0, 65.0));
+    }
+
+    #[test]
+    fn a_long_context_makes_every_row_dearer_and_its_timings_are_folded_in_without_it() {
+        let mut c =
+            CostCurve::from_points(&[(1, 25.0), (16, 136.0)]).unwrap().with_context_cost(0.003, 64).unwrap();
+        // Up to the profiled context, the profile; beyond it, 3 ms per row per 1,000 tokens.
+        assert_eq!(c.ms_at(16, 10), 136.0);
+        assert!((c.ms_at(16, 1064) - (136.0 + 16.0 * 3.0)).abs() < 1e-9);
+        assert!((c.ms_at(1, 2064) - 31.0).abs() < 1e-9);
+        // Relative to one row, 16 rows cost more on a long cache: drafts must pay more there.
+        assert!(c.ms_at(16, 2064) / c.ms_at(1, 2064) > c.ms(16) / c.ms(1));
+        // A forward timed on a long cache that matches the model leaves T(n) where it was …
+        for _ in 0..100 {
+            c.observe_at(16, 136.0 + 16.0 * 6.0, 2064);
+        }
+        assert!((c.ms(16) - 136.0).abs() < 1e-9, "{}", c.ms(16));
+        // … and one that is slower moves only the context-free part.
+        for _ in 0..200 {
+            c.observe_at(16, 150.0 + 16.0 * 6.0, 2064);
+        }
+        assert!((c.ms(16) - 150.0).abs() < 0.1, "{}", c.ms(16));
+        let far = c.at_context(2064);
+        assert!((far.ms(16) - c.ms_at(16, 2064)).abs() < 1e-9);
+        assert!((far.ms_at(16, 3064) - c.ms_at(16, 3064)).abs() < 1e-9);
+        assert!(CostCurve::linear(1.0, 1.0, 2).unwrap().with_context_cost(-1.0, 0).is_err());
+        assert!(CostCurve::linear(1.0, 1.0, 2).unwrap().with_context_cost(f64::NAN, 0).is_err());
     }
 }

@@ -124,6 +124,8 @@ pub struct AutoBudget {
     raw: Vec<f64>,
     /// Other requests' rows in the coming forward (set per step by the drafter).
     batch_rows: usize,
+    /// Committed tokens this request's rows attend to in the coming forward (set per step).
+    context: usize,
     /// Counters since the last `begin`.
     pub stats: AutoStats,
 }
@@ -160,6 +162,7 @@ impl AutoBudget {
             probe_every: PROBE_FIRST,
             raw: Vec::new(),
             batch_rows: 0,
+            context: 0,
             stats: AutoStats::default(),
         }
     }
@@ -183,7 +186,8 @@ impl AutoBudget {
     /// The economics of the next step: beat the achieved rate, and at least plain decoding (of
     /// the whole batch, when other requests share the forward).
     pub fn economics(&self) -> Economics<'_> {
-        Economics::in_batch(&self.costs.target, self.achieved_rate().unwrap_or(0.0), self.batch_rows)
+        let rate = self.achieved_rate().unwrap_or(0.0);
+        Economics::in_batch_at(&self.costs.target, rate, self.batch_rows, self.context)
     }
 
     /// The target's cost curve as refined so far.
@@ -191,9 +195,12 @@ impl AutoBudget {
         &self.costs.target
     }
 
-    /// The next forward holds `rows` rows of other requests besides this one's (0 alone).
-    pub fn set_batch_rows(&mut self, rows: usize) {
+    /// The next forward holds `rows` rows of other requests besides this one's (0 alone), and
+    /// this request's rows attend to `context` committed tokens (a long context makes every row
+    /// dearer: see [`CostCurve::row_surcharge`]).
+    pub fn set_forward(&mut self, rows: usize, context: usize) {
         self.batch_rows = rows;
+        self.context = context;
     }
 
     /// Calibrated P(accept | parent accepted) of a node at `depth` with raw confidence `r`.
@@ -208,7 +215,7 @@ impl AutoBudget {
 
     /// Draft forward cost of `n` rows (0 without a draft curve).
     pub fn draft_cost(&self, n: usize) -> f64 {
-        self.costs.draft.as_ref().map_or(0.0, |c| c.ms(n))
+        self.costs.draft.as_ref().map_or(0.0, |c| c.ms_at(n, self.context))
     }
 
     /// Whether any chain of draft-model tokens could beat the rate to beat, at the acceptance
@@ -230,7 +237,8 @@ impl AutoBudget {
             .map(|(d, a)| a.unwrap_or_else(|| self.calib.best_acceptance(d + 1)))
             .collect();
         let rate = self.economics().rate;
-        chain_bound(&self.costs.target, draft.ms(1), &acceptance, GATE_CHAIN)
+        let target = self.costs.target.at_context(self.context);
+        chain_bound(&target, draft.ms_at(1, self.context), &acceptance, GATE_CHAIN)
             .iter()
             .skip(1)
             .any(|b| b.3 > rate)
@@ -266,7 +274,9 @@ impl AutoBudget {
     /// Fold a timed target forward of `rows` rows into the target curve.
     pub fn observe_target(&mut self, rows: usize, ms: f64) {
         if self.costs.refine {
-            self.costs.target.observe(rows, ms);
+            // The batch's other rows are taken at this request's context: an approximation
+            // that only matters when contexts in one forward differ widely.
+            self.costs.target.observe_at(rows, ms, self.context);
             self.ms += ms;
         }
     }
@@ -277,7 +287,7 @@ impl AutoBudget {
             return;
         }
         if let Some(c) = self.costs.draft.as_mut() {
-            c.observe(rows, ms);
+            c.observe_at(rows, ms, self.context);
         }
         self.ms += ms;
     }

@@ -376,8 +376,14 @@ fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usiz
     // One order over every request's nodes: by value, then (ties) each lane's arena order, so
     // the kept nodes of a lane are a prefix of its tree.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
-    let values: Vec<f64> = candidates.iter().map(|c| c.0).collect();
-    let keep = batch_cut(&target, rows - cuttable_nodes, proposed.len() as f64, &values);
+    // Each row also costs what its request's context adds; the fixed rows are priced at the
+    // proposing requests' mean context surcharge.
+    let surcharge: Vec<f64> =
+        lanes.iter().map(|l| target.row_surcharge(l.generation.context_len())).collect();
+    let mean = proposed.iter().map(|&i| surcharge[i]).sum::<f64>() / proposed.len().max(1) as f64;
+    let nodes: Vec<(f64, f64)> = candidates.iter().map(|c| (c.0, surcharge[c.1])).collect();
+    let fixed = rows - cuttable_nodes;
+    let keep = batch_cut(&target, fixed, fixed as f64 * mean, proposed.len() as f64, &nodes);
     let mut kept = vec![0usize; lanes.len()];
     for &(_, i, _) in &candidates[..keep] {
         kept[i] += 1;

@@ -199,6 +199,11 @@ impl Generation {
         Ok(())
     }
 
+    /// Committed tokens (prompt and accepted output) the next step's rows attend to.
+    pub fn context_len(&self) -> usize {
+        self.history.len()
+    }
+
     /// The proposed tree (after any cut), waiting for its scores.
     pub fn proposed(&self) -> Option<&TokenTree> {
         self.proposed.as_ref().map(|p| &p.tree)

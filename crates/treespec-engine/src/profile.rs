@@ -16,6 +16,16 @@ pub const PROFILE_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20
 /// Committed tokens under the timed batches (a realistic, short KV length).
 const PROFILE_PREFIX: usize = 64;
 
+/// The longer cache the context cost is measured on (or what the context allows, if at least
+/// [`MIN_CONTEXT_SPAN`] tokens above [`PROFILE_PREFIX`]).
+const CONTEXT_PREFIX: usize = 1024;
+
+/// The least span between the two caches for a context cost worth fitting.
+const MIN_CONTEXT_SPAN: usize = 256;
+
+/// Batch sizes timed again on the long cache, for the context cost.
+const CONTEXT_SIZES: &[usize] = &[1, 4, 8, 16];
+
 /// What a profile times: one forward of `n` new tokens (a chain) for each `n` in `sizes`, on top
 /// of `prefix` committed tokens, `repeat` times each.
 #[derive(Debug, Clone, Copy)]
@@ -86,11 +96,43 @@ pub fn time_forwards(lm: &mut dyn CausalLm, spec: ProfileSpec) -> Result<Vec<Tim
 }
 
 /// The verify-batch cost curve (logits on every row) of a model: the median time of `repeat`
-/// forwards for each size in `sizes`, on a short committed prefix.
+/// forwards for each size in `sizes`, on a short committed prefix, with the cost of context
+/// (see [`CostCurve::row_surcharge`]) fitted from the sizes in [`CONTEXT_SIZES`] timed again
+/// on a cache of [`CONTEXT_PREFIX`] tokens — 0 when the context is too small to measure it.
 pub fn measure_curve(lm: &mut dyn CausalLm, sizes: &[usize], repeat: usize) -> Result<CostCurve> {
     let spec = ProfileSpec { sizes, repeat, prefix: PROFILE_PREFIX, last_only: false };
-    let points: Vec<(usize, f64)> = time_forwards(lm, spec)?.iter().map(|t| (t.n, t.median_ms)).collect();
-    Ok(CostCurve::from_points(&points)?)
+    let short = time_forwards(lm, spec)?;
+    let points: Vec<(usize, f64)> = short.iter().map(|t| (t.n, t.median_ms)).collect();
+    let curve = CostCurve::from_points(&points)?;
+    let again: Vec<usize> = CONTEXT_SIZES.iter().copied().filter(|n| sizes.contains(n)).collect();
+    let largest = again.iter().copied().max().unwrap_or(0);
+    let long = CONTEXT_PREFIX.min(lm.context_size().saturating_sub(largest + 1));
+    if again.is_empty() || long < PROFILE_PREFIX + MIN_CONTEXT_SPAN {
+        return Ok(curve.with_context_cost(0.0, PROFILE_PREFIX)?);
+    }
+    let spec = ProfileSpec { sizes: &again, repeat, prefix: long, last_only: false };
+    let slope = context_slope(&short, &time_forwards(lm, spec)?, long - PROFILE_PREFIX);
+    Ok(curve.with_context_cost(slope, PROFILE_PREFIX)?)
+}
+
+/// The extra ms per row per committed token that best explains (least squares through the
+/// origin) how much slower each size of `long` ran than the same size of `short`, on a cache
+/// `span` tokens longer: `T_long(n) − T_short(n) ≈ n · span · slope`. Never negative (a timing
+/// that came out faster on the longer cache is noise, not a discount).
+pub fn context_slope(short: &[TimedSize], long: &[TimedSize], span: usize) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for l in long {
+        if let Some(s) = short.iter().find(|s| s.n == l.n) {
+            let x = (l.n * span) as f64;
+            num += x * (l.median_ms - s.median_ms);
+            den += x * x;
+        }
+    }
+    if den > 0.0 {
+        (num / den).max(0.0)
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +148,37 @@ mod tests {
         assert_eq!(lm.committed_len(), 0);
         assert!(measure_curve(&mut lm, &[1, 300], 1).is_err(), "past the context");
         assert!(measure_curve(&mut lm, &[], 1).is_err());
+        // 256 tokens of context leave no room for a long cache: no context cost.
+        assert_eq!(c.row_ms_per_context_token(), 0.0);
+    }
+
+    fn timed(points: &[(usize, f64)]) -> Vec<TimedSize> {
+        points.iter().map(|&(n, ms)| TimedSize { n, median_ms: ms, min_ms: ms }).collect()
+    }
+
+    #[test]
+    fn the_context_slope_fits_what_each_row_costs_per_committed_token() {
+        // The 1.5B target on 2 AMD cores, 64 and 1,536 committed tokens.
+        let short = timed(&[(1, 25.0), (4, 76.2), (8, 118.1), (16, 136.1)]);
+        let long = timed(&[(1, 33.2), (4, 89.4), (8, 149.1), (16, 207.4)]);
+        let slope = context_slope(&short, &long, 1472);
+        assert!((0.0028..0.0032).contains(&slope), "{slope}");
+        // Exactly linear timings give their slope back; sizes timed only once are ignored.
+        let long = timed(&[(1, 25.0 + 0.5), (4, 76.2 + 2.0), (32, 999.0)]);
+        assert!((context_slope(&short, &long, 100) - 0.005).abs() < 1e-12);
+        // Faster on the long cache (noise) is no discount; nothing to compare is no slope.
+        assert_eq!(context_slope(&short, &timed(&[(4, 70.0)]), 1000), 0.0);
+        assert_eq!(context_slope(&short, &timed(&[(2, 70.0)]), 1000), 0.0);
+        assert_eq!(context_slope(&short, &long, 0), 0.0);
+    }
+
+    #[test]
+    fn a_context_long_enough_measures_the_context_cost() {
+        let mut lm = crate::toy::ToyLm::new(crate::toy::ToyModel::new(8, 1, 1), 2048);
+        let c = measure_curve(&mut lm, &[1, 2, 4], 1).unwrap();
+        // The toy model's cost hardly grows with its cache; the slope is measured and ≥ 0.
+        assert!(c.row_ms_per_context_token().is_finite() && c.row_ms_per_context_token() >= 0.0);
+        assert_eq!(c.row_surcharge(64), 0.0, "no surcharge up to the profiled cache");
+        assert_eq!(lm.committed_len(), 0);
     }
 }

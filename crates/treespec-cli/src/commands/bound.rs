@@ -24,6 +24,10 @@ pub struct BoundArgs {
     /// across them. 1 = a single request.
     #[arg(long, default_value_t = 1)]
     pub lanes: usize,
+    /// Committed tokens each request's rows attend to (a long prompt makes every row dearer: the
+    /// curves' context cost, measured with the profile, is added). 0 = the profiled short cache.
+    #[arg(long, default_value_t = 0)]
+    pub context: usize,
     /// Re-measure the cost curves instead of reading the cache.
     #[arg(long)]
     pub reprofile: bool,
@@ -43,14 +47,24 @@ pub fn bound(args: BoundArgs) -> Result<()> {
         anyhow::bail!("--lanes must be at least 1");
     }
     let n = args.lanes;
-    let plain_ms = costs.target.ms(n);
+    let target = costs.target.at_context(args.context);
+    let draft = costs.draft.as_ref().map(|d| d.at_context(args.context));
+    if args.context > 0 {
+        println!(
+            "context {} tokens: +{:.1} ms per target row, +{:.1} ms per draft row",
+            args.context,
+            costs.target.row_surcharge(args.context),
+            costs.draft.as_ref().map_or(0.0, |d| d.row_surcharge(args.context))
+        );
+    }
+    let plain_ms = target.ms(n);
     println!(
         "target T({n}) = {plain_ms:.1} ms: {n} request(s) decoding plain together, {:.1} tok/s",
         1e3 * n as f64 / plain_ms
     );
     let mut drafts = vec![("free draft (lookup, suffix)".to_string(), 0.0)];
-    if let Some(d) = &costs.draft {
-        let t1 = costs.target.ms(1);
+    if let Some(d) = &draft {
+        let t1 = target.ms(1);
         println!("draft  T(1) = {:.1} ms ({:.0}% of a target step)", d.ms(1), 100.0 * d.ms(1) / t1);
         if n == 1 {
             drafts.push(("draft model".into(), d.ms(1)));
@@ -64,7 +78,7 @@ pub fn bound(args: BoundArgs) -> Result<()> {
     println!("|---|---|---:|---:|---:|---:|---:|");
     for (name, depth_ms) in drafts {
         for (label, acc) in [("measured", args.acceptance.clone()), ("perfect", vec![1.0])] {
-            let rows = lanes_chain_bound(&costs.target, n, depth_ms, &acc, args.max_k);
+            let rows = lanes_chain_bound(&target, n, depth_ms, &acc, args.max_k);
             let plain = rows[0].3;
             let best = rows.iter().max_by(|a, b| a.3.total_cmp(&b.3)).expect("k = 0 is always there");
             println!(

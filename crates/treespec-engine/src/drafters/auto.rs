@@ -119,7 +119,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         // rate, which its drafting time holds up for every request) stays idle, apart from a rare
         // step that lets its calibration see whether the text got easier.
         if let Some(m) = self.model.as_mut() {
-            m.set_batch_rows(ctx.batch_rows);
+            m.set_forward(ctx.batch_rows, ctx.history.len());
         }
         let model = self
             .model

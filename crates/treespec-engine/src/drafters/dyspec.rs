@@ -208,7 +208,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         self.stats.steps += 1;
         if let Some(auto) = self.auto.as_mut() {
-            auto.set_batch_rows(ctx.batch_rows);
+            auto.set_forward(ctx.batch_rows, ctx.history.len());
             return self.propose_auto(ctx);
         }
         let budget = self.config.budget.min(ctx.max_nodes);

@@ -303,7 +303,7 @@ impl Drafter for SuffixDrafter {
         self.stats.steps += 1;
         if let Some(b) = self.budget.as_mut() {
             // Cut by the batch's budget afterwards, the proposal is priced as if alone.
-            b.set_batch_rows(if ctx.batch_cut { 0 } else { ctx.batch_rows });
+            b.set_forward(if ctx.batch_cut { 0 } else { ctx.batch_rows }, ctx.history.len());
         }
         self.features.clear();
         self.values.clear();
@@ -469,6 +469,37 @@ mod tests {
         let weak = vec![7, 8, 1, 7, 8, 2, 7, 8];
         d.begin(&weak, &sampler, 0).unwrap();
         assert_eq!(d.propose(&ctx(&weak, &sampler)).unwrap().drafted(), 0);
+    }
+
+    #[test]
+    fn a_long_context_makes_the_same_copy_verify_fewer_rows() {
+        use crate::auto_budget::{CostModel, SharedCosts};
+        use treespec_core::cost::CostCurve;
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        // The 1.5B target's short-cache shape, and 40 µs per row per committed token (steep, so
+        // that the test does not hinge on a near-tie).
+        let curve = CostCurve::from_points(&[(1, 25.0), (4, 67.0), (8, 112.0), (16, 136.0), (32, 244.0)])
+            .unwrap()
+            .with_context_cost(0.04, 64)
+            .unwrap();
+        let drafted = |filler: usize| {
+            let shared = SuffixShared::empty();
+            trained(&shared);
+            let costs = SharedCosts::new(CostModel::new(curve.clone(), None));
+            let config = SuffixConfig { explore_every: 0, shared, costs: Some(costs), ..Default::default() };
+            let mut d = SuffixDrafter::new(config).unwrap();
+            // The same quote and copy, after `filler` tokens of unrelated prompt.
+            let quote: Vec<TokenId> = (100..140).collect();
+            let mut history: Vec<TokenId> = (0..filler as TokenId).map(|i| 1000 + i).collect();
+            history.extend(&quote);
+            history.extend([3, 4]);
+            history.extend(&quote[..20]);
+            d.begin(&history, &sampler, 0).unwrap();
+            d.propose(&ctx(&history, &sampler)).unwrap().drafted()
+        };
+        let (short, long) = (drafted(0), drafted(1500));
+        assert!(short >= 16, "a trained exact copy on a short cache rides the curve: {short}");
+        assert!(long < short, "every row costs 60 ms more at 1,500 tokens: {long} vs {short}");
     }
 
     #[test]

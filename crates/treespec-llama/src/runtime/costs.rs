@@ -23,7 +23,7 @@ use crate::load::LlamaModel;
 /// Timed repetitions per batch size of a start-up profile (the median is kept).
 const REPEAT: usize = 3;
 /// Bump when the profile's meaning changes, so stale caches are not read.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct CachedCurve {
@@ -157,11 +157,13 @@ fn measure(path: &Path, model: &LlamaModel) -> Result<CostCurve> {
     let curve = measure_curve(&mut lm, PROFILE_SIZES, REPEAT)
         .with_context(|| format!("profiling {}", path.display()))?;
     eprintln!(
-        "[treespec]   T(1) = {:.1} ms, T(4) = {:.1} ms, T(8) = {:.1} ms, T(16) = {:.1} ms ({:.1} s)",
+        "[treespec]   T(1) = {:.1} ms, T(4) = {:.1} ms, T(8) = {:.1} ms, T(16) = {:.1} ms, \
+         +{:.1} ms a row per 1,000 committed tokens ({:.1} s)",
         curve.ms(1),
         curve.ms(4),
         curve.ms(8),
         curve.ms(16),
+        curve.row_ms_per_context_token() * 1e3,
         t.elapsed().as_secs_f64()
     );
     Ok(curve)

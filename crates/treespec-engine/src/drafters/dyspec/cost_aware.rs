@@ -115,10 +115,11 @@ impl<M: CausalLm> DySpecDrafter<M> {
         Ok(tree)
     }
 
-    /// The next forward holds `rows` rows of other requests (see [`ProposeContext::batch_rows`]).
-    pub(crate) fn set_batch_rows(&mut self, rows: usize) {
+    /// The next forward holds `rows` rows of other requests (see [`ProposeContext::batch_rows`])
+    /// and this request's rows attend to `context` committed tokens.
+    pub(crate) fn set_forward(&mut self, rows: usize, context: usize) {
         if let Some(a) = self.auto.as_mut() {
-            a.set_batch_rows(rows);
+            a.set_forward(rows, context);
         }
     }
 
