@@ -30,6 +30,8 @@ pub struct Economics<'a> {
     /// What each of this request's rows costs for its context, beyond the profiled curve (ms;
     /// see [`CostCurve::row_surcharge`]).
     pub row_ms: f64,
+    /// Plain decoding's rate (of the whole batch, in a batch): the least `rate` can be.
+    pub plain_rate: f64,
 }
 
 impl<'a> Economics<'a> {
@@ -53,7 +55,8 @@ impl<'a> Economics<'a> {
         let row_ms = target.row_surcharge(context);
         let rows = (batch_rows + 1) as f64;
         let plain = rows / (target.ms(batch_rows + 1) + rows * row_ms);
-        Self { target, rate: if rate.is_finite() { rate.max(plain) } else { plain }, batch_rows, row_ms }
+        let rate = if rate.is_finite() { rate.max(plain) } else { plain };
+        Self { target, rate, batch_rows, row_ms, plain_rate: plain }
     }
 
     /// What this request's root and `n` drafted nodes add to the forward, in ms (`T(n + 1)`
@@ -73,18 +76,38 @@ impl<'a> Economics<'a> {
     }
 
     /// The best number of nodes to verify out of `values` (acceptance probabilities in the order
-    /// they would be taken) and its gain. 0 nodes — plain decoding — is always a candidate.
+    /// they would be taken) and its gain at `rate`. 0 nodes — plain decoding — is always a
+    /// candidate.
+    ///
+    /// The choice maximises `tokens − λ · ms` (Dinkelbach's rule for the best long-run rate) with
+    /// λ = `rate`, the rate achieved lately — unless no candidate reaches that rate. Then λ drops
+    /// to the best candidate's own rate (never below plain decoding's): the achieved rate can be
+    /// inflated by a run of fully accepted copies, and read as is it would pick the *cheapest*
+    /// candidate, plain decoding, which has the worst rate of all, while the copy goes on.
     pub fn best_prefix(&self, values: &[f64]) -> (usize, f64) {
-        let mut best = (0, self.gain(0, 0.0));
+        let mut sums = Vec::with_capacity(values.len() + 1);
         let mut sum = 0.0;
-        for (i, v) in values.iter().enumerate() {
+        sums.push(0.0);
+        for v in values {
             sum += v;
-            let g = self.gain(i + 1, sum);
-            if g > best.1 {
-                best = (i + 1, g);
-            }
+            sums.push(sum);
         }
-        best
+        let pick = |lambda: f64| {
+            let mut best = (0, f64::NEG_INFINITY);
+            for (n, &s) in sums.iter().enumerate() {
+                let g = 1.0 + s - lambda * self.ms(n);
+                if g > best.1 {
+                    best = (n, g);
+                }
+            }
+            best
+        };
+        let (mut n, g) = pick(self.rate);
+        if g < 0.0 {
+            let bar = sums.iter().enumerate().map(|(n, s)| (1.0 + s) / self.ms(n)).fold(0.0, f64::max);
+            n = pick(bar.max(self.plain_rate)).0;
+        }
+        (n, self.gain(n, sums[n]))
     }
 
     /// An optimistic bound on the gain reachable by drafting `levels` more depths below a frontier
@@ -237,6 +260,27 @@ mod tests {
         let (n, g) = e.best_prefix(&values);
         assert_eq!(n, 3, "gain {g}");
         assert!((g - (1.0 + 1.95 - 62.0 / 33.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_rate_no_candidate_reaches_picks_the_best_rate_not_plain_decoding() {
+        // The 1.5B target's shape: 16 rows cost 5.4 steps. A copy priced at 0.9 a node.
+        let c =
+            CostCurve::from_points(&[(1, 25.0), (4, 67.0), (8, 112.0), (16, 136.0), (32, 244.0)]).unwrap();
+        let copy: Vec<f64> = (1..=31).map(|d| 0.9f64.powi(d)).collect();
+        // After a run of fully accepted copies the achieved rate is 3.5× plain: no candidate
+        // reaches it, and read as is, the rule would verify nothing — 1 token in 25 ms, the worst
+        // rate on offer. The best rate on offer is the 15-node prefix on the curve's dip.
+        let e = Economics::new(&c, 3.5 / 25.0);
+        let (n, gain) = e.best_prefix(&copy);
+        assert_eq!(n, 15, "gain {gain}");
+        assert!(gain < 0.0, "the gain is still reported at the rate to beat: {gain}");
+        // When plain decoding is the best rate on offer, it stays the choice.
+        assert_eq!(e.best_prefix(&[0.1, 0.1]).0, 0);
+        // In a batch the bar never drops below the batch's plain rate: a node that would slow
+        // the whole forward down is not verified, however the achieved rate reads.
+        let full = Economics::in_batch(&c, 10.0, 16);
+        assert_eq!(full.best_prefix(&[0.3]).0, 0);
     }
 
     #[test]

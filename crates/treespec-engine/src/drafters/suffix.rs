@@ -169,7 +169,11 @@ pub struct SuffixStats {
     pub accepted: u64,
 }
 
-/// Most nodes an exploration step verifies beyond what the pessimistic prices would.
+/// Most nodes an exploration step verifies beyond what the pessimistic prices would: this many,
+/// plus as many again as they keep. Doubling lets a long copy reach, within a few exploration
+/// steps, the depths its pessimistic price never lets it verify (an untried cell is priced near
+/// 0.89 however good its prior, and 16 such nodes in a row are worth almost nothing), while a
+/// weak match costs at most a few extra rows.
 const EXPLORE_EXTRA: usize = 4;
 
 /// The suffix drafter (see the module docs).
@@ -322,7 +326,7 @@ impl Drafter for SuffixDrafter {
         if explore {
             // Little-tried cells at their optimistic price, a few nodes past the cautious choice.
             let (o, k, _, _) = self.select(&tree, &features, room, true);
-            (order, keep) = (o, k.min(keep + EXPLORE_EXTRA));
+            (order, keep) = (o, k.min(2 * keep + EXPLORE_EXTRA));
         }
         // The kept nodes in value order (parents come first in it), so that every arena prefix is
         // the best tree of its size: a batch budget may cut the proposal by truncating it.
@@ -515,6 +519,28 @@ mod tests {
         let tree = d.propose(&ctx(&weak[..8], &sampler)).unwrap();
         assert!((1..=EXPLORE_EXTRA).contains(&tree.drafted()), "{}", tree.drafted());
         assert_eq!(d.stats().explore_steps, 1);
+    }
+
+    #[test]
+    fn exploring_a_long_copy_doubles_what_the_pessimistic_price_keeps() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let quote: Vec<TokenId> = (100..140).collect();
+        let mut history: Vec<TokenId> = vec![1, 2];
+        history.extend(&quote);
+        history.extend([3, 4]);
+        history.extend(&quote[..20]);
+        let drafted = |explore_every: u32| {
+            let config = SuffixConfig { explore_every, ..Default::default() };
+            let mut d = SuffixDrafter::new(config).unwrap();
+            d.begin(&history, &sampler, 0).unwrap();
+            d.propose(&ctx(&history, &sampler)).unwrap().drafted()
+        };
+        let (cautious, explored) = (drafted(0), drafted(1));
+        assert!(cautious >= 1, "{cautious}");
+        // Untried deep cells: the exploration step goes past the cautious cut by more than the
+        // fixed extra, up to twice it plus the extra.
+        assert!(explored > cautious + EXPLORE_EXTRA, "{explored} vs {cautious}");
+        assert!(explored <= 2 * cautious + EXPLORE_EXTRA, "{explored} vs {cautious}");
     }
 
     #[test]
