@@ -9,6 +9,8 @@
 #   t1       plain and auto at temperature 1 on the code categories
 #   exact    plain, suffix and auto in --exact mode on SmolLM2-135M (all 52 prompts): greedy
 #            outputs must equal plain's
+#   exact-qwen  plain, suffix and auto in --exact mode on the Qwen pair (all 52 prompts): greedy
+#            outputs must equal plain's on the real target too
 #   levers   what each part of the suffix drafter contributes, on the code-edit and summarization
 #            prompts
 #
@@ -56,6 +58,10 @@ for stage in "${stages[@]}"; do
             bash scripts/fetch-models.sh smollm2
             "$bin" bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 --exact --prompts "$set_file" \
                 --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/main-exact
+            ;;
+        exact-qwen)
+            "$bin" bench -m "$T" --draft "$D" -t 2 --exact --prompts "$set_file" \
+                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/main-exact-qwen
             ;;
         levers)
             # Code edits and summarization: where the free drafts matter.
