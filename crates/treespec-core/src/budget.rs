@@ -85,29 +85,30 @@ impl<'a> Economics<'a> {
     /// inflated by a run of fully accepted copies, and read as is it would pick the *cheapest*
     /// candidate, plain decoding, which has the worst rate of all, while the copy goes on.
     pub fn best_prefix(&self, values: &[f64]) -> (usize, f64) {
-        let mut sums = Vec::with_capacity(values.len() + 1);
-        let mut sum = 0.0;
-        sums.push(0.0);
-        for v in values {
-            sum += v;
-            sums.push(sum);
+        // Every candidate's expected tokens and ms, read off the curve once.
+        let mut tokens = 1.0;
+        let mut options = Vec::with_capacity(values.len() + 1);
+        options.push((tokens, self.ms(0)));
+        for (i, v) in values.iter().enumerate() {
+            tokens += v;
+            options.push((tokens, self.ms(i + 1)));
         }
         let pick = |lambda: f64| {
             let mut best = (0, f64::NEG_INFINITY);
-            for (n, &s) in sums.iter().enumerate() {
-                let g = 1.0 + s - lambda * self.ms(n);
-                if g > best.1 {
-                    best = (n, g);
+            for (n, &(t, ms)) in options.iter().enumerate() {
+                if t - lambda * ms > best.1 {
+                    best = (n, t - lambda * ms);
                 }
             }
             best
         };
         let (mut n, g) = pick(self.rate);
         if g < 0.0 {
-            let bar = sums.iter().enumerate().map(|(n, s)| (1.0 + s) / self.ms(n)).fold(0.0, f64::max);
+            let bar = options.iter().map(|&(t, ms)| t / ms).fold(0.0, f64::max);
             n = pick(bar.max(self.plain_rate)).0;
         }
-        (n, self.gain(n, sums[n]))
+        let (t, ms) = options[n];
+        (n, t - self.rate * ms)
     }
 
     /// An optimistic bound on the gain reachable by drafting `levels` more depths below a frontier

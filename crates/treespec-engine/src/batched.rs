@@ -128,11 +128,10 @@ impl<'d> Lane<'d> {
     pub fn new(
         lane: LaneId,
         generation: Generation,
-        drafter: Box<dyn Drafter + 'd>,
+        mut drafter: Box<dyn Drafter + 'd>,
         constraint: Option<Box<dyn TokenConstraint + 'd>>,
         cached: usize,
     ) -> Self {
-        let mut drafter = drafter;
         drafter.join_batch();
         Self {
             lane,

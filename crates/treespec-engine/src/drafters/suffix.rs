@@ -430,6 +430,17 @@ mod tests {
         }
     }
 
+    /// A text that quotes 40 distinct tokens after `head` and then, as its output so far, has
+    /// copied the first 20 of them: the quote and the text.
+    fn copying(head: &[TokenId]) -> (Vec<TokenId>, Vec<TokenId>) {
+        let quote: Vec<TokenId> = (100..140).collect();
+        let mut history = head.to_vec();
+        history.extend(&quote);
+        history.extend([3, 4]);
+        history.extend(&quote[..20]);
+        (quote, history)
+    }
+
     fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
         ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0, batch_cut: false }
     }
@@ -454,11 +465,7 @@ mod tests {
         let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
         let mut d = SuffixDrafter::new(config).unwrap();
         // The prompt quotes 40 distinct tokens; the output has copied the first 20 of them.
-        let quote: Vec<TokenId> = (100..140).collect();
-        let mut history: Vec<TokenId> = vec![1, 2];
-        history.extend(&quote);
-        history.extend([3, 4]);
-        history.extend(&quote[..20]);
+        let (quote, history) = copying(&[1, 2]);
         d.begin(&history, &sampler, 0).unwrap();
         // Untrained, the pessimistic prior drafts a few tokens of the copy, not all of it.
         let cautious = d.propose(&ctx(&history, &sampler)).unwrap();
@@ -493,11 +500,8 @@ mod tests {
             let config = SuffixConfig { explore_every: 0, shared, costs: Some(costs), ..Default::default() };
             let mut d = SuffixDrafter::new(config).unwrap();
             // The same quote and copy, after `filler` tokens of unrelated prompt.
-            let quote: Vec<TokenId> = (100..140).collect();
-            let mut history: Vec<TokenId> = (0..filler as TokenId).map(|i| 1000 + i).collect();
-            history.extend(&quote);
-            history.extend([3, 4]);
-            history.extend(&quote[..20]);
+            let unrelated: Vec<TokenId> = (0..filler as TokenId).map(|i| 1000 + i).collect();
+            let (_, history) = copying(&unrelated);
             d.begin(&history, &sampler, 0).unwrap();
             d.propose(&ctx(&history, &sampler)).unwrap().drafted()
         };
@@ -524,11 +528,7 @@ mod tests {
     #[test]
     fn exploring_a_long_copy_doubles_what_the_pessimistic_price_keeps() {
         let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-        let quote: Vec<TokenId> = (100..140).collect();
-        let mut history: Vec<TokenId> = vec![1, 2];
-        history.extend(&quote);
-        history.extend([3, 4]);
-        history.extend(&quote[..20]);
+        let (_, history) = copying(&[1, 2]);
         let drafted = |explore_every: u32| {
             let config = SuffixConfig { explore_every, ..Default::default() };
             let mut d = SuffixDrafter::new(config).unwrap();
