@@ -1,30 +1,33 @@
 //! Pricing free drafts: P(target accepts a suffix-drafted node | its parent was accepted), learned
-//! online per (match length, depth, vote share, source) and priced *pessimistically*.
+//! online per (context, vote share, source) and priced *pessimistically*.
 //!
 //! A free draft costs nothing to propose but each verified row costs target time, and on a CPU a
 //! node must be accepted well over half the time to pay for its row. Weak matches are common and
 //! usually wrong, long exact copies are rare and almost always right; one number per depth (the
 //! prompt-lookup calibration) mixes them and ends up verifying the weak ones and cutting the copies
 //! short. Here each cell of the feature grid is a Beta posterior (prior centred on a guess from the
-//! match length and vote share, worth two trials), and a node is priced at its posterior mean minus
-//! `z` standard deviations: a cell seen a few times is not trusted, a cell seen hundreds of times
-//! is priced at what it did. A negative `z` prices optimistically — the drafter does that on
-//! explicit exploration steps so that cells the pessimistic price keeps out still get tried.
+//! context and vote share, worth two trials), and a node is priced at its posterior mean minus `z`
+//! standard deviations: a cell seen a few times is not trusted, a cell seen hundreds of times is
+//! priced at what it did. A node's context is the match it continues (the root's match length
+//! plus the drafted tokens above it), so the deep nodes of a short match and the shallow nodes of
+//! a long one share what they learn. A negative `z` prices optimistically — the drafter does that
+//! on explicit exploration steps so that cells the pessimistic price keeps out still get tried.
 //! Old trials are slowly forgotten, so the prices follow the text being written.
 
 use serde::{Deserialize, Serialize};
 
 use super::trie::NodeFeatures;
 
-/// Match-length buckets: upper bounds (inclusive) of each bucket; longer matches share the last.
-const MATCH_EDGES: [usize; 6] = [2, 3, 5, 9, 17, 33];
-/// Depth buckets, likewise.
-const DEPTH_EDGES: [usize; 6] = [1, 2, 4, 8, 16, 32];
+/// Context buckets: upper bounds (inclusive) of each bucket; longer contexts share the last. A
+/// node's context is the match it continues: the root's match length plus the drafted tokens above
+/// it. Once its parent is accepted, a node at depth d under an m-token match is in exactly the
+/// situation of a depth-1 node under an (m + d − 1)-token match, so both share a cell: the deep
+/// nodes of a copy learn from the shallow ones and the other way round.
+const CONTEXT_EDGES: [usize; 13] = [2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64];
 /// Buckets per feature.
-const MATCH_BUCKETS: usize = MATCH_EDGES.len() + 1;
-const DEPTH_BUCKETS: usize = DEPTH_EDGES.len() + 1;
+const CONTEXT_BUCKETS: usize = CONTEXT_EDGES.len() + 1;
 const SHARE_BUCKETS: usize = 4;
-const CELLS: usize = MATCH_BUCKETS * DEPTH_BUCKETS * SHARE_BUCKETS * 2;
+const CELLS: usize = CONTEXT_BUCKETS * SHARE_BUCKETS * 2;
 /// Pseudo-trials of the prior in every cell.
 const PRIOR_TRIALS: f64 = 2.0;
 /// Per-trial decay of past counts (an effective memory of about 4,000 trials).
@@ -46,17 +49,20 @@ fn share_bucket(f: &NodeFeatures) -> usize {
     }
 }
 
+/// The match a node continues, in tokens (see [`CONTEXT_EDGES`]).
+fn context(f: &NodeFeatures) -> usize {
+    f.match_len + f.depth.saturating_sub(1)
+}
+
 fn cell(f: &NodeFeatures) -> usize {
-    let m = bucket(&MATCH_EDGES, f.match_len);
-    let d = bucket(&DEPTH_EDGES, f.depth);
-    ((m * DEPTH_BUCKETS + d) * SHARE_BUCKETS + share_bucket(f)) * 2 + f.global as usize
+    (bucket(&CONTEXT_EDGES, context(f)) * SHARE_BUCKETS + share_bucket(f)) * 2 + f.global as usize
 }
 
 /// The prior guess: a match of m tokens followed d − 1 tokens deep is a context of m + d − 1
 /// tokens; longer contexts predict better (m'/(m' + 2)), scaled by the node's vote share, and
 /// other requests' text predicts less than the request's own.
 pub fn prior_acceptance(f: &NodeFeatures) -> f64 {
-    let context = (f.match_len + f.depth.saturating_sub(1)) as f64;
+    let context = context(f) as f64;
     let source = if f.global { 0.8 } else { 1.0 };
     (context / (context + 2.0) * f.share.clamp(0.0, 1.0) * source).clamp(0.01, 0.99)
 }
@@ -123,17 +129,6 @@ impl SuffixPricing {
         self.accepted[c] += accepted as u8 as f64;
         self.total += 1;
     }
-
-    /// Observed acceptance per depth bucket over all cells (for reports), `None` where no trial.
-    pub fn per_depth(&self) -> Vec<Option<f64>> {
-        let mut acc = vec![(0.0, 0.0); DEPTH_BUCKETS];
-        for c in 0..CELLS {
-            let d = (c / (SHARE_BUCKETS * 2)) % DEPTH_BUCKETS;
-            acc[d].0 += self.accepted[c];
-            acc[d].1 += self.trials[c];
-        }
-        acc.into_iter().map(|(a, t)| (t > 0.0).then(|| a / t)).collect()
-    }
 }
 
 #[cfg(test)]
@@ -179,8 +174,9 @@ mod tests {
         assert_eq!(p.posterior(&untouched).0, SuffixPricing::new().posterior(&untouched).0);
         // Well-tried cells keep their pessimistic price on exploration steps.
         assert_eq!(p.exploration_price(&node(2, 1), 1.0), weak);
-        let per_depth = p.per_depth();
-        assert!((per_depth[0].unwrap() - 0.2).abs() < 0.05);
-        assert_eq!(per_depth[1], None);
+        // A depth-1 node under a 39-token match continues the same context as the depth-10 node
+        // under a 30-token one: it learned from those trials.
+        assert_eq!(p.price(&node(39, 1), 1.0), copy);
+        assert!(p.price(&node(3, 1), 1.0) < copy);
     }
 }

@@ -13,6 +13,12 @@
 //! matches are weak. Every `explore_every` steps, cells with few trials are priced optimistically
 //! instead so that the pessimistic price cannot lock them out forever.
 //!
+//! The prices learn from every proposal, not only from the nodes verified: at the next step the
+//! tokens emitted meanwhile say which children of the last trie were right ([`Shadow`]). And each
+//! request bends the shared prices by how its own text has borne them out
+//! ([`RequestCalibration`]): a summary quoting its article is priced up, a math answer that quotes
+//! three words of its question and moves on is priced down.
+//!
 //! Lossless: every node is a `Draw::Deterministic` candidate chosen from the history and from
 //! verify outcomes of *earlier* steps, never from this step's verifier randomness, so family-3
 //! verification is exact under sampling, and greedy verification follows the target's argmax.
@@ -189,6 +195,106 @@ pub struct SuffixDrafter {
     values: Vec<f64>,
     last_gain: f64,
     stats: SuffixStats,
+    /// The whole trie of the last proposal, kept to be scored against the tokens emitted next.
+    shadow: Option<Shadow>,
+    /// How this request's text bears out the shared prices (see [`RequestCalibration`]).
+    calibration: RequestCalibration,
+}
+
+/// A proposal's whole trie (not only the nodes verified), scored at the next step against the
+/// tokens the target emitted meanwhile. A free draft needs no verification to be learned from:
+/// whether each child of the emitted path was the token that came next is known for free once the
+/// text has moved on. So the pricing learns from every match, including the many it priced out —
+/// which is how a cell priced too low gets to show it is better (a copy of an article being
+/// summarised), without paying rows to explore it.
+#[derive(Debug)]
+struct Shadow {
+    /// History length when proposed: the root is `history[len − 1]`, depth-d nodes predict
+    /// `history[len + d − 1]`.
+    len: usize,
+    /// Parent and token of each trie node (node 0 = the root).
+    nodes: Vec<(usize, TokenId)>,
+    features: Vec<NodeFeatures>,
+    /// Trie nodes verified (recorded by `observe` already), by trie id.
+    verified: Vec<bool>,
+    /// Trie ids of the proposal's nodes in arena order (the proposal's node i is `kept[i − 1]`).
+    kept: Vec<usize>,
+    /// Each trie node's posterior mean acceptance under the shared prices when proposed.
+    means: Vec<f64>,
+}
+
+/// The shared prices pool every request, but whether a match continues depends on the text: an
+/// article being summarised or code being edited keeps following its matches, a worked math
+/// answer quotes a few words of the question and moves on. Each request keeps a moving tally of
+/// its scored nodes (verified or not) — how many were right against how many the shared prices
+/// expected — and scales every price's odds by that ratio: the pooled knowledge, bent toward what
+/// this text has shown.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct RequestCalibration {
+    hits: f64,
+    expected: f64,
+}
+
+/// Per scored node, the weight the older tally keeps (a memory of about 30 nodes).
+const CALIBRATION_DECAY: f64 = 0.97;
+/// Pseudo-nodes at the shared prices' own rate, so that a request's first few nodes move its
+/// ratio only a little.
+const CALIBRATION_PRIOR: f64 = 3.0;
+/// The ratio's range.
+const CALIBRATION_RANGE: (f64, f64) = (0.25, 4.0);
+
+impl RequestCalibration {
+    const NEUTRAL: Self = Self { hits: 0.0, expected: 0.0 };
+
+    fn record(&mut self, hit: bool, mean: f64) {
+        self.hits = self.hits * CALIBRATION_DECAY + hit as u8 as f64;
+        self.expected = self.expected * CALIBRATION_DECAY + mean;
+    }
+
+    /// Observed over expected successes, with the prior pseudo-nodes.
+    fn ratio(&self) -> f64 {
+        ((self.hits + CALIBRATION_PRIOR) / (self.expected + CALIBRATION_PRIOR))
+            .clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
+    }
+
+    /// `p` with its odds scaled by the ratio.
+    fn adjust(&self, p: f64) -> f64 {
+        let r = self.ratio();
+        let denominator = 1.0 - p + p * r;
+        if denominator <= 0.0 {
+            p
+        } else {
+            (p * r / denominator).clamp(0.0, 1.0)
+        }
+    }
+}
+
+impl Shadow {
+    /// Record every not-yet-verified child along the path the text took since the proposal in
+    /// the shared prices, and every child (verified or not) in the request's calibration.
+    fn learn(&self, history: &[TokenId], pricing: &mut SuffixPricing, calibration: &mut RequestCalibration) {
+        let Some(emitted) = history.get(self.len..) else { return };
+        let mut at = ROOT;
+        for &next in emitted {
+            let mut taken = None;
+            for (id, &(parent, token)) in self.nodes.iter().enumerate().skip(1) {
+                if parent != at {
+                    continue;
+                }
+                if !self.verified[id] {
+                    pricing.record(&self.features[id], token == next);
+                }
+                calibration.record(token == next, self.means[id]);
+                if token == next {
+                    taken = Some(id);
+                }
+            }
+            match taken {
+                Some(id) => at = id,
+                None => return,
+            }
+        }
+    }
 }
 
 impl SuffixDrafter {
@@ -205,6 +311,8 @@ impl SuffixDrafter {
             values: Vec::new(),
             last_gain: 0.0,
             stats: SuffixStats::default(),
+            shadow: None,
+            calibration: RequestCalibration::NEUTRAL,
         })
     }
 
@@ -246,6 +354,7 @@ impl SuffixDrafter {
         for (id, node) in tree.nodes().iter().enumerate().skip(1) {
             let f = &features[id];
             let price = if explore { pricing.exploration_price(f, z) } else { pricing.price(f, z) };
+            let price = self.calibration.adjust(price);
             value[id] = value[node.parent.unwrap_or(ROOT)] * price;
         }
         drop(pricing);
@@ -294,6 +403,8 @@ impl Drafter for SuffixDrafter {
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, _seed: u64) -> Result<()> {
         self.stats = SuffixStats::default();
         self.features.clear();
+        self.shadow = None;
+        self.calibration = RequestCalibration::NEUTRAL;
         self.local.clear();
         self.local.extend(prompt);
         self.prompt_key = prompt_key(prompt);
@@ -318,6 +429,9 @@ impl Drafter for SuffixDrafter {
             return Ok(TokenTree::new(ctx.root()));
         }
         self.local.sync(ctx.history);
+        if let Some(shadow) = self.shadow.take() {
+            shadow.learn(ctx.history, &mut self.config.shared.pricing(), &mut self.calibration);
+        }
         let (tree, features) = self.trie(ctx.history, depth)?;
         let explore = self.config.explore_every > 0
             && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
@@ -347,6 +461,17 @@ impl Drafter for SuffixDrafter {
             self.values.push(value[n].min(floor));
         }
         self.last_gain = gain.max(0.0);
+        let pricing = self.config.shared.pricing();
+        let means = features.iter().map(|f| pricing.posterior(f).0).collect();
+        drop(pricing);
+        self.shadow = Some(Shadow {
+            means,
+            len: ctx.history.len(),
+            nodes: tree.nodes().iter().map(|n| (n.parent.unwrap_or(ROOT), n.token)).collect(),
+            verified: vec![false; tree.len()],
+            kept: order[..keep].to_vec(),
+            features,
+        });
         Ok(cut)
     }
 
@@ -383,6 +508,11 @@ impl Drafter for SuffixDrafter {
                 pricing.record(&self.features[id], accepted[id]);
             }
         }
+        if let Some(shadow) = self.shadow.as_mut() {
+            for i in 1..tree.len() {
+                shadow.verified[shadow.kept[i - 1]] = true;
+            }
+        }
         self.features.clear();
         self.values.clear();
         Ok(())
@@ -417,13 +547,21 @@ mod tests {
 
     /// Pricing that has seen exact copies accepted many times, at every match length and depth.
     fn trained(shared: &SuffixShared) {
+        trained_at(shared, 1);
+    }
+
+    /// Pricing that has seen exact copies at every match length and depth, one in `fail_every`
+    /// of them (drawn pseudo-randomly) rejected (1 = none).
+    fn trained_at(shared: &SuffixShared, fail_every: u64) {
         let mut p = shared.pricing();
+        let mut i: u64 = 1;
         for _ in 0..40 {
             for match_len in [8, 12, 20, 40, 64] {
                 for depth in 1..=64 {
                     for global in [false, true] {
                         let f = NodeFeatures { match_len, depth, share: 1.0, support: 1, global };
-                        p.record(&f, true);
+                        i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        p.record(&f, fail_every <= 1 || (i >> 33) % fail_every != 0);
                     }
                 }
             }
@@ -495,7 +633,9 @@ mod tests {
             .unwrap();
         let drafted = |filler: usize| {
             let shared = SuffixShared::empty();
-            trained(&shared);
+            // Copies right 19 times in 20: near-certain copies pay at any context (the context
+            // surcharge is on plain decoding's row too), these are worth fewer rows as rows get dear.
+            trained_at(&shared, 20);
             let costs = SharedCosts::new(CostModel::new(curve.clone(), None));
             let config = SuffixConfig { explore_every: 0, shared, costs: Some(costs), ..Default::default() };
             let mut d = SuffixDrafter::new(config).unwrap();
@@ -506,7 +646,7 @@ mod tests {
             d.propose(&ctx(&history, &sampler)).unwrap().drafted()
         };
         let (short, long) = (drafted(0), drafted(1500));
-        assert!(short >= 16, "a trained exact copy on a short cache rides the curve: {short}");
+        assert!(short >= 15, "a trained copy on a short cache rides the curve to 16 rows: {short}");
         assert!(long < short, "every row costs 60 ms more at 1,500 tokens: {long} vs {short}");
     }
 
