@@ -1,11 +1,12 @@
 //! Writing a result set's files: `results.json`, `summary.md` ([`markdown`]), `speedup.svg` and
-//! `acceptance.svg` ([`svg`]). The schema itself is [`crate::record`].
+//! `acceptance.svg` ([`svg`]), and `plain-tokens.jsonl`. The schema itself is [`crate::record`].
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 use crate::record::Results;
+use crate::runner::PlainText;
 
 pub mod markdown;
 pub mod svg;
@@ -31,4 +32,16 @@ pub fn write_all(dir: &Path, results: &Results) -> Result<Vec<PathBuf>> {
         out.push(path);
     }
     Ok(out)
+}
+
+/// Write `DIR/plain-tokens.jsonl`: one [`PlainText`] per line.
+pub fn write_plain_texts(dir: &Path, texts: &[PlainText]) -> Result<PathBuf> {
+    let mut text = String::new();
+    for t in texts {
+        text += &serde_json::to_string(t)?;
+        text.push('\n');
+    }
+    let path = dir.join("plain-tokens.jsonl");
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
 }

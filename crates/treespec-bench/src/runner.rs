@@ -165,10 +165,28 @@ pub enum ProgressMode {
 pub struct RunOutput {
     /// One record per measured generation, in run order.
     pub runs: Vec<RunRecord>,
+    /// The first method's (plain decoding's) prompt and output tokens per prompt and repeat: what
+    /// offline analyses of the text need (how much of each answer any draft could have copied).
+    pub plain_texts: Vec<PlainText>,
     /// Wall time of the whole benchmark, warm-up included.
     pub elapsed: Duration,
     /// Wall time of the warm-up.
     pub warmup: Duration,
+}
+
+/// One plain-decoding generation's tokens (a line of `plain-tokens.jsonl`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PlainText {
+    /// Prompt id.
+    pub prompt_id: String,
+    /// Prompt category.
+    pub category: String,
+    /// Repeat index (0-based).
+    pub repeat: usize,
+    /// Prompt tokens (chat-formatted, as the target saw them).
+    pub prompt: Vec<TokenId>,
+    /// Emitted tokens.
+    pub output: Vec<TokenId>,
 }
 
 /// Index of the first token where two outputs differ (`None` when identical). When one is a
@@ -364,6 +382,7 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
 
     let greedy = cfg.sampling.temperature == 0.0;
     let mut runs = Vec::with_capacity(measured);
+    let mut plain_texts = Vec::with_capacity(prompts.len() * cfg.repeat);
     for (p, tokens) in prompts.iter().zip(&tokenized) {
         for r in 0..cfg.repeat {
             let mut plain: Option<Vec<TokenId>> = None;
@@ -372,6 +391,15 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
                 let (out, mut record) = run_one(backend, spec, p, tokens, cfg, r).with_context(|| {
                     format!("{} on prompt {} ({}), repeat {r}", spec.name, p.id, p.category)
                 })?;
+                if std::ptr::eq(spec, &cfg.methods[0]) {
+                    plain_texts.push(PlainText {
+                        prompt_id: p.id.clone(),
+                        category: p.category.clone(),
+                        repeat: r,
+                        prompt: tokens.clone(),
+                        output: out.clone(),
+                    });
+                }
                 // An unconstrained reference row is not expected to match constrained plain.
                 let comparable = spec.constrained == cfg.methods[0].constrained;
                 if greedy && comparable {
@@ -399,7 +427,7 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
         }
     }
     rep.finish();
-    Ok(RunOutput { runs, elapsed: start.elapsed(), warmup })
+    Ok(RunOutput { runs, plain_texts, elapsed: start.elapsed(), warmup })
 }
 
 #[cfg(test)]

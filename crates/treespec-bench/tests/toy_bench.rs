@@ -252,3 +252,34 @@ fn runner_rejects_bad_configs_with_clear_errors() {
     let e = format!("{:#}", run_bench(&mut backend, &prompts, &cfg).unwrap_err());
     assert!(e.contains("chain on prompt 1"), "{e}");
 }
+
+#[test]
+fn plain_decodings_tokens_are_kept_per_prompt_and_repeat_and_written_as_json_lines() {
+    let all = parse_prompts(PROMPTS).unwrap();
+    let prompts = select(&all, &Selection { limit: Some(3), ..Default::default() }).unwrap();
+    let cfg = RunConfig {
+        methods: vec![BenchMethod::new(Method::Plain), BenchMethod::new(Method::Chain { k: 3 })],
+        max_new_tokens: 20,
+        sampling: SamplingParams::greedy(),
+        seed: 1,
+        repeat: 2,
+        warmup: false,
+        progress: ProgressMode::Quiet,
+    };
+    let mut backend = ToyBackend::new(24, 2, 0.7, 3, 512);
+    let out = run_bench(&mut backend, &prompts, &cfg).unwrap();
+    assert_eq!(out.plain_texts.len(), prompts.len() * 2, "one per prompt and repeat, plain only");
+    let plain_runs: Vec<_> = out.runs.iter().filter(|r| r.method == "plain").collect();
+    for (t, r) in out.plain_texts.iter().zip(&plain_runs) {
+        assert_eq!((&t.prompt_id, t.repeat), (&r.prompt_id, r.repeat));
+        assert_eq!(t.prompt.len(), r.prompt_tokens);
+        assert_eq!(t.output.len() as u64, r.new_tokens);
+    }
+    let dir = out_dir("plain-texts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = treespec_bench::report::write_plain_texts(&dir, &out.plain_texts).unwrap();
+    let back: Vec<treespec_bench::runner::PlainText> =
+        std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(back, out.plain_texts);
+    let _ = std::fs::remove_dir_all(&dir);
+}

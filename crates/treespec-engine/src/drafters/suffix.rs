@@ -199,6 +199,12 @@ pub struct SuffixDrafter {
     shadow: Option<Shadow>,
     /// How this request's text bears out the shared prices (see [`RequestCalibration`]).
     calibration: RequestCalibration,
+    /// Tokens accepted against the tokens the verified nodes' path values promised, per verified
+    /// step. The node tally cannot see a long bet fail: a 15-node chain rejected at depth 3 is two
+    /// hits and one miss, about what the prices expected of those three nodes, while the step
+    /// promised seven tokens and got two. A worked math answer that quotes a phrase of its
+    /// question and then changes the number does that again and again.
+    bets: RequestCalibration,
 }
 
 /// A proposal's whole trie (not only the nodes verified), scored at the next step against the
@@ -235,8 +241,10 @@ struct RequestCalibration {
     expected: f64,
 }
 
-/// Per scored node, the weight the older tally keeps (a memory of about 30 nodes).
-const CALIBRATION_DECAY: f64 = 0.97;
+/// Per scored node, the weight the older node tally keeps (a memory of about 30 nodes).
+const NODE_DECAY: f64 = 0.97;
+/// Per verified step, the weight the older step tally keeps (a memory of about 10 steps).
+const STEP_DECAY: f64 = 0.9;
 /// Pseudo-nodes at the shared prices' own rate, so that a request's first few nodes move its
 /// ratio only a little.
 const CALIBRATION_PRIOR: f64 = 3.0;
@@ -246,9 +254,10 @@ const CALIBRATION_RANGE: (f64, f64) = (0.25, 4.0);
 impl RequestCalibration {
     const NEUTRAL: Self = Self { hits: 0.0, expected: 0.0 };
 
-    fn record(&mut self, hit: bool, mean: f64) {
-        self.hits = self.hits * CALIBRATION_DECAY + hit as u8 as f64;
-        self.expected = self.expected * CALIBRATION_DECAY + mean;
+    /// Add `hits` successes against `expected`, the older tally weighted by `decay`.
+    fn record(&mut self, hits: f64, expected: f64, decay: f64) {
+        self.hits = self.hits * decay + hits;
+        self.expected = self.expected * decay + expected;
     }
 
     /// Observed over expected successes, with the prior pseudo-nodes.
@@ -257,14 +266,20 @@ impl RequestCalibration {
             .clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
     }
 
-    /// `p` with its odds scaled by the ratio.
+    /// `p` bent by the ratio: scaled by it below 1 (a request whose nodes came true a third as
+    /// often as priced gets a third of each price), its odds scaled above 1 (so that a price
+    /// stays below 1).
     fn adjust(&self, p: f64) -> f64 {
         let r = self.ratio();
-        let denominator = 1.0 - p + p * r;
-        if denominator <= 0.0 {
-            p
+        if r >= 1.0 {
+            let denominator = 1.0 - p + p * r;
+            if denominator <= 0.0 {
+                p
+            } else {
+                (p * r / denominator).clamp(0.0, 1.0)
+            }
         } else {
-            (p * r / denominator).clamp(0.0, 1.0)
+            (p * r).clamp(0.0, 1.0)
         }
     }
 }
@@ -284,7 +299,7 @@ impl Shadow {
                 if !self.verified[id] {
                     pricing.record(&self.features[id], token == next);
                 }
-                calibration.record(token == next, self.means[id]);
+                calibration.record(f64::from(token == next), self.means[id], NODE_DECAY);
                 if token == next {
                     taken = Some(id);
                 }
@@ -313,6 +328,7 @@ impl SuffixDrafter {
             stats: SuffixStats::default(),
             shadow: None,
             calibration: RequestCalibration::NEUTRAL,
+            bets: RequestCalibration::NEUTRAL,
         })
     }
 
@@ -358,6 +374,12 @@ impl SuffixDrafter {
             value[id] = value[node.parent.unwrap_or(ROOT)] * price;
         }
         drop(pricing);
+        // A request whose verified steps fell short of what their values promised has every
+        // path value scaled down by as much (never up: the node prices already rose with it).
+        let shortfall = self.bets.ratio().min(1.0);
+        for v in value.iter_mut().skip(1) {
+            *v *= shortfall;
+        }
         let order = value_order(tree, &value);
         let values: Vec<f64> = order.iter().take(room).map(|&n| value[n]).collect();
         let (keep, gain) = match &self.budget {
@@ -405,6 +427,7 @@ impl Drafter for SuffixDrafter {
         self.features.clear();
         self.shadow = None;
         self.calibration = RequestCalibration::NEUTRAL;
+        self.bets = RequestCalibration::NEUTRAL;
         self.local.clear();
         self.local.extend(prompt);
         self.prompt_key = prompt_key(prompt);
@@ -508,6 +531,10 @@ impl Drafter for SuffixDrafter {
                 pricing.record(&self.features[id], accepted[id]);
             }
         }
+        if tree.drafted() > 0 && self.values.len() >= tree.drafted() {
+            let expected: f64 = self.values[..tree.drafted()].iter().sum();
+            self.bets.record(outcome.accepted.len() as f64, expected, STEP_DECAY);
+        }
         if let Some(shadow) = self.shadow.as_mut() {
             for i in 1..tree.len() {
                 shadow.verified[shadow.kept[i - 1]] = true;
@@ -561,7 +588,7 @@ mod tests {
                     for global in [false, true] {
                         let f = NodeFeatures { match_len, depth, share: 1.0, support: 1, global };
                         i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                        p.record(&f, fail_every <= 1 || (i >> 33) % fail_every != 0);
+                        p.record(&f, fail_every <= 1 || !(i >> 33).is_multiple_of(fail_every));
                     }
                 }
             }
@@ -710,5 +737,124 @@ mod tests {
         same.begin(&again, &sampler, 0).unwrap();
         again.extend(&answer[..12]);
         assert_eq!(same.propose(&ctx(&again, &sampler)).unwrap().drafted(), 0);
+    }
+
+    /// The outcome of a step that verified `accepted` (drafted node ids, root's child first) and
+    /// then emitted `bonus`.
+    fn outcome(tree: &TokenTree, accepted: &[usize], bonus: TokenId) -> VerifyOutcome {
+        let mut tokens: Vec<TokenId> = accepted.iter().map(|&n| tree.node(n).token).collect();
+        tokens.push(bonus);
+        VerifyOutcome { accepted: accepted.to_vec(), tokens, depths: Vec::new() }
+    }
+
+    #[test]
+    fn priced_out_children_are_learned_from_the_text_that_followed() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        // After [7, 8] the text went on once with 1 and once with 2: a split vote, not verified.
+        let mut text = vec![7, 8, 1, 7, 8, 2, 7, 8];
+        d.begin(&text, &sampler, 0).unwrap();
+        let tree = d.propose(&ctx(&text, &sampler)).unwrap();
+        assert_eq!(tree.drafted(), 0);
+        d.observe(&tree, &outcome(&tree, &[], 1)).unwrap();
+        assert_eq!(shared.pricing().total_trials(), 0, "nothing was verified");
+        // The text took 1: at the next step both priced-out children are scored, for free.
+        text.push(1);
+        d.propose(&ctx(&text, &sampler)).unwrap();
+        assert_eq!(shared.pricing().total_trials(), 2);
+        // One hit (the child 1) and one miss, against what their prices expected.
+        assert!((d.calibration.hits - 1.0).abs() < 0.05 && d.calibration.expected > 0.0);
+    }
+
+    #[test]
+    fn verified_nodes_are_learned_once() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained(&shared);
+        let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        let (_, mut history) = copying(&[1, 2]);
+        d.begin(&history, &sampler, 0).unwrap();
+        let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(tree.drafted() >= 5 && tree.leaves().len() == 1, "one long chain");
+        let before = shared.pricing().total_trials();
+        // The target took the chain's first three tokens and then another than the fourth.
+        let step = outcome(&tree, &[1, 2, 3], 9999);
+        d.observe(&tree, &step).unwrap();
+        assert_eq!(shared.pricing().total_trials(), before + 4, "three accepted, one rejected");
+        // The next step scores the trie along the same path: every node on it was verified.
+        history.extend(&step.tokens);
+        d.propose(&ctx(&history, &sampler)).unwrap();
+        assert_eq!(shared.pricing().total_trials(), before + 4);
+    }
+
+    #[test]
+    fn a_request_calibration_bends_prices_toward_what_its_text_showed() {
+        let neutral = RequestCalibration::NEUTRAL;
+        assert!((neutral.adjust(0.6) - 0.6).abs() < 1e-12);
+        let (mut leaving, mut following) = (neutral, neutral);
+        for _ in 0..30 {
+            leaving.record(0.0, 0.7, NODE_DECAY);
+            following.record(1.0, 0.5, NODE_DECAY);
+        }
+        assert!(leaving.ratio() < 1.0 && following.ratio() > 1.0);
+        assert!(leaving.ratio() >= CALIBRATION_RANGE.0 && following.ratio() <= CALIBRATION_RANGE.1);
+        for c in [leaving, following] {
+            assert_eq!(c.adjust(0.0), 0.0);
+            assert!(c.adjust(0.3) < c.adjust(0.6) && c.adjust(0.6) < c.adjust(1.0), "order is kept");
+        }
+        assert_eq!((leaving.adjust(1.0), following.adjust(1.0)), (leaving.ratio(), 1.0));
+        assert!(leaving.adjust(0.6) < 0.6 && following.adjust(0.6) > 0.6 && following.adjust(0.6) < 1.0);
+        // Below 1 the ratio scales the price itself: a third as many hits, a third of the price.
+        assert!((leaving.adjust(0.9) - 0.9 * leaving.ratio()).abs() < 1e-12);
+        // A few nodes move the ratio only a little.
+        let mut one = neutral;
+        one.record(0.0, 0.9, NODE_DECAY);
+        assert!(one.ratio() > 0.7);
+    }
+
+    #[test]
+    fn a_request_that_keeps_leaving_its_matches_drafts_less_of_the_same_copy() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained(&shared);
+        let config = SuffixConfig { explore_every: 0, shared, ..Default::default() };
+        let (_, history) = copying(&[1, 2]);
+        let drafted = |calibration: RequestCalibration| {
+            let mut d = SuffixDrafter::new(config.clone()).unwrap();
+            d.begin(&history, &sampler, 0).unwrap();
+            d.calibration = calibration;
+            d.propose(&ctx(&history, &sampler)).unwrap().drafted()
+        };
+        let mut leaving = RequestCalibration::NEUTRAL;
+        for _ in 0..50 {
+            leaving.record(0.0, 0.9, NODE_DECAY);
+        }
+        let (neutral, bent) = (drafted(RequestCalibration::NEUTRAL), drafted(leaving));
+        assert!(neutral >= 20 && bent < neutral, "{bent} vs {neutral}");
+    }
+
+    #[test]
+    fn a_long_bet_that_falls_short_scales_the_next_ones_down() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained(&shared);
+        let config = SuffixConfig { explore_every: 0, shared, ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        let (_, history) = copying(&[1, 2]);
+        d.begin(&history, &sampler, 0).unwrap();
+        let first = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(first.drafted() >= 20);
+        // Three verified long chains each rejected at the root's child: the per-node prices barely
+        // move (three misses), the step tally sees some 60 promised tokens and none delivered.
+        for _ in 0..3 {
+            let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
+        }
+        assert!(d.bets.ratio() <= 0.3, "{}", d.bets.ratio());
+        let after = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(after.drafted() < first.drafted(), "{} vs {}", after.drafted(), first.drafted());
     }
 }

@@ -143,9 +143,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         plan.n,
         args.sampling.temp
     );
-    let Some(measured) = measure(&args, &plan)? else { return Ok(()) };
+    let Some(mut measured) = measure(&args, &plan)? else { return Ok(()) };
+    let texts = std::mem::take(&mut measured.output.plain_texts);
     let results = results(&args, &plan, measured, started_unix_s);
-    report(&results, &plan.out_dir)
+    report(&results, &plan.out_dir)?;
+    let path = treespec_bench::report::write_plain_texts(&plan.out_dir, &texts)?;
+    eprintln!("  {} (plain decoding's tokens, for scripts/copy-bound.py)", path.display());
+    Ok(())
 }
 
 /// What to run, checked before any model loads: a bad prompt file, selection, method name or
