@@ -239,6 +239,7 @@ struct Shadow {
 struct RequestCalibration {
     hits: f64,
     expected: f64,
+    trials: f64,
 }
 
 /// Per scored node, the weight the older node tally keeps (a memory of about 30 nodes).
@@ -246,18 +247,20 @@ const NODE_DECAY: f64 = 0.97;
 /// Per verified step, the weight the older step tally keeps (a memory of about 10 steps).
 const STEP_DECAY: f64 = 0.9;
 /// Pseudo-nodes at the shared prices' own rate, so that a request's first few nodes move its
-/// ratio only a little.
+/// ratios only a little.
 const CALIBRATION_PRIOR: f64 = 3.0;
-/// The ratio's range.
+/// The ratios' range.
 const CALIBRATION_RANGE: (f64, f64) = (0.25, 4.0);
 
 impl RequestCalibration {
-    const NEUTRAL: Self = Self { hits: 0.0, expected: 0.0 };
+    const NEUTRAL: Self = Self { hits: 0.0, expected: 0.0, trials: 0.0 };
 
-    /// Add `hits` successes against `expected`, the older tally weighted by `decay`.
-    fn record(&mut self, hits: f64, expected: f64, decay: f64) {
+    /// Add `hits` successes out of `trials` against `expected`, the older tally weighted by
+    /// `decay`.
+    fn record(&mut self, hits: f64, expected: f64, trials: f64, decay: f64) {
         self.hits = self.hits * decay + hits;
         self.expected = self.expected * decay + expected;
+        self.trials = self.trials * decay + trials;
     }
 
     /// Observed over expected successes, with the prior pseudo-nodes.
@@ -266,20 +269,31 @@ impl RequestCalibration {
             .clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
     }
 
-    /// `p` bent by the ratio: scaled by it below 1 (a request whose nodes came true a third as
-    /// often as priced gets a third of each price), its odds scaled above 1 (so that a price
-    /// stays below 1).
+    /// Observed over expected failures, with the prior pseudo-nodes.
+    fn miss_ratio(&self) -> f64 {
+        let missed = (self.trials - self.hits).max(0.0);
+        let expected = (self.trials - self.expected).max(0.0);
+        ((missed + CALIBRATION_PRIOR) / (expected + CALIBRATION_PRIOR))
+            .clamp(CALIBRATION_RANGE.0, CALIBRATION_RANGE.1)
+    }
+
+    /// `p` bent by what the request showed. Fewer hits than priced: the price is scaled by the
+    /// ratio (a request whose nodes came true a third as often gets a third of each price). More:
+    /// the odds are scaled by the hits' ratio over the misses' ratio, the shift of a logistic
+    /// calibration — a copy priced 0.8 a node in a request that missed a quarter as often as
+    /// expected is priced about 0.94 (scaling by the hits' ratio alone could not get it past
+    /// 0.8 × 1.25), while a weak match stays weak (0 stays 0).
     fn adjust(&self, p: f64) -> f64 {
         let r = self.ratio();
-        if r >= 1.0 {
-            let denominator = 1.0 - p + p * r;
-            if denominator <= 0.0 {
-                p
-            } else {
-                (p * r / denominator).clamp(0.0, 1.0)
-            }
+        if r < 1.0 {
+            return (p * r).clamp(0.0, 1.0);
+        }
+        let m = r / self.miss_ratio();
+        let denominator = 1.0 - p + p * m;
+        if denominator <= 0.0 {
+            p
         } else {
-            (p * r).clamp(0.0, 1.0)
+            (p * m / denominator).clamp(0.0, 1.0)
         }
     }
 }
@@ -299,7 +313,7 @@ impl Shadow {
                 if !self.verified[id] {
                     pricing.record(&self.features[id], token == next);
                 }
-                calibration.record(f64::from(token == next), self.means[id], NODE_DECAY);
+                calibration.record(f64::from(token == next), self.means[id], 1.0, NODE_DECAY);
                 if token == next {
                     taken = Some(id);
                 }
@@ -533,7 +547,7 @@ impl Drafter for SuffixDrafter {
         }
         if tree.drafted() > 0 && self.values.len() >= tree.drafted() {
             let expected: f64 = self.values[..tree.drafted()].iter().sum();
-            self.bets.record(outcome.accepted.len() as f64, expected, STEP_DECAY);
+            self.bets.record(outcome.accepted.len() as f64, expected, tree.drafted() as f64, STEP_DECAY);
         }
         if let Some(shadow) = self.shadow.as_mut() {
             for i in 1..tree.len() {
@@ -796,8 +810,8 @@ mod tests {
         assert!((neutral.adjust(0.6) - 0.6).abs() < 1e-12);
         let (mut leaving, mut following) = (neutral, neutral);
         for _ in 0..30 {
-            leaving.record(0.0, 0.7, NODE_DECAY);
-            following.record(1.0, 0.5, NODE_DECAY);
+            leaving.record(0.0, 0.7, 1.0, NODE_DECAY);
+            following.record(1.0, 0.5, 1.0, NODE_DECAY);
         }
         assert!(leaving.ratio() < 1.0 && following.ratio() > 1.0);
         assert!(leaving.ratio() >= CALIBRATION_RANGE.0 && following.ratio() <= CALIBRATION_RANGE.1);
@@ -809,9 +823,16 @@ mod tests {
         assert!(leaving.adjust(0.6) < 0.6 && following.adjust(0.6) > 0.6 && following.adjust(0.6) < 1.0);
         // Below 1 the ratio scales the price itself: a third as many hits, a third of the price.
         assert!((leaving.adjust(0.9) - 0.9 * leaving.ratio()).abs() < 1e-12);
+        // A copy priced 0.8 a node that came true every time: its misses' ratio, not its hits',
+        // prices it (hits alone could not lift it past 0.8 × 1.25).
+        let mut copying = neutral;
+        for _ in 0..30 {
+            copying.record(1.0, 0.8, 1.0, NODE_DECAY);
+        }
+        assert!(copying.ratio() < 1.25 && copying.adjust(0.8) > 0.9, "{}", copying.adjust(0.8));
         // A few nodes move the ratio only a little.
         let mut one = neutral;
-        one.record(0.0, 0.9, NODE_DECAY);
+        one.record(0.0, 0.9, 1.0, NODE_DECAY);
         assert!(one.ratio() > 0.7);
     }
 
@@ -830,7 +851,7 @@ mod tests {
         };
         let mut leaving = RequestCalibration::NEUTRAL;
         for _ in 0..50 {
-            leaving.record(0.0, 0.9, NODE_DECAY);
+            leaving.record(0.0, 0.9, 1.0, NODE_DECAY);
         }
         let (neutral, bent) = (drafted(RequestCalibration::NEUTRAL), drafted(leaving));
         assert!(neutral >= 20 && bent < neutral, "{bent} vs {neutral}");
