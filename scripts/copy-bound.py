@@ -35,11 +35,14 @@ def load_curve(path):
     slope = curve.get("row_ms_per_context_token", 0.0) or 0.0
     profiled = curve.get("profiled_context", 0) or 0
 
+    # Past the measured sizes, each extra row costs what the last measured one did.
+    per_row = ms[-1] - ms[-2] if len(ms) > 1 else ms[-1]
+
     def cost(rows, context):
-        base = ms[min(rows, len(ms)) - 1] + max(0, rows - len(ms)) * (ms[-1] - ms[-2] if len(ms) > 1 else ms[-1])
+        base = ms[min(rows, len(ms)) - 1] + max(0, rows - len(ms)) * per_row
         return base + rows * slope * max(0, context - profiled)
 
-    return cost, len(ms)
+    return cost
 
 
 def copy_lengths(text, start, m, max_len):
@@ -85,7 +88,7 @@ def main():
                     help="tokens of the text's end an occurrence must match (default: 1 3)")
     ap.add_argument("--max-rows", type=int, default=64, help="largest verify batch (default 64)")
     args = ap.parse_args()
-    cost, _ = load_curve(args.curve)
+    cost = load_curve(args.curve)
     try:
         rows = [json.loads(line) for line in open(args.tokens) if line.strip()]
     except (OSError, json.JSONDecodeError) as e:

@@ -386,12 +386,12 @@ pub fn run_bench(backend: &mut dyn Backend, prompts: &[Prompt], cfg: &RunConfig)
     for (p, tokens) in prompts.iter().zip(&tokenized) {
         for r in 0..cfg.repeat {
             let mut plain: Option<Vec<TokenId>> = None;
-            for spec in &cfg.methods {
+            for (m, spec) in cfg.methods.iter().enumerate() {
                 rep.message(format!("{} on prompt {} ({})", spec.name, p.id, p.category));
                 let (out, mut record) = run_one(backend, spec, p, tokens, cfg, r).with_context(|| {
                     format!("{} on prompt {} ({}), repeat {r}", spec.name, p.id, p.category)
                 })?;
-                if std::ptr::eq(spec, &cfg.methods[0]) {
+                if m == 0 {
                     plain_texts.push(PlainText {
                         prompt_id: p.id.clone(),
                         category: p.category.clone(),

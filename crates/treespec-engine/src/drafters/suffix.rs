@@ -218,15 +218,14 @@ struct Shadow {
     /// History length when proposed: the root is `history[len − 1]`, depth-d nodes predict
     /// `history[len + d − 1]`.
     len: usize,
-    /// Parent and token of each trie node (node 0 = the root).
-    nodes: Vec<(usize, TokenId)>,
+    /// The whole trie, and each node's features and posterior mean acceptance when proposed.
+    trie: TokenTree,
     features: Vec<NodeFeatures>,
-    /// Trie nodes verified (recorded by `observe` already), by trie id.
-    verified: Vec<bool>,
-    /// Trie ids of the proposal's nodes in arena order (the proposal's node i is `kept[i − 1]`).
-    kept: Vec<usize>,
-    /// Each trie node's posterior mean acceptance under the shared prices when proposed.
     means: Vec<f64>,
+    /// Each trie node's id in the proposal (`None`: not proposed).
+    proposed: Vec<Option<usize>>,
+    /// Rows of the proposal that were verified (set by `observe`; a batch budget may cut it).
+    verified_rows: usize,
 }
 
 /// The shared prices pool every request, but whether a match continues depends on the text: an
@@ -306,15 +305,14 @@ impl Shadow {
         let mut at = ROOT;
         for &next in emitted {
             let mut taken = None;
-            for (id, &(parent, token)) in self.nodes.iter().enumerate().skip(1) {
-                if parent != at {
-                    continue;
+            for &id in self.trie.children(at) {
+                let hit = self.trie.node(id).token == next;
+                // Verified nodes were recorded by `observe`.
+                if self.proposed[id].is_none_or(|row| row >= self.verified_rows) {
+                    pricing.record(&self.features[id], hit);
                 }
-                if !self.verified[id] {
-                    pricing.record(&self.features[id], token == next);
-                }
-                calibration.record(f64::from(token == next), self.means[id], 1.0, NODE_DECAY);
-                if token == next {
+                calibration.record(f64::from(hit), self.means[id], 1.0, NODE_DECAY);
+                if hit {
                     taken = Some(id);
                 }
             }
@@ -324,6 +322,19 @@ impl Shadow {
             }
         }
     }
+}
+
+/// What [`SuffixDrafter::select`] chose.
+struct Selection {
+    /// The trie's nodes in value order.
+    order: Vec<usize>,
+    /// How many of them to verify.
+    keep: usize,
+    /// The expected gain of verifying them.
+    gain: f64,
+    /// Every trie node's path value, and its posterior mean acceptance under the shared prices.
+    value: Vec<f64>,
+    means: Vec<f64>,
 }
 
 impl SuffixDrafter {
@@ -368,24 +379,20 @@ impl SuffixDrafter {
         self.values.clear();
     }
 
-    /// The nodes of `tree` in value order and how many of them to verify (at most `room`), with the
-    /// expected gain and every node's path value: every node priced pessimistically, or on an
-    /// exploration step (`explore`) little-tried cells optimistically.
-    fn select(
-        &self,
-        tree: &TokenTree,
-        features: &[NodeFeatures],
-        room: usize,
-        explore: bool,
-    ) -> (Vec<usize>, usize, f64, Vec<f64>) {
+    /// The nodes of `tree` in value order and how many of them to verify (at most `room`): every
+    /// node priced pessimistically, or on an exploration step (`explore`) little-tried cells
+    /// optimistically.
+    fn select(&self, tree: &TokenTree, features: &[NodeFeatures], room: usize, explore: bool) -> Selection {
         let pricing = self.config.shared.pricing();
         let z = self.config.pessimism;
         let mut value = vec![1.0; tree.len()];
+        let mut means = vec![1.0; tree.len()];
         for (id, node) in tree.nodes().iter().enumerate().skip(1) {
             let f = &features[id];
             let price = if explore { pricing.exploration_price(f, z) } else { pricing.price(f, z) };
             let price = self.calibration.adjust(price);
             value[id] = value[node.parent.unwrap_or(ROOT)] * price;
+            means[id] = pricing.posterior(f).0;
         }
         drop(pricing);
         // A request whose verified steps fell short of what their values promised has every
@@ -400,7 +407,7 @@ impl SuffixDrafter {
             Some(b) => b.economics().best_prefix(&values),
             None => (values.iter().take_while(|&&v| v >= self.config.min_value).count(), 0.0),
         };
-        (order, keep, gain, value)
+        Selection { order, keep, gain, value, means }
     }
 
     /// The merged continuation trie for `history` as a token tree, with each node's features.
@@ -473,11 +480,12 @@ impl Drafter for SuffixDrafter {
         let explore = self.config.explore_every > 0
             && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
         self.stats.explore_steps += explore as u64;
-        let (mut order, mut keep, gain, value) = self.select(&tree, &features, room, false);
+        let Selection { mut order, mut keep, gain, value, means } =
+            self.select(&tree, &features, room, false);
         if explore {
             // Little-tried cells at their optimistic price, a few nodes past the cautious choice.
-            let (o, k, _, _) = self.select(&tree, &features, room, true);
-            (order, keep) = (o, k.min(2 * keep + EXPLORE_EXTRA));
+            let optimistic = self.select(&tree, &features, room, true);
+            (order, keep) = (optimistic.order, optimistic.keep.min(2 * keep + EXPLORE_EXTRA));
         }
         // The kept nodes in value order (parents come first in it), so that every arena prefix is
         // the best tree of its size: a batch budget may cut the proposal by truncating it.
@@ -498,16 +506,13 @@ impl Drafter for SuffixDrafter {
             self.values.push(value[n].min(floor));
         }
         self.last_gain = gain.max(0.0);
-        let pricing = self.config.shared.pricing();
-        let means = features.iter().map(|f| pricing.posterior(f).0).collect();
-        drop(pricing);
         self.shadow = Some(Shadow {
-            means,
             len: ctx.history.len(),
-            nodes: tree.nodes().iter().map(|n| (n.parent.unwrap_or(ROOT), n.token)).collect(),
-            verified: vec![false; tree.len()],
-            kept: order[..keep].to_vec(),
+            trie: tree,
             features,
+            means,
+            proposed: new_id,
+            verified_rows: 0,
         });
         Ok(cut)
     }
@@ -545,14 +550,13 @@ impl Drafter for SuffixDrafter {
                 pricing.record(&self.features[id], accepted[id]);
             }
         }
-        if tree.drafted() > 0 && self.values.len() >= tree.drafted() {
+        if tree.drafted() > 0 {
+            // The guard above keeps the verified tree within the proposal's values.
             let expected: f64 = self.values[..tree.drafted()].iter().sum();
             self.bets.record(outcome.accepted.len() as f64, expected, tree.drafted() as f64, STEP_DECAY);
         }
         if let Some(shadow) = self.shadow.as_mut() {
-            for i in 1..tree.len() {
-                shadow.verified[shadow.kept[i - 1]] = true;
-            }
+            shadow.verified_rows = tree.len();
         }
         self.features.clear();
         self.values.clear();
