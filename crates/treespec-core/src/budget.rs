@@ -64,8 +64,9 @@ impl<'a> Economics<'a> {
     pub fn ms(&self, n: usize) -> f64 {
         let rows = match self.batch_rows {
             0 => self.target.ms(n + 1),
-            // In a batch the curve is read as non-decreasing: a dip must not make rows free.
-            b => self.target.ms_envelope(b + n + 1) - self.target.ms_envelope(b),
+            // In a batch the curve is read as non-decreasing (its floor): what the rows add is
+            // never negative, and the rows after a dip are not free.
+            b => self.target.ms_floor(b + n + 1) - self.target.ms_floor(b),
         };
         rows + (n + 1) as f64 * self.row_ms
     }
@@ -187,9 +188,11 @@ pub fn lanes_chain_bound(
 /// may not be cut), costing `fixed_ms` beyond the curve for their contexts, which will emit
 /// `tokens` tokens; `nodes` are every cuttable node of every request as (expected acceptance,
 /// its row's context surcharge), merged into one order of non-increasing acceptance. The cut is
-/// the prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`, on the
-/// curve read as non-decreasing: a node of any request competes with every other request's next
-/// token, so the more rows a batch already holds, the fewer drafts pay, down to none.
+/// the prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`: a node of
+/// any request competes with every other request's next token, so the more rows a batch already
+/// holds, the fewer drafts pay, down to none. The curve is read as measured, dips included: where
+/// the kernels make T(16) cheaper than T(15), a 15-row forward is topped up to 16 by the best
+/// node on offer, which then costs less than nothing.
 pub fn batch_cut(
     target: &CostCurve,
     fixed_rows: usize,
@@ -197,16 +200,14 @@ pub fn batch_cut(
     tokens: f64,
     nodes: &[(f64, f64)],
 ) -> usize {
-    let mut peak = target.ms_envelope(fixed_rows);
     let mut extra = fixed_ms.max(0.0);
-    let rate = |peak: f64, extra: f64, tokens: f64| if peak > 0.0 { tokens / (peak + extra) } else { 0.0 };
-    let mut best = (0, rate(peak, extra, tokens));
+    let rate = |ms: f64, extra: f64, tokens: f64| if ms > 0.0 { tokens / (ms + extra) } else { 0.0 };
+    let mut best = (0, rate(target.ms(fixed_rows), extra, tokens));
     let mut sum = tokens;
     for (i, &(v, row_ms)) in nodes.iter().enumerate() {
         sum += v;
         extra += row_ms.max(0.0);
-        peak = peak.max(target.ms(fixed_rows + i + 1));
-        let r = rate(peak, extra, sum);
+        let r = rate(target.ms(fixed_rows + i + 1), extra, sum);
         if r > best.1 {
             best = (i + 1, r);
         }
@@ -328,9 +329,10 @@ mod tests {
         // Four requests' roots already fill the flat part: 0.9 more tokens for 25 ms is less than
         // the batch's 4 tokens / 40 ms, so nothing is drafted.
         assert_eq!(batch_cut(&c, 4, 0.0, 4.0, &free(&[0.9, 0.8])), 0);
-        // A row on the dip (T(6) = 60 < T(5) = 65) is free at best: read raw, it would make the
-        // forward faster, and a node worth nothing would be verified.
-        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.0])), 0);
+        // A row onto the dip (T(6) = 60 < T(5) = 65) makes the forward faster: even a node worth
+        // nothing is verified, one worth something all the more; past the dip rows cost again.
+        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.0])), 1);
+        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.3, 0.2, 0.1])), 1);
         // No candidates, or no rows at all: nothing to cut.
         assert_eq!(batch_cut(&c, 3, 0.0, 3.0, &[]), 0);
         assert_eq!(batch_cut(&c, 0, 0.0, 0.0, &[]), 0);
@@ -367,11 +369,14 @@ mod tests {
 
     #[test]
     fn batched_economics_read_the_curve_as_non_decreasing() {
-        let c = CostCurve::from_points(&[(1, 30.0), (4, 60.0), (5, 90.0), (6, 80.0)]).unwrap();
+        let c = CostCurve::from_points(&[(1, 30.0), (4, 60.0), (5, 90.0), (6, 80.0), (7, 100.0)]).unwrap();
         let e = Economics::in_batch(&c, 0.0, 4);
-        // T(6) dips below T(5): two rows on top of 4 cost what the envelope says, 30 ms.
-        assert!((e.ms(1) - 30.0).abs() < 1e-9);
-        assert!(e.ms(1) >= e.ms(0));
+        // T(6) dips below T(5): on the floor, T(5) reads 80 (a fifth row can be topped up to the
+        // sixth), so one row on top of 4 costs 20 ms and two cost 20, never less than one.
+        assert!((e.ms(0) - 20.0).abs() < 1e-9);
+        assert!((e.ms(1) - 20.0).abs() < 1e-9);
+        // Past the dip rows cost again: the seventh is 20 ms more, not free under a peak of 90.
+        assert!((e.ms(2) - 40.0).abs() < 1e-9);
     }
 
     #[test]

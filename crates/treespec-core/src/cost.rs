@@ -144,13 +144,18 @@ impl CostCurve {
         self.ms[last - 1] + slope.max(0.0) * (n - last) as f64
     }
 
-    /// The most any batch of at most `n` tokens costs: T read as non-decreasing. A measured
-    /// curve can dip (T(16) below T(14) where the kernels change), and a price read off a dip
-    /// would make rows look free or even negative; a batch budget prices rows on this envelope.
-    pub fn ms_envelope(&self, n: usize) -> f64 {
-        let measured = n.min(self.ms.len());
-        let peak = self.ms[..measured].iter().copied().fold(0.0, f64::max);
-        peak.max(self.ms(n))
+    /// The least a batch of at least `n` tokens costs: T read as non-decreasing from below. The
+    /// curve dips where the kernels change (T(16) = 140 ms below T(15) = 178 on the 1.5B
+    /// target), so rows can be added to reach the dip; a marginal price read off the raw curve
+    /// would be negative before a dip and a running maximum would make the rows after it look
+    /// free. A request in a batch prices its rows as increments of this floor.
+    pub fn ms_floor(&self, n: usize) -> f64 {
+        // Beyond the measured range the curve is extrapolated non-decreasing.
+        match n {
+            0 => 0.0,
+            n if n > self.ms.len() => self.ms(n),
+            n => self.ms[n - 1..].iter().copied().fold(f64::INFINITY, f64::min),
+        }
     }
 
     /// Fold one timed forward of `n` tokens into the estimate (exponentially weighted). Sizes
@@ -179,6 +184,20 @@ mod tests {
         assert_eq!(c.ms(6), 140.0);
         // Last quarter is n = 6..8: slope 20 ms/token.
         assert_eq!(c.ms(10), 220.0);
+    }
+
+    #[test]
+    fn the_floor_is_the_cheapest_batch_of_at_least_n_rows() {
+        // Rows 1..=3 climb, 4 dips below 3, then a climb again, extrapolated past 6.
+        let c = CostCurve::from_points(&[(1, 30.0), (3, 70.0), (4, 60.0), (6, 100.0)]).unwrap();
+        assert_eq!(c.ms_floor(0), 0.0);
+        assert_eq!(c.ms_floor(1), 30.0);
+        assert_eq!(c.ms_floor(2), 50.0);
+        assert_eq!(c.ms_floor(3), 60.0, "a third row is topped up to the fourth");
+        assert_eq!(c.ms_floor(4), 60.0);
+        assert_eq!(c.ms_floor(5), 80.0);
+        assert_eq!(c.ms_floor(8), c.ms(8));
+        assert!((1..12).all(|n| c.ms_floor(n) <= c.ms_floor(n + 1) && c.ms_floor(n) <= c.ms(n)));
     }
 
     #[test]

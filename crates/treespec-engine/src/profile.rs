@@ -9,9 +9,19 @@ use crate::error::{EngineError, Result};
 use crate::model::{CausalLm, TreeBatch};
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
-/// extrapolated): every size up to 8, where the kernels change most, then a sparser grid out to
-/// 64 rows, since suffix drafts of long exact copies reach that far.
-pub const PROFILE_SIZES: &[usize] = &[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64];
+/// extrapolated), out to 64 rows since suffix drafts of long exact copies reach that far.
+///
+/// The curve is not smooth, and a sparse grid misprices it badly. llama.cpp's repacked
+/// quantized kernels multiply 4 rows at a time and the remainder row by row, so T climbs by a
+/// row's full cost from 4k to 4k + 3 rows and drops at 4k + 4; multiples of 16 run lower still.
+/// Measured on the 1.5B target (2 AMD cores): T(15) = 178 ms, T(16) = 140 ms, T(31) = 267 ms,
+/// T(32) = 240 ms — an interpolated T(15) read 148. So every size up to 24 is timed, and beyond
+/// it both ends of each 4-row step (4k − 1 and 4k), between which the climb is linear, and the
+/// row after each multiple of 16, where the climb starts from the dip.
+pub const PROFILE_SIZES: &[usize] = &[
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 27, 28, 31, 32,
+    33, 35, 36, 39, 40, 43, 44, 47, 48, 49, 51, 52, 55, 56, 59, 60, 63, 64,
+];
 
 /// Committed tokens under the timed batches (a realistic, short KV length).
 const PROFILE_PREFIX: usize = 64;
@@ -150,6 +160,22 @@ mod tests {
         assert!(measure_curve(&mut lm, &[], 1).is_err());
         // 256 tokens of context leave no room for a long cache: no context cost.
         assert_eq!(c.row_ms_per_context_token(), 0.0);
+    }
+
+    #[test]
+    fn the_profiled_sizes_pin_down_a_curve_of_four_row_kernels() {
+        // The shape of the repacked kernels: 4 rows at a time cost 46 ms, each remainder row
+        // 16 ms, and multiples of 16 rows 20 ms less (what the 1.5B target measures on 2 cores).
+        let kernel = |n: usize| {
+            12.0 + 46.0 * (n / 4) as f64 + 16.0 * (n % 4) as f64
+                - if n.is_multiple_of(16) { 20.0 } else { 0.0 }
+        };
+        let points: Vec<(usize, f64)> = PROFILE_SIZES.iter().map(|&n| (n, kernel(n))).collect();
+        let c = CostCurve::from_points(&points).unwrap();
+        assert_eq!(c.max_n(), 64);
+        for n in 1..=64 {
+            assert!((c.ms(n) - kernel(n)).abs() < 1e-9, "T({n}) reads {} instead of {}", c.ms(n), kernel(n));
+        }
     }
 
     fn timed(points: &[(usize, f64)]) -> Vec<TimedSize> {

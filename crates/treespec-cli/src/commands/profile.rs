@@ -16,9 +16,13 @@ use super::args::ModelArgs;
 pub struct ProfileArgs {
     #[command(flatten)]
     pub models: ModelArgs,
-    /// Largest batch measured.
+    /// Largest batch measured (every size from 1).
     #[arg(long, default_value_t = 64)]
     pub max_n: usize,
+    /// Measure only these batch sizes instead of 1..=max-n (comma-separated, e.g. `271,272` to
+    /// see a kernel step far out on the curve).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
     /// Committed tokens under the measured batch (a realistic KV length).
     #[arg(long, default_value_t = 128)]
     pub prefix: usize,
@@ -37,17 +41,24 @@ pub struct ProfileArgs {
 
 /// Run `profile`.
 pub fn run(args: ProfileArgs) -> Result<()> {
-    if args.max_n == 0 || args.repeat == 0 {
-        bail!("--max-n and --repeat must be at least 1");
+    let mut sizes: Vec<usize> =
+        if args.sizes.is_empty() { (1..=args.max_n).collect() } else { args.sizes.clone() };
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.first().is_none_or(|&n| n == 0) || args.repeat == 0 {
+        bail!("--max-n, every --sizes entry and --repeat must be at least 1");
     }
-    if args.prefix + args.max_n >= args.models.runtime.ctx {
-        bail!("--prefix + --max-n must fit the context (--ctx {})", args.models.runtime.ctx);
+    let largest = sizes.last().copied().unwrap_or(0);
+    if args.prefix + largest >= args.models.runtime.ctx {
+        bail!(
+            "--prefix + the largest size ({largest}) must fit the context (--ctx {})",
+            args.models.runtime.ctx
+        );
     }
     // The target only: a draft given on the command line is not profiled here.
     let paths = ModelPaths::new(args.models.model.clone(), None);
     let runtime = ModelRuntime::load(paths, args.models.runtime.load_options())?;
     let model = runtime.target();
-    let sizes: Vec<usize> = (1..=args.max_n).collect();
     let spec =
         ProfileSpec { sizes: &sizes, repeat: args.repeat, prefix: args.prefix, last_only: args.last_only };
     let points = time_forwards(&mut model.new_lm()?, spec)?;
@@ -68,11 +79,14 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         args.prefix,
         args.repeat
     );
-    println!("{:>4} {:>9} {:>9} {:>10} {:>8}", "n", "ms", "min ms", "ms/token", "T(n)/T(1)");
-    let t1 = points[0].median_ms;
+    // Relative to the smallest size measured (T(1) unless --sizes leaves it out).
+    let first = &points[0];
+    let ratio = format!("T(n)/T({})", first.n);
+    println!("{:>4} {:>9} {:>9} {:>10} {:>9}", "n", "ms", "min ms", "ms/token", ratio);
+    let t1 = first.median_ms;
     for p in &points {
         let ms = p.median_ms;
-        println!("{:>4} {:>9.2} {:>9.2} {:>10.2} {:>8.2}", p.n, ms, p.min_ms, ms / p.n as f64, ms / t1);
+        println!("{:>4} {:>9.2} {:>9.2} {:>10.2} {:>9.2}", p.n, ms, p.min_ms, ms / p.n as f64, ms / t1);
     }
     Ok(())
 }

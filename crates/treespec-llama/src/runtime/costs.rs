@@ -22,8 +22,9 @@ use crate::load::LlamaModel;
 
 /// Timed repetitions per batch size of a start-up profile (the median is kept).
 const REPEAT: usize = 3;
-/// Bump when the profile's meaning changes, so stale caches are not read.
-const FORMAT: u32 = 3;
+/// Bump when the profile's meaning changes, so stale caches are not read (4: every size of the
+/// 4-row steps, see [`PROFILE_SIZES`]).
+const FORMAT: u32 = 4;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct CachedCurve {
