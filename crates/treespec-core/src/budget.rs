@@ -188,26 +188,38 @@ pub fn lanes_chain_bound(
 /// may not be cut), costing `fixed_ms` beyond the curve for their contexts, which will emit
 /// `tokens` tokens; `nodes` are every cuttable node of every request as (expected acceptance,
 /// its row's context surcharge), merged into one order of non-increasing acceptance. The cut is
-/// the prefix that maximises the whole forward's rate, `(tokens + Σ values) / T(rows)`: a node of
-/// any request competes with every other request's next token, so the more rows a batch already
-/// holds, the fewer drafts pay, down to none. The curve is read as measured, dips included: where
-/// the kernels make T(16) cheaper than T(15), a 15-row forward is topped up to 16 by the best
-/// node on offer, which then costs less than nothing.
+/// the prefix that maximises the forward's rate, `(tokens + Σ values) / ms`: a node of any
+/// request competes with every other request's next token, so the more rows a batch already
+/// holds, the fewer drafts pay, down to none.
+///
+/// `sunk_rows` of the fixed rows are prompt chunks: work the server must do anyway, which emits
+/// nothing now. Their cost is not counted in the rate (`ms` is what the decoding rows cost alone
+/// plus what the nodes add to the merged forward), or a forward slowed by a 256-token chunk would
+/// make any node look cheap next to its few tokens and the batch would verify nodes worth a tenth
+/// of a token at a full row's price.
+///
+/// The curve is read as measured, dips included: where the kernels make T(16) cheaper than
+/// T(15), a 15-row forward is topped up to 16 by the best node on offer, which then costs less
+/// than nothing.
 pub fn batch_cut(
     target: &CostCurve,
     fixed_rows: usize,
+    sunk_rows: usize,
     fixed_ms: f64,
     tokens: f64,
     nodes: &[(f64, f64)],
 ) -> usize {
+    let base = target.ms(fixed_rows);
+    let decoding = target.ms(fixed_rows - sunk_rows.min(fixed_rows));
+    let ms = |rows: usize| target.ms(rows) - base + decoding;
     let mut extra = fixed_ms.max(0.0);
-    let rate = |ms: f64, extra: f64, tokens: f64| if ms > 0.0 { tokens / (ms + extra) } else { 0.0 };
-    let mut best = (0, rate(target.ms(fixed_rows), extra, tokens));
+    let rate = |ms: f64, extra: f64, tokens: f64| if ms + extra > 0.0 { tokens / (ms + extra) } else { 0.0 };
+    let mut best = (0, rate(ms(fixed_rows), extra, tokens));
     let mut sum = tokens;
     for (i, &(v, row_ms)) in nodes.iter().enumerate() {
         sum += v;
         extra += row_ms.max(0.0);
-        let r = rate(target.ms(fixed_rows + i + 1), extra, sum);
+        let r = rate(ms(fixed_rows + i + 1), extra, sum);
         if r > best.1 {
             best = (i + 1, r);
         }
@@ -325,24 +337,41 @@ mod tests {
         let c = CostCurve::from_points(&[(1, 30.0), (2, 40.0), (4, 40.0), (5, 65.0), (6, 60.0), (8, 110.0)])
             .unwrap();
         // Alone: 3 good nodes ride the flat part of the curve, the weak 4th does not pay.
-        assert_eq!(batch_cut(&c, 1, 0.0, 1.0, &free(&[0.9, 0.8, 0.7, 0.1])), 3);
+        assert_eq!(batch_cut(&c, 1, 0, 0.0, 1.0, &free(&[0.9, 0.8, 0.7, 0.1])), 3);
         // Four requests' roots already fill the flat part: 0.9 more tokens for 25 ms is less than
         // the batch's 4 tokens / 40 ms, so nothing is drafted.
-        assert_eq!(batch_cut(&c, 4, 0.0, 4.0, &free(&[0.9, 0.8])), 0);
+        assert_eq!(batch_cut(&c, 4, 0, 0.0, 4.0, &free(&[0.9, 0.8])), 0);
         // A row onto the dip (T(6) = 60 < T(5) = 65) makes the forward faster: even a node worth
         // nothing is verified, one worth something all the more; past the dip rows cost again.
-        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.0])), 1);
-        assert_eq!(batch_cut(&c, 5, 0.0, 5.0, &free(&[0.3, 0.2, 0.1])), 1);
+        assert_eq!(batch_cut(&c, 5, 0, 0.0, 5.0, &free(&[0.0])), 1);
+        assert_eq!(batch_cut(&c, 5, 0, 0.0, 5.0, &free(&[0.3, 0.2, 0.1])), 1);
         // No candidates, or no rows at all: nothing to cut.
-        assert_eq!(batch_cut(&c, 3, 0.0, 3.0, &[]), 0);
-        assert_eq!(batch_cut(&c, 0, 0.0, 0.0, &[]), 0);
+        assert_eq!(batch_cut(&c, 3, 0, 0.0, 3.0, &[]), 0);
+        assert_eq!(batch_cut(&c, 0, 0, 0.0, 0.0, &[]), 0);
         // Two requests: a near-certain copy pays up to the end of the flat part, not past it.
-        assert_eq!(batch_cut(&c, 2, 0.0, 2.0, &free(&[1.0; 4])), 2);
+        assert_eq!(batch_cut(&c, 2, 0, 0.0, 2.0, &free(&[1.0; 4])), 2);
         // On the flat part a weak third node rides free; on a long context each row costs 20 ms
         // more, and 0.3 tokens for 20 ms is below the 2.7 tokens / 100 ms of the first two.
-        assert_eq!(batch_cut(&c, 1, 0.0, 1.0, &free(&[0.9, 0.8, 0.3])), 3);
+        assert_eq!(batch_cut(&c, 1, 0, 0.0, 1.0, &free(&[0.9, 0.8, 0.3])), 3);
         let long: Vec<(f64, f64)> = [0.9, 0.8, 0.3].iter().map(|&v| (v, 20.0)).collect();
-        assert_eq!(batch_cut(&c, 1, 20.0, 1.0, &long), 2);
+        assert_eq!(batch_cut(&c, 1, 0, 20.0, 1.0, &long), 2);
+    }
+
+    #[test]
+    fn prompt_rows_in_the_forward_do_not_make_nodes_cheap() {
+        // 16 decoding rows cost 140 ms, every row beyond ~6 ms (the curve far out).
+        let c = CostCurve::from_points(&[(1, 29.0), (16, 140.0), (272, 1_700.0)]).unwrap();
+        let weak = free(&[0.3, 0.2, 0.1]);
+        // With a 256-token chunk counted in the rate, 16 tokens / 1,700 ms is so slow that a
+        // node worth 0.1 tokens for 6 ms looks like a bargain: all three are verified.
+        assert_eq!(batch_cut(&c, 272, 0, 0.0, 16.0, &weak), 3);
+        // The chunk's cost is sunk: against decoding alone (16 tokens / 140 ms) none pays.
+        assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &weak), 0);
+        // A near-certain node still does (1 token for 6 ms beats 0.11 tokens a ms).
+        assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &free(&[0.95, 0.3])), 1);
+        // Decoding alone prices the same nodes the same way.
+        assert_eq!(batch_cut(&c, 16, 0, 0.0, 16.0, &weak), 0);
+        assert_eq!(batch_cut(&c, 16, 0, 0.0, 16.0, &free(&[0.95, 0.3])), 1);
     }
 
     fn free(values: &[f64]) -> Vec<(f64, f64)> {

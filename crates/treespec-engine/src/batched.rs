@@ -283,8 +283,9 @@ pub fn step(
             Err(e) => results[i] = LaneStep::Failed(e),
         }
     }
-    if limits.batch_budget && proposed.len() > 1 {
-        rows -= cut_together(lanes, &proposed, rows);
+    // Alone in a forward with no prompt chunk, a request's own budget already priced its tree.
+    if limits.batch_budget && (proposed.len() > 1 || prefill_rows > 0) {
+        rows -= cut_together(lanes, &proposed, rows, prefill_rows);
     }
     let mut trees: Vec<(usize, TreeBatch)> = proposed
         .iter()
@@ -358,7 +359,7 @@ pub fn step(
 /// The batch budget: every cuttable proposal of the step (`proposed` lanes) cut together by one
 /// value-ordered budget on the merged forward of `rows` rows; returns the rows dropped. Lanes
 /// whose trees may not be cut keep them whole; they count as rows already in the forward.
-fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usize {
+fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize, prompt_rows: usize) -> usize {
     let mut target = None;
     let mut candidates: Vec<(f64, usize, usize)> = Vec::new(); // (value, lane, node)
     let mut cuttable: Vec<(usize, usize)> = Vec::new(); // (lane, drafted nodes)
@@ -375,14 +376,15 @@ fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize) -> usiz
     // One order over every request's nodes: by value, then (ties) each lane's arena order, so
     // the kept nodes of a lane are a prefix of its tree.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
-    // Each row also costs what its request's context adds; the fixed rows are priced at the
-    // proposing requests' mean context surcharge.
+    // Each row also costs what its request's context adds; the fixed decoding rows are priced at
+    // the proposing requests' mean context surcharge (prompt chunks are sunk, see `batch_cut`).
     let surcharge: Vec<f64> =
         lanes.iter().map(|l| target.row_surcharge(l.generation.context_len())).collect();
     let mean = proposed.iter().map(|&i| surcharge[i]).sum::<f64>() / proposed.len().max(1) as f64;
     let nodes: Vec<(f64, f64)> = candidates.iter().map(|c| (c.0, surcharge[c.1])).collect();
     let fixed = rows - cuttable_nodes;
-    let keep = batch_cut(&target, fixed, fixed as f64 * mean, proposed.len() as f64, &nodes);
+    let decoding = fixed.saturating_sub(prompt_rows);
+    let keep = batch_cut(&target, fixed, prompt_rows, decoding as f64 * mean, proposed.len() as f64, &nodes);
     let mut kept = vec![0usize; lanes.len()];
     for &(_, i, _) in &candidates[..keep] {
         kept[i] += 1;
