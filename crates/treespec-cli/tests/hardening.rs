@@ -180,3 +180,19 @@ fn output_cut_inside_a_character_ends_cleanly() {
     assert!(!run.stdout.contains('\u{FFFD}'), "{:?}", run.stdout);
     assert_eq!(run.stdout, format!("{expected}\n"));
 }
+
+/// `profile --sizes` times exactly the sizes asked (sorted, once each), and refuses a zero size
+/// or one past the context before loading anything, naming the flag.
+#[test]
+fn profile_times_the_sizes_asked_and_refuses_bad_ones() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let run =
+        treespec(&["profile", "-m", m, "-t", "1", "--sizes", "3,1,3", "--repeat", "1", "--json"], LIMIT);
+    ok(&run);
+    let v: Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let sizes: Vec<u64> = v["points"].as_array().unwrap().iter().map(|p| p["n"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![1, 3]);
+    refused(&treespec(&["profile", "-m", m, "--sizes", "0,4"], LIMIT), "--sizes");
+    refused(&treespec(&["profile", "-m", m, "--sizes", "5000", "-c", "4096"], LIMIT), "largest size (5000)");
+}
