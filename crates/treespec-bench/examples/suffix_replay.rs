@@ -1,0 +1,174 @@
+//! Replay recorded greedy answers through the real suffix drafter on a measured cost curve: what a
+//! drafting policy would have done on these texts, without running a model, deterministically.
+//!
+//! On this project's 2-vCPU machines two runs of the same benchmark differ by ±5–10% per prompt,
+//! more than most drafting changes move. Greedy verification of a free draft needs no model once
+//! the target's answer is known: a drafted node is accepted exactly when it is the next token of
+//! the recorded answer. So the replay feeds each answer of a `plain-tokens.jsonl` (written by
+//! `treespec bench`) to a `SuffixDrafter`, step by step, in the benchmark's order (the global
+//! history and the learned prices carry from answer to answer as they do in a run), verifies each
+//! proposal against the answer, and prices every step on a cost curve. The decisions use one
+//! curve and the time is counted on another (`--score`, default the same), so a change to the
+//! curve the drafter believes can be judged on the curve the machine has.
+//!
+//! ```sh
+//! cargo run --release -p treespec-bench --example suffix_replay -- \
+//!     bench/main-greedy/plain-tokens.jsonl ~/.cache/treespec/costs/<target>-t2-fast-v4.json \
+//!     [--score OTHER-CURVE.json] [--pessimism Z]
+//! ```
+//!
+//! Prints, per category, the median and the pooled speed-up over plain decoding (plain's time for
+//! the same tokens on the scoring curve over the replay's) and the tokens emitted per forward.
+//! It models the drafter alone: near-tie tokens that a real speculative run emits differently,
+//! and the curve's online refinement, are not replayed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use treespec_bench::runner::PlainText;
+use treespec_core::cost::CostCurve;
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::tree::{TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
+use treespec_engine::drafter::{Drafter, ProposeContext};
+use treespec_engine::drafters::{SuffixConfig, SuffixDrafter};
+
+/// Times and tokens of one category (or of all answers).
+#[derive(Default)]
+struct Tally {
+    speedups: Vec<f64>,
+    plain_ms: f64,
+    ms: f64,
+    emitted: usize,
+    forwards: usize,
+}
+
+/// What one answer cost.
+struct Replayed {
+    plain_ms: f64,
+    ms: f64,
+    emitted: usize,
+    forwards: usize,
+}
+
+fn read_curve(path: &Path) -> Result<CostCurve> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cached: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    serde_json::from_value(cached["curve"].clone())
+        .with_context(|| format!("{} holds no cost curve (a treespec cost-cache file)", path.display()))
+}
+
+/// The accepted nodes of `tree` along `answer` (from its start), and the tokens the step emits:
+/// every accepted node's token, then the target's own next token.
+fn verify(tree: &TokenTree, answer: &[TokenId]) -> VerifyOutcome {
+    let (mut accepted, mut tokens, mut at) = (Vec::new(), Vec::new(), ROOT);
+    for (d, &next) in answer.iter().enumerate() {
+        tokens.push(next);
+        // The answer's last token is always the target's own (nothing follows it to verify).
+        let child = tree.children(at).iter().copied().find(|&c| tree.node(c).token == next);
+        match child.filter(|_| d + 1 < answer.len()) {
+            Some(c) => {
+                accepted.push(c);
+                at = c;
+            }
+            None => break,
+        }
+    }
+    VerifyOutcome { accepted, tokens, depths: Vec::new() }
+}
+
+fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> Result<Replayed> {
+    let sampler = Sampler::new(SamplingParams::greedy())?;
+    let plen = text.prompt.len();
+    let mut history = text.prompt.clone();
+    history.extend(&text.output);
+    drafter.begin(&text.prompt, &sampler, 0)?;
+    // The first answer token comes from the prompt's forward, as in a run.
+    let mut at = plen + 1;
+    let (mut ms, mut plain_ms, mut forwards) = (0.0, 0.0, 0);
+    while at < history.len() {
+        let ctx = ProposeContext {
+            history: &history[..at],
+            max_nodes: 256,
+            max_depth: history.len() - at - 1,
+            sampler: &sampler,
+            batch_rows: 0,
+            batch_cut: false,
+        };
+        let tree = drafter.propose(&ctx)?;
+        let outcome = verify(&tree, &history[at..]);
+        let step_ms = score.ms_at(tree.len(), at);
+        ms += step_ms;
+        plain_ms += (0..outcome.tokens.len()).map(|j| score.ms_at(1, at + j)).sum::<f64>();
+        forwards += 1;
+        drafter.observe_cost(tree.len(), step_ms);
+        drafter.observe(&tree, &outcome)?;
+        at += outcome.tokens.len();
+    }
+    drafter.finish(&history);
+    Ok(Replayed { plain_ms, ms, emitted: history.len() - plen - 1, forwards })
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mut positional, mut score_path, mut pessimism) = (Vec::new(), None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--score" => score_path = Some(it.next().context("--score needs a file")?.clone()),
+            "--pessimism" => {
+                pessimism = Some(it.next().context("--pessimism needs a number")?.parse::<f64>()?)
+            }
+            _ => positional.push(a.clone()),
+        }
+    }
+    let [tokens, curve] = positional.as_slice() else {
+        bail!("usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z]");
+    };
+    let decide = read_curve(Path::new(curve))?;
+    let score = match &score_path {
+        Some(p) => read_curve(Path::new(p))?,
+        None => decide.clone(),
+    };
+    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine: false });
+    let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
+    if let Some(z) = pessimism {
+        config.pessimism = z;
+    }
+    let mut drafter = SuffixDrafter::new(config)?;
+    let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
+    let file = std::fs::read_to_string(tokens).with_context(|| format!("reading {tokens}"))?;
+    for (i, line) in file.lines().enumerate() {
+        let text: PlainText =
+            serde_json::from_str(line).with_context(|| format!("{tokens}, line {}", i + 1))?;
+        if text.output.is_empty() {
+            continue;
+        }
+        let r = replay(&mut drafter, &text, &score)?;
+        for key in [text.category.clone(), "all".to_string()] {
+            let t = tallies.entry(key).or_default();
+            t.speedups.push(r.plain_ms / r.ms);
+            t.plain_ms += r.plain_ms;
+            t.ms += r.ms;
+            t.emitted += r.emitted;
+            t.forwards += r.forwards;
+        }
+    }
+    println!("| category | answers | median speed-up | pooled speed-up | tokens per forward |");
+    println!("|---|---:|---:|---:|---:|");
+    for (category, mut t) in tallies {
+        t.speedups.sort_by(f64::total_cmp);
+        let median = t.speedups[t.speedups.len() / 2];
+        println!(
+            "| {category} | {} | {median:.2}× | {:.3}× | {:.2} |",
+            t.speedups.len(),
+            t.plain_ms / t.ms,
+            t.emitted as f64 / t.forwards.max(1) as f64
+        );
+    }
+    Ok(())
+}
