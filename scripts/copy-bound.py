@@ -35,8 +35,12 @@ def load_curve(path):
     slope = curve.get("row_ms_per_context_token", 0.0) or 0.0
     profiled = curve.get("profiled_context", 0) or 0
 
-    # Past the measured sizes, each extra row costs what the last measured one did.
-    per_row = ms[-1] - ms[-2] if len(ms) > 1 else ms[-1]
+    # Past the measured sizes, the curve goes on at the slope of its last quarter, never
+    # downwards (as treespec's CostCurve::ms extrapolates it): the last step alone can be a dip
+    # (T(64) is below T(63) on the repacked kernels) and would make longer forwards cheaper.
+    last = len(ms)
+    first = min(max(last - last // 4, 1), last)
+    per_row = max(0.0, (ms[-1] - ms[first - 1]) / (last - first)) if last > first else ms[-1]
 
     def cost(rows, context):
         base = ms[min(rows, len(ms)) - 1] + max(0, rows - len(ms)) * per_row

@@ -7,7 +7,7 @@
 //! the recorded answer. So the replay feeds each answer of a `plain-tokens.jsonl` (written by
 //! `treespec bench`) to a `SuffixDrafter`, step by step, in the benchmark's order (the global
 //! history and the learned prices carry from answer to answer as they do in a run), verifies each
-//! proposal against the answer, and prices every step on a cost curve. The decisions use one
+//! proposal against the answer with treespec's own greedy verifier, and prices every step on a cost curve. The decisions use one
 //! curve and the time is counted on another (`--score`, default the same), so a change to the
 //! curve the drafter believes can be judged on the curve the machine has.
 //!
@@ -28,10 +28,11 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use treespec_bench::runner::PlainText;
 use treespec_core::cost::CostCurve;
+use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{Sampler, SamplingParams};
-use treespec_core::tree::{TokenTree, ROOT};
-use treespec_core::verify::VerifyOutcome;
-use treespec_core::TokenId;
+use treespec_core::tree::{NodeId, TokenTree};
+use treespec_core::verify::{verify, TargetDists};
+use treespec_core::{Dist, TokenId};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafter::{Drafter, ProposeContext};
 use treespec_engine::drafters::{SuffixConfig, SuffixDrafter};
@@ -62,27 +63,31 @@ fn read_curve(path: &Path) -> Result<CostCurve> {
         .with_context(|| format!("{} holds no cost curve (a treespec cost-cache file)", path.display()))
 }
 
-/// The accepted nodes of `tree` along `answer` (from its start), and the tokens the step emits:
-/// every accepted node's token, then the target's own next token.
-fn verify(tree: &TokenTree, answer: &[TokenId]) -> VerifyOutcome {
-    let (mut accepted, mut tokens, mut at) = (Vec::new(), Vec::new(), ROOT);
-    for (d, &next) in answer.iter().enumerate() {
-        tokens.push(next);
-        // The answer's last token is always the target's own (nothing follows it to verify).
-        let child = tree.children(at).iter().copied().find(|&c| tree.node(c).token == next);
-        match child.filter(|_| d + 1 < answer.len()) {
-            Some(c) => {
-                accepted.push(c);
-                at = c;
-            }
-            None => break,
-        }
+/// The target of a replay: the recorded answer. Its greedy token after a node at depth d is the
+/// answer's token d (the drafter never drafts past the answer's end, so d is always in it).
+struct Answer<'a> {
+    tree: &'a TokenTree,
+    answer: &'a [TokenId],
+}
+
+impl TargetDists for Answer<'_> {
+    fn dist(&mut self, node: NodeId) -> treespec_core::Result<Dist> {
+        let next = self.greedy(node)?;
+        Dist::point_mass(next, next as usize + 1)
     }
-    VerifyOutcome { accepted, tokens, depths: Vec::new() }
+
+    fn greedy(&mut self, node: NodeId) -> treespec_core::Result<TokenId> {
+        let depth = self.tree.node(node).depth;
+        self.answer.get(depth).copied().ok_or_else(|| {
+            treespec_core::Error::Invalid(format!("a node at depth {depth} is past the answer's end"))
+        })
+    }
 }
 
 fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> Result<Replayed> {
     let sampler = Sampler::new(SamplingParams::greedy())?;
+    // Greedy verification draws nothing; the stream is what the verifier's signature asks for.
+    let mut rng = StreamRng::new(0, Stream::Verify);
     let plen = text.prompt.len();
     let mut history = text.prompt.clone();
     history.extend(&text.output);
@@ -100,7 +105,8 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> R
             batch_cut: false,
         };
         let tree = drafter.propose(&ctx)?;
-        let outcome = verify(&tree, &history[at..]);
+        let mut answer = Answer { tree: &tree, answer: &history[at..] };
+        let outcome = verify(&tree, &mut answer, true, &mut rng)?;
         let step_ms = score.ms_at(tree.len(), at);
         ms += step_ms;
         plain_ms += (0..outcome.tokens.len()).map(|j| score.ms_at(1, at + j)).sum::<f64>();

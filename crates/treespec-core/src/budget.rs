@@ -185,7 +185,8 @@ pub fn lanes_chain_bound(
 /// One budget for a whole batch: how many of the batch's cuttable draft nodes to verify.
 ///
 /// The forward already holds `fixed_rows` rows (prompt chunks, every request's root, trees that
-/// may not be cut), costing `fixed_ms` beyond the curve for their contexts, which will emit
+/// may not be cut), whose decoding rows cost `fixed_ms` beyond the curve for their contexts (the
+/// prompt chunks' share is sunk, see below), which will emit
 /// `tokens` tokens; `nodes` are every cuttable node of every request as (expected acceptance,
 /// its row's context surcharge), merged into one order of non-increasing acceptance. The cut is
 /// the prefix that maximises the forward's rate, `(tokens + Σ values) / ms`: a node of any
