@@ -84,6 +84,97 @@ def oracle_speedup(prompt, output, cost, m, max_rows):
     return plain / best[start]
 
 
+# The suffix drafter's context buckets (crates/treespec-core/src/suffix/pricing.rs): a node's
+# context is the match it continues, the root's match length plus the drafted tokens above it.
+CONTEXT_EDGES = [2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64]
+
+
+def context_bucket(context):
+    for i, e in enumerate(CONTEXT_EDGES):
+        if context <= e:
+            return i
+    return len(CONTEXT_EDGES)
+
+
+def longest_match_chains(text, start, max_len=64):
+    """For each position h >= start: (m, chain, run) for the most recent earlier occurrence of the
+    longest suffix of text[:h] (m tokens, at most max_len): chain = what followed it (known text
+    only, at most max_len tokens), run = how many of chain's tokens text[h:] repeats."""
+    n = len(text)
+    out = {}
+    for h in range(start, n):
+        best_m, best_e = 0, None
+        last = text[h - 1]
+        for e in range(h - 1, 0, -1):  # e: where the occurrence's continuation starts
+            if text[e - 1] != last:
+                continue
+            m = 1
+            while m < max_len and e - 1 - m >= 0 and text[e - 1 - m] == text[h - 1 - m]:
+                m += 1
+            if m > best_m:
+                best_m, best_e = m, e
+        if best_e is None:
+            out[h] = (0, [], 0)
+            continue
+        chain = text[best_e:min(h, best_e + max_len)]
+        run = 0
+        while run < len(chain) and h + run < n and chain[run] == text[h + run]:
+            run += 1
+        out[h] = (best_m, chain, run)
+    return out
+
+
+def calibrated_speedups(rows, cost, max_rows):
+    """A free drafter that knows exactly how often each category's matches continue.
+
+    It drafts the continuation of the longest earlier match in the request's own text (as a suffix
+    drafter's main chain) and prices each drafted token at the acceptance measured *in sample*:
+    per category, per context bucket (match length + depth - 1), over every position of every
+    answer. Each step verifies the prefix with the best gain at the answer's achieved rate on the
+    curve (Dinkelbach's rule, as treespec's budget does). No real drafter is calibrated that well on
+    text it has not seen, so this bounds what better prices alone could give: the best a free draft
+    with the measured acceptance can reach on the measured curve."""
+    chains = {}
+    tally = defaultdict(lambda: [0, 0])  # (category, bucket) -> [trials, accepted]
+    for i, r in enumerate(rows):
+        text = r["prompt"] + r["output"]
+        start = len(r["prompt"]) + 1
+        chains[i] = longest_match_chains(text, start)
+        for m, chain, run in chains[i].values():
+            for d in range(1, len(chain) + 1):
+                if run < d - 1:
+                    break
+                t = tally[(r["category"], context_bucket(m + d - 1))]
+                t[0] += 1
+                t[1] += run >= d
+    out = []
+    for i, r in enumerate(rows):
+        text = r["prompt"] + r["output"]
+        n = len(text)
+        h = len(r["prompt"]) + 1
+        plain = sum(cost(1, k) for k in range(h, n))
+        spent, emitted = 0.0, 0
+        while h < n:
+            m, chain, run = chains[i][h]
+            room = min(len(chain), n - h - 1, max_rows - 1)
+            rate = emitted / spent if spent > 0 else 1.0 / cost(1, h)
+            rate = max(rate, 1.0 / cost(1, h))
+            best_k, best_gain, value, tokens = 0, 1.0 - rate * cost(1, h), 1.0, 1.0
+            for k in range(1, room + 1):
+                trials, accepted = tally[(r["category"], context_bucket(m + k - 1))]
+                value *= accepted / trials if trials else 0.0
+                tokens += value
+                gain = tokens - rate * cost(k + 1, h)
+                if gain > best_gain:
+                    best_k, best_gain = k, gain
+            step = min(best_k, run) + 1
+            spent += cost(best_k + 1, h)
+            emitted += step
+            h += step
+        out.append(plain / spent if spent > 0 else 1.0)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("tokens", help="plain-tokens.jsonl from a treespec bench run")
@@ -91,6 +182,9 @@ def main():
     ap.add_argument("--match", type=int, nargs="+", default=[1, 3],
                     help="tokens of the text's end an occurrence must match (default: 1 3)")
     ap.add_argument("--max-rows", type=int, default=64, help="largest verify batch (default 64)")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="add a column: a drafter of the longest match's continuation priced at the "
+                         "acceptance measured in sample per category and context (see calibrated_speedups)")
     args = ap.parse_args()
     cost = load_curve(args.curve)
     try:
@@ -101,19 +195,27 @@ def main():
         sys.exit(f"copy-bound: {args.tokens} holds no generations")
     print(f"Copy oracle on {len(rows)} answers ({args.tokens}); speed-up over plain decoding on the curve "
           f"{args.curve}, median per category [min–max]\n")
-    header = "| category | prompts | " + " | ".join(f"oracle, match ≥ {m}" for m in args.match) + " |"
-    print(header)
-    print("|---|---:|" + "---:|" * len(args.match))
+    columns = [f"oracle, match ≥ {m}" for m in args.match]
+    if args.calibrated:
+        columns.append("calibrated drafter")
+    print("| category | prompts | " + " | ".join(columns) + " |")
+    print("|---|---:|" + "---:|" * len(columns))
     by_cat = defaultdict(lambda: defaultdict(list))
     for r in rows:
         for m in args.match:
             s = oracle_speedup(r["prompt"], r["output"], cost, m, args.max_rows)
             by_cat[r["category"]][m].append(s)
             by_cat["all"][m].append(s)
+    keys = list(args.match)
+    if args.calibrated:
+        keys.append("calibrated")
+        for r, s in zip(rows, calibrated_speedups(rows, cost, args.max_rows)):
+            by_cat[r["category"]]["calibrated"].append(s)
+            by_cat["all"]["calibrated"].append(s)
     for cat in sorted(by_cat, key=lambda c: (c != "all", c)):
         cells = []
-        for m in args.match:
-            v = by_cat[cat][m]
+        for key in keys:
+            v = by_cat[cat][key]
             cells.append(f"{statistics.median(v):.2f}× [{min(v):.2f}–{max(v):.2f}]")
         print(f"| {cat} | {len(by_cat[cat][args.match[0]])} | " + " | ".join(cells) + " |")
 

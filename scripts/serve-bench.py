@@ -18,7 +18,7 @@ whole process group gets SIGTERM, then SIGKILL after 15 s.
 
 Load: one warm-up request first (not measured, a fixed prompt that is not in the set; `--warmup 0`
 skips it), then N client threads
-share one counter of R requests (default max(2N, 4)): each thread takes the next request, sends it,
+share one counter of R requests (default max(8N, 16)): each thread takes the next request, sends it,
 reads the stream to its end and takes the next, until R are done, so the server sees N requests at
 once for most of the run. Request i uses prompt i mod P (the first user turn of each JSONL line's
 `turns`; prompts longer than --max-prompt-chars are left out, and --prompt-limit P keeps at most P
@@ -306,7 +306,8 @@ def report(results_path, md_path):
     if rows:
         r0 = rows[0]
         out.append(f"Each run: max_tokens {r0['max_tokens']}, temperature 0, streaming with usage; "
-                   f"requests = max(2 × clients, 4) unless set; prompts from {', '.join(r0.get('prompt_files', []))}.")
+                   f"requests = max(8 × clients, 16) unless set, each with its own prompt where the set has "
+                   f"enough; prompts from {', '.join(r0.get('prompt_files', []))}.")
     out.append("")
     out.append("Throughput = completion tokens of all ok requests / (last done − first sent). TTFT = sent → first "
                "non-empty content delta. Ratios: treespec-batch throughput ÷ the other server's, same model and "
@@ -366,7 +367,7 @@ def main():
     g.add_argument("--url", help="an already running server (nothing is started or stopped)")
     ap.add_argument("--prompts", action="append", required=True, help="JSONL with `turns` (repeatable)")
     ap.add_argument("--clients", type=int, default=1)
-    ap.add_argument("--requests", type=int, default=None, help="total requests (default max(2*clients, 4))")
+    ap.add_argument("--requests", type=int, default=None, help="total requests (default max(8*clients, 16))")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-prompt-chars", type=int, default=2000, help="skip longer prompts (0 = keep all)")
     ap.add_argument("--prompt-limit", type=int, default=0, help="keep at most this many prompts of each file, evenly spaced (0 = all)")
@@ -381,8 +382,13 @@ def main():
     a = ap.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    total = a.requests if a.requests else max(2 * a.clients, 4)
+    total = a.requests if a.requests else max(8 * a.clients, 16)
     prompts = load_prompts(a.prompts, a.max_prompt_chars, a.prompt_limit)
+    if total > len(prompts):
+        # A repeated prompt is served partly from caches (a prefix cache holds its whole prompt,
+        # treespec's suffix history its whole earlier answer): the figures would flatter them.
+        print(f"serve-bench: {total} requests over {len(prompts)} prompts: some prompts repeat "
+              f"(raise --prompt-limit)", file=sys.stderr)
     facts = machine_facts()
     log_path = a.log
     if not log_path and a.out:

@@ -6,7 +6,7 @@
 #
 # For MODEL in the Qwen pair (Qwen2.5-Coder-1.5B Q4_K_M target, 0.5B draft) and SmolLM2-135M Q4_1
 # (no draft), for N in 1 4 16, for each server: scripts/serve-bench.py starts the server on a free
-# port, sends one unmeasured warm-up request, runs N client threads over max(2N, 4) streaming chat
+# port, sends one unmeasured warm-up request, runs N client threads over max(8N, 16) streaming chat
 # requests (max_tokens 64, temperature 0), appends one JSON line to DIR/results.jsonl and stops the
 # server's whole process group. At the end DIR/serve-bench.md holds the table (throughput, TTFT
 # and latency p50/p99, ok/failed, treespec-batch ÷ treespec-fifo and ÷ llama-server).
@@ -31,20 +31,25 @@
 # embeds no UI. Plain decoding: no draft, no --spec-type. Prompt caching stays at llama-server's
 # defaults (--cache-prompt on, its host-memory cache on): treespec's batch lanes also reuse a shared
 # prefix, and every measured request has its own prompt (the warm-up prompt is not in the set;
-# PROMPT_LIMIT 24 per file gives 36 prompts ≥ 32 requests), so what a cache can reuse is the chat
-# template's system prefix, for both. Flash attention and weight repacking stay at their defaults
-# (auto / on), as in treespec's llama.cpp.
+# PROMPT_LIMIT 128 per file gives 140 prompts ≥ the 128 requests of 16 clients), so what a cache can
+# reuse is the chat template's system prefix, for both, and treespec's suffix history never holds a
+# measured request's own earlier answer. Flash attention and weight repacking stay at their
+# defaults (auto / on), as in treespec's llama.cpp.
+# Eight requests per client: with two (the old default) a run is the makespan of each client's two
+# requests, set by the slowest client, and rows that speed up other requests only slow it down;
+# eight come close to a server's steady state, where a request that finishes early lets the next
+# one in. The Qwen rows take roughly 40 minutes in all on 2 cores.
 # Each treespec server gets --queue 64 so that 16 clients never meet the 503 a full queue answers.
 #
 # Environment: METHOD (treespec method, default auto), CTX (2048), MAX_TOKENS (64), CLIENTS
-# ("1 4 16"), REQUESTS (default max(2N, 4)), SERVERS ("treespec-batch treespec-fifo llama-server"),
-# MODELS ("qwen smollm2"), PROMPT_LIMIT (24 prompts per file), MAX_PROMPT_CHARS (2000; longer
+# ("1 4 16"), REQUESTS (default max(8N, 16)), SERVERS ("treespec-batch treespec-fifo llama-server"),
+# MODELS ("qwen smollm2"), PROMPT_LIMIT (128 prompts per file), MAX_PROMPT_CHARS (2000; longer
 # prompts are skipped so that prefill does not dominate a 64-token answer), THREADS (2),
 # TREESPEC_EXTRA / LLAMA_SERVER_EXTRA (extra flags), TREESPEC_BIN, LLAMA_SERVER_BIN.
 # Prompts: bench/prompts/code-edit.jsonl and ../shared/data/spec-bench/question.jsonl (first turn).
 #
 # Run it on an otherwise idle machine: the servers use both cores, and every row records the load
-# average at its start. The Qwen rows take roughly 15–30 minutes in all on 2 cores.
+# average at its start.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -65,7 +70,7 @@ METHOD="${METHOD:-auto}"
 CTX="${CTX:-2048}"
 THREADS="${THREADS:-2}"
 SERVERS="${SERVERS:-treespec-batch treespec-fifo llama-server}"
-PROMPT_LIMIT="${PROMPT_LIMIT:-24}"
+PROMPT_LIMIT="${PROMPT_LIMIT:-128}"
 MAX_PROMPT_CHARS="${MAX_PROMPT_CHARS:-2000}"
 TREESPEC_BIN="${TREESPEC_BIN:-$repo_root/target/release/treespec}"
 peers="${TREESPEC_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec/peers}"

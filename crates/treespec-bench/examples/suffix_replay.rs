@@ -14,8 +14,13 @@
 //! ```sh
 //! cargo run --release -p treespec-bench --example suffix_replay -- \
 //!     bench/main-greedy/plain-tokens.jsonl ~/.cache/treespec/costs/<target>-t2-fast-v4.json \
-//!     [--score OTHER-CURVE.json] [--pessimism Z]
+//!     [--score OTHER-CURVE.json] [--pessimism Z] [--refine] [--per-answer] [--trace]
 //! ```
+//!
+//! `--refine` folds each step's time into the curve and tracks the achieved rate, as a live run
+//! does (without it every step is priced against plain decoding's rate). `--per-answer` prints
+//! each answer's speed-up and tokens per forward to stderr; `--trace` prints one `TRACE` line per
+//! step (prompt id, position in the answer, drafted nodes, deepest node, tokens emitted).
 //!
 //! Prints, per category, the median and the pooled speed-up over plain decoding (plain's time for
 //! the same tokens on the scoring curve over the replay's) and the tokens emitted per forward.
@@ -84,7 +89,7 @@ impl TargetDists for Answer<'_> {
     }
 }
 
-fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> Result<Replayed> {
+fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trace: bool) -> Result<Replayed> {
     let sampler = Sampler::new(SamplingParams::greedy())?;
     // Greedy verification draws nothing; the stream is what the verifier's signature asks for.
     let mut rng = StreamRng::new(0, Stream::Verify);
@@ -108,6 +113,16 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> R
         let mut answer = Answer { tree: &tree, answer: &history[at..] };
         let outcome = verify(&tree, &mut answer, true, &mut rng)?;
         let step_ms = score.ms_at(tree.len(), at);
+        if trace {
+            println!(
+                "TRACE\t{}\t{}\t{}\t{}\t{}",
+                text.prompt_id,
+                at - plen,
+                tree.len() - 1,
+                tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0),
+                outcome.tokens.len()
+            );
+        }
         ms += step_ms;
         plain_ms += (0..outcome.tokens.len()).map(|j| score.ms_at(1, at + j)).sum::<f64>();
         forwards += 1;
@@ -122,6 +137,7 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve) -> R
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut positional, mut score_path, mut pessimism) = (Vec::new(), None, None);
+    let (mut per_answer, mut trace, mut refine) = (false, false, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -129,18 +145,24 @@ fn main() -> Result<()> {
             "--pessimism" => {
                 pessimism = Some(it.next().context("--pessimism needs a number")?.parse::<f64>()?)
             }
+            "--per-answer" => per_answer = true,
+            "--trace" => trace = true,
+            "--refine" => refine = true,
             _ => positional.push(a.clone()),
         }
     }
     let [tokens, curve] = positional.as_slice() else {
-        bail!("usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z]");
+        bail!(
+            "usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z] \
+             [--refine] [--per-answer] [--trace]"
+        );
     };
     let decide = read_curve(Path::new(curve))?;
     let score = match &score_path {
         Some(p) => read_curve(Path::new(p))?,
         None => decide.clone(),
     };
-    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine: false });
+    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine });
     let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
     if let Some(z) = pessimism {
         config.pessimism = z;
@@ -154,7 +176,16 @@ fn main() -> Result<()> {
         if text.output.is_empty() {
             continue;
         }
-        let r = replay(&mut drafter, &text, &score)?;
+        let r = replay(&mut drafter, &text, &score, trace)?;
+        if per_answer {
+            eprintln!(
+                "{}\t{}\t{:.3}\t{:.2}",
+                text.prompt_id,
+                text.category,
+                r.plain_ms / r.ms,
+                r.emitted as f64 / r.forwards.max(1) as f64
+            );
+        }
         for key in [text.category.clone(), "all".to_string()] {
             let t = tallies.entry(key).or_default();
             t.speedups.push(r.plain_ms / r.ms);

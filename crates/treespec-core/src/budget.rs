@@ -185,19 +185,22 @@ pub fn lanes_chain_bound(
 /// One budget for a whole batch: how many of the batch's cuttable draft nodes to verify.
 ///
 /// The forward already holds `fixed_rows` rows (prompt chunks, every request's root, trees that
-/// may not be cut), whose decoding rows cost `fixed_ms` beyond the curve for their contexts (the
-/// prompt chunks' share is sunk, see below), which will emit
-/// `tokens` tokens; `nodes` are every cuttable node of every request as (expected acceptance,
-/// its row's context surcharge), merged into one order of non-increasing acceptance. The cut is
-/// the prefix that maximises the forward's rate, `(tokens + Σ values) / ms`: a node of any
-/// request competes with every other request's next token, so the more rows a batch already
-/// holds, the fewer drafts pay, down to none.
+/// may not be cut), whose decoding rows cost `fixed_ms` beyond the curve for their contexts, and
+/// which will emit `tokens` tokens; `nodes` are every cuttable node of every request as
+/// (expected acceptance, its row's context surcharge), merged into one order of non-increasing
+/// acceptance. The cut is the prefix that maximises the forward's rate, `(work + Σ values) /
+/// ms`: a node of any request competes with every other request's next token, so the more rows
+/// a batch already holds, the fewer drafts pay, down to none.
 ///
-/// `sunk_rows` of the fixed rows are prompt chunks: work the server must do anyway, which emits
-/// nothing now. Their cost is not counted in the rate (`ms` is what the decoding rows cost alone
-/// plus what the nodes add to the merged forward), or a forward slowed by a 256-token chunk would
-/// make any node look cheap next to its few tokens and the batch would verify nodes worth a tenth
-/// of a token at a full row's price.
+/// `prompt_rows` of the fixed rows are prompt chunks, and each counts as work done, worth a
+/// token: a prompt row is work some request needs before it can emit anything, exactly as a
+/// root row is. A server with prompts to process is saturated — every row it spends on a draft
+/// is a row of waiting work it does later — so a node must be worth about as much as the rows
+/// around it. On a CPU whose cost per row is flat at large batches (SmolLM2-135M Q4_1: ~2.5 ms a
+/// row from 8 rows up) that means almost never: verifying 85%-accepted drafts beside prompt
+/// chunks cost 5% of a 16-client server's throughput. Counted as *cost* only, a chunk made any
+/// node look cheap next to the forward's few tokens; counted as *sunk* (left out of the rate),
+/// nodes were priced against the decoding rows alone and rode along at 0.85 tokens a row.
 ///
 /// The curve is read as measured, dips included: where the kernels make T(16) cheaper than
 /// T(15), a 15-row forward is topped up to 16 by the best node on offer, which then costs less
@@ -205,22 +208,20 @@ pub fn lanes_chain_bound(
 pub fn batch_cut(
     target: &CostCurve,
     fixed_rows: usize,
-    sunk_rows: usize,
+    prompt_rows: usize,
     fixed_ms: f64,
     tokens: f64,
     nodes: &[(f64, f64)],
 ) -> usize {
-    let base = target.ms(fixed_rows);
-    let decoding = target.ms(fixed_rows - sunk_rows.min(fixed_rows));
-    let ms = |rows: usize| target.ms(rows) - base + decoding;
+    let work = tokens + prompt_rows.min(fixed_rows) as f64;
     let mut extra = fixed_ms.max(0.0);
-    let rate = |ms: f64, extra: f64, tokens: f64| if ms + extra > 0.0 { tokens / (ms + extra) } else { 0.0 };
-    let mut best = (0, rate(ms(fixed_rows), extra, tokens));
-    let mut sum = tokens;
+    let rate = |ms: f64, extra: f64, work: f64| if ms + extra > 0.0 { work / (ms + extra) } else { 0.0 };
+    let mut best = (0, rate(target.ms(fixed_rows), extra, work));
+    let mut sum = work;
     for (i, &(v, row_ms)) in nodes.iter().enumerate() {
         sum += v;
         extra += row_ms.max(0.0);
-        let r = rate(ms(fixed_rows + i + 1), extra, sum);
+        let r = rate(target.ms(fixed_rows + i + 1), extra, sum);
         if r > best.1 {
             best = (i + 1, r);
         }
@@ -359,20 +360,26 @@ mod tests {
     }
 
     #[test]
-    fn prompt_rows_in_the_forward_do_not_make_nodes_cheap() {
-        // 16 decoding rows cost 140 ms, every row beyond ~6 ms (the curve far out).
-        let c = CostCurve::from_points(&[(1, 29.0), (16, 140.0), (272, 1_700.0)]).unwrap();
+    fn prompt_rows_in_the_forward_are_work_a_node_must_match() {
+        // 16 decoding rows cost 140 ms; far out the curve costs 5.5 ms a row, below its average.
+        let c = CostCurve::from_points(&[(1, 29.0), (16, 140.0), (272, 1_550.0), (273, 1_555.5)]).unwrap();
         let weak = free(&[0.3, 0.2, 0.1]);
-        // With a 256-token chunk counted in the rate, 16 tokens / 1,700 ms is so slow that a
-        // node worth 0.1 tokens for 6 ms looks like a bargain: all three are verified.
+        // With a 256-token chunk counted as cost only, 16 tokens / 1,550 ms is so slow that a
+        // node worth 0.1 tokens for 5.5 ms looks like a bargain: all three are verified.
         assert_eq!(batch_cut(&c, 272, 0, 0.0, 16.0, &weak), 3);
-        // The chunk's cost is sunk: against decoding alone (16 tokens / 140 ms) none pays.
+        // Counted as work, the chunk makes the forward 272 rows' worth in 1,550 ms (0.175 a ms):
+        // weak nodes do not pay, and neither does a 0.9 one (0.16 a ms); a near-certain one does
+        // (0.18 a ms), as it would in decoding alone.
         assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &weak), 0);
-        // A near-certain node still does (1 token for 6 ms beats 0.11 tokens a ms).
-        assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &free(&[0.95, 0.3])), 1);
-        // Decoding alone prices the same nodes the same way.
-        assert_eq!(batch_cut(&c, 16, 0, 0.0, 16.0, &weak), 0);
-        assert_eq!(batch_cut(&c, 16, 0, 0.0, 16.0, &free(&[0.95, 0.3])), 1);
+        assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &free(&[0.9])), 0);
+        assert_eq!(batch_cut(&c, 272, 256, 0.0, 16.0, &free(&[1.0, 0.3])), 1);
+        // A curve whose next row costs more than its average one (7 ms against 5.9): beside a
+        // chunk not even a certain node pays — a saturated server verifies no drafts.
+        let flat = CostCurve::from_points(&[(1, 29.0), (16, 140.0), (272, 1_600.0), (273, 1_607.0)]).unwrap();
+        assert_eq!(batch_cut(&flat, 272, 256, 0.0, 16.0, &free(&[1.0])), 0);
+        // Decoding alone (16 tokens / 140 ms) still takes a near-certain node.
+        assert_eq!(batch_cut(&flat, 16, 0, 0.0, 16.0, &weak), 0);
+        assert_eq!(batch_cut(&flat, 16, 0, 0.0, 16.0, &free(&[0.95, 0.3])), 1);
     }
 
     fn free(values: &[f64]) -> Vec<(f64, f64)> {

@@ -377,7 +377,8 @@ fn cut_together(lanes: &mut [Lane<'_>], proposed: &[usize], rows: usize, prompt_
     // the kept nodes of a lane are a prefix of its tree.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)).then(a.1.cmp(&b.1)));
     // Each row also costs what its request's context adds; the fixed decoding rows are priced at
-    // the proposing requests' mean context surcharge (prompt chunks are sunk, see `batch_cut`).
+    // the proposing requests' mean context surcharge (prompt chunks count as work, see
+    // `batch_cut`).
     let surcharge: Vec<f64> =
         lanes.iter().map(|l| target.row_surcharge(l.generation.context_len())).collect();
     let mean = proposed.iter().map(|&i| surcharge[i]).sum::<f64>() / proposed.len().max(1) as f64;
