@@ -38,7 +38,7 @@
 # Eight requests per client: with two (the old default) a run is the makespan of each client's two
 # requests, set by the slowest client, and rows that speed up other requests only slow it down;
 # eight come close to a server's steady state, where a request that finishes early lets the next
-# one in. The Qwen rows take roughly 40 minutes in all on 2 cores.
+# one in. A full run (both models, 1, 4 and 16 clients, three servers) takes about 25 minutes here.
 # Each treespec server gets --queue 64 so that 16 clients never meet the 503 a full queue answers.
 #
 # Environment: METHOD (treespec method, default auto), CTX (2048), MAX_TOKENS (64), CLIENTS
