@@ -134,13 +134,10 @@ def calibrated_speedups(rows, cost, max_rows):
     curve (Dinkelbach's rule, as treespec's budget does). No real drafter is calibrated that well on
     text it has not seen, so this bounds what better prices alone could give: the best a free draft
     with the measured acceptance can reach on the measured curve."""
-    chains = {}
+    chains = [longest_match_chains(r["prompt"] + r["output"], len(r["prompt"]) + 1) for r in rows]
     tally = defaultdict(lambda: [0, 0])  # (category, bucket) -> [trials, accepted]
-    for i, r in enumerate(rows):
-        text = r["prompt"] + r["output"]
-        start = len(r["prompt"]) + 1
-        chains[i] = longest_match_chains(text, start)
-        for m, chain, run in chains[i].values():
+    for r, found in zip(rows, chains):
+        for m, chain, run in found.values():
             for d in range(1, len(chain) + 1):
                 if run < d - 1:
                     break
@@ -148,17 +145,16 @@ def calibrated_speedups(rows, cost, max_rows):
                 t[0] += 1
                 t[1] += run >= d
     out = []
-    for i, r in enumerate(rows):
-        text = r["prompt"] + r["output"]
-        n = len(text)
+    for r, found in zip(rows, chains):
+        n = len(r["prompt"]) + len(r["output"])
         h = len(r["prompt"]) + 1
         plain = sum(cost(1, k) for k in range(h, n))
         spent, emitted = 0.0, 0
         while h < n:
-            m, chain, run = chains[i][h]
+            m, chain, run = found[h]
             room = min(len(chain), n - h - 1, max_rows - 1)
-            rate = emitted / spent if spent > 0 else 1.0 / cost(1, h)
-            rate = max(rate, 1.0 / cost(1, h))
+            # The answer's achieved rate, never below plain decoding's.
+            rate = max(emitted / spent if spent > 0 else 0.0, 1.0 / cost(1, h))
             best_k, best_gain, value, tokens = 0, 1.0 - rate * cost(1, h), 1.0, 1.0
             for k in range(1, room + 1):
                 trials, accepted = tally[(r["category"], context_bucket(m + k - 1))]
