@@ -312,7 +312,7 @@ def report(results_path, md_path):
     out.append("Throughput = completion tokens of all ok requests / (last done − first sent). TTFT = sent → first "
                "non-empty content delta. Ratios: treespec-batch throughput ÷ the other server's, same model and "
                "clients (treespec-plain: the batch scheduler decoding plain; treespec-request: each request "
-               "sizing its own drafts).")
+               "sizing its own drafts; treespec-draft-alone: each request running its own draft forwards).")
     out.append("")
     out.append("| model | clients | server | throughput tok/s | TTFT p50 / p99 s | latency p50 / p99 s | ok / failed "
                "| batch ÷ fifo | batch ÷ llama-server | batch ÷ plain | load1 start → end |")

@@ -21,6 +21,8 @@
 #   treespec-plain  as treespec-batch with --method plain and no draft (optional, for SERVERS)
 #   treespec-request as treespec-batch with --batch-budget request (optional: each request sizes its
 #                   own drafts instead of one budget for the whole batch)
+#   treespec-draft-alone as treespec-batch with --draft-batching request (optional: each request runs
+#                   its own draft forwards instead of one batched draft forward per round)
 #   llama-server    llama-server -m T -np N -c N*CTX --kv-unified -t 2 -tb 2 -ngl 0 --no-webui --metrics
 # Why these llama-server flags (llama.cpp from scripts/peer-bench.sh build, same ggml CPU flags as
 # treespec's build): -np N slots decoded together by its continuous batching (on by default);
@@ -148,6 +150,14 @@ for model in $MODELS; do
                     # request) instead of one budget for the whole batch: the lever's ablation.
                     cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
                     cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 --batch-budget request"
+                    cmd+=" ${TREESPEC_EXTRA:-}"
+                    ;;
+                treespec-draft-alone)
+                    # The batch scheduler with each request running its own draft forwards
+                    # (--draft-batching request) instead of one batched draft forward per round:
+                    # the draft batching's ablation (a METHOD that runs the draft model).
+                    cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
+                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 --draft-batching request"
                     cmd+=" ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-fifo)

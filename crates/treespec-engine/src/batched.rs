@@ -21,6 +21,7 @@ use crate::error::{EngineError, Result};
 use crate::generate::{GenerateOutput, GenerateRequest};
 use crate::generation::{Generation, StepOutcome};
 use crate::model::{Logits, TreeBatch};
+use crate::shared_draft::SharedDraft;
 use crate::stop::TokenBytes;
 
 /// A lane of a [`BatchedLm`]: one request's sequence.
@@ -174,11 +175,15 @@ pub struct StepLimits {
     /// ([`batch_cut`](treespec_core::budget::batch_cut)). Off, each request prices its own
     /// tree on the rows proposed before it.
     pub batch_budget: bool,
+    /// With a shared draft model (the default): the requests of a step propose together, so
+    /// their draft forwards batch. Off, they propose one after another, each running its own
+    /// draft forwards.
+    pub batch_draft: bool,
 }
 
 impl Default for StepLimits {
     fn default() -> Self {
-        Self { prefill_chunk: 256, max_tree: 64, batch_budget: true }
+        Self { prefill_chunk: 256, max_tree: 64, batch_budget: true, batch_draft: true }
     }
 }
 
@@ -193,20 +198,21 @@ pub struct StepReport {
     pub prefilled: usize,
 }
 
-/// One continuous-batching step over `lanes`: prompt chunks, then every decoding lane's tree
-/// (proposed in `order`, each seeing the rows before it), ONE forward, then per lane: verify,
-/// commit, emit. A lane's own failure fails only that lane; a failed forward fails every lane
-/// that had rows in it.
+/// One continuous-batching step over `lanes`: prompt chunks, then every decoding lane's tree,
+/// ONE forward, then per lane: verify, commit, emit. Trees are proposed in lane order, each
+/// seeing the rows before it — or, with a shared `draft` model and two or more lanes to propose,
+/// all at once, so their draft forwards batch too. A lane's own failure fails only that lane; a
+/// failed forward fails every lane that had rows in it.
 pub fn step(
     lm: &mut dyn BatchedLm,
     lanes: &mut [Lane<'_>],
     limits: StepLimits,
     bytes: Option<&dyn TokenBytes>,
+    draft: Option<&SharedDraft<'_>>,
 ) -> (Vec<LaneStep>, StepReport) {
     let mut results: Vec<LaneStep> = lanes.iter().map(|_| LaneStep::Waiting).collect();
     let room = lm.room();
     let mut rows = 0usize;
-    let mut paths = 0usize;
 
     // 1. Prompt chunks, oldest lanes first.
     let mut chunks: Vec<(usize, usize)> = Vec::new(); // (lane index, tokens)
@@ -226,61 +232,47 @@ pub fn step(
     }
     let prefill_rows = rows;
 
-    // Lanes whose prompt is complete start their drafter before their first proposal.
-    for (i, lane) in lanes.iter_mut().enumerate() {
-        if !lane.begun && lane.prefill_left() == 0 {
-            let time = lane.prefill_time;
-            match lane.generation.begin(lane.drafter.as_mut(), time) {
-                Ok(()) => lane.begun = true,
-                Err(e) => results[i] = LaneStep::Failed(e),
-            }
-        }
-    }
-
-    // 2. Trees, each proposed knowing the rows already in the forward and the roots still to
-    // come: every decoding lane puts at least its root in, whatever the order.
-    let decodes = |i: usize, lane: &Lane<'_>, results: &[LaneStep]| {
-        lane.begun && matches!(results[i], LaneStep::Waiting) && !lane.generation.is_done()
+    // 2. Trees. Every decoding lane puts at least its root in, whatever the order.
+    let proposes = |i: usize, lane: &Lane<'_>, results: &[LaneStep]| {
+        (lane.begun || lane.prefill_left() == 0)
+            && matches!(results[i], LaneStep::Waiting)
+            && !lane.generation.is_done()
     };
-    let mut roots_to_come = lanes.iter().enumerate().filter(|(i, l)| decodes(*i, l, &results)).count();
+    let proposing: Vec<usize> =
+        lanes.iter().enumerate().filter(|(i, l)| proposes(*i, l, &results)).map(|(i, _)| i).collect();
+    let n = proposing.len();
+    let (free_rows, free_paths) = (room.rows.saturating_sub(rows), room.paths);
+    let draft_paths = draft.map_or(usize::MAX, SharedDraft::free_paths);
     let mut proposed: Vec<usize> = Vec::new();
-    for (i, lane) in lanes.iter_mut().enumerate() {
-        if !decodes(i, lane, &results) {
-            continue;
+    let together = limits.batch_draft && n >= 2 && free_rows >= n && free_paths >= n;
+    if let Some(draft) = draft.filter(|_| together) {
+        // With a shared draft model, the lanes propose together, so their draft forwards batch:
+        // each tree gets an equal share of the room, and sees every other lane's root.
+        let cap = (free_rows / n - 1).min(free_paths / n - 1).min(draft_paths / n).min(limits.max_tree);
+        let context = ProposeAt { batch_rows: rows + n - 1, cap, batch_cut: limits.batch_budget };
+        for (i, outcome) in propose_together(lm, lanes, &proposing, draft, context) {
+            rows += record_proposal(i, outcome, &mut proposed, &mut results);
         }
-        roots_to_come -= 1;
-        let free_rows = room.rows.saturating_sub(rows);
-        let free_paths = room.paths.saturating_sub(paths);
-        if free_rows == 0 || free_paths == 0 {
-            continue; // no room this step: it waits
-        }
-        let committed = lm.committed_len(lane.lane);
-        // The tree may use the rows and paths left, and at most `max_tree` drafted nodes.
-        let cap = (free_rows - 1).min(free_paths - 1).min(limits.max_tree);
-        let tree = lane.generation.propose(
-            lane.drafter.as_mut(),
-            lane.constraint.as_deref_mut(),
-            committed,
-            rows + roots_to_come,
-            cap,
-            limits.batch_budget,
-        );
-        match tree {
-            Ok(Some(tree)) => {
-                rows += tree.len();
-                paths += tree.len();
-                proposed.push(i);
+    } else {
+        // One after another, each proposed knowing the rows already in the forward and the roots
+        // still to come.
+        let mut roots_to_come = n;
+        let mut paths = 0usize;
+        for &i in &proposing {
+            roots_to_come -= 1;
+            let free_rows = room.rows.saturating_sub(rows);
+            let free_paths = room.paths.saturating_sub(paths);
+            if free_rows == 0 || free_paths == 0 {
+                continue; // no room this step: it waits
             }
-            Ok(None) => {
-                // Finished without a step (grammar complete, or nothing left to emit).
-                results[i] = LaneStep::Stepped(StepOutcome {
-                    path: Vec::new(),
-                    emitted: Vec::new(),
-                    done: true,
-                    logprobs: Vec::new(),
-                })
-            }
-            Err(e) => results[i] = LaneStep::Failed(e),
+            let committed = lm.committed_len(lanes[i].lane);
+            // The tree may use the rows and paths left, and at most `max_tree` drafted nodes.
+            let cap = (free_rows - 1).min(free_paths - 1).min(draft_paths).min(limits.max_tree);
+            let context = ProposeAt { batch_rows: rows + roots_to_come, cap, batch_cut: limits.batch_budget };
+            let outcome = propose_lane(&mut lanes[i], committed, context);
+            let added = record_proposal(i, outcome, &mut proposed, &mut results);
+            rows += added;
+            paths += added;
         }
     }
     // Alone in a forward with no prompt chunk, a request's own budget already priced its tree.
@@ -356,6 +348,96 @@ pub fn step(
     (results, report)
 }
 
+/// Where a lane proposes: rows other requests hold in the forward, its tree's cap, and whether
+/// the batch budget cuts proposals together.
+#[derive(Debug, Clone, Copy)]
+struct ProposeAt {
+    batch_rows: usize,
+    cap: usize,
+    batch_cut: bool,
+}
+
+/// Start the lane's drafter if its prompt just completed, then propose its tree: its size, or
+/// `None` when it finished without a step.
+fn propose_lane(lane: &mut Lane<'_>, committed: usize, at: ProposeAt) -> Result<Option<usize>> {
+    if !lane.begun {
+        lane.generation.begin(lane.drafter.as_mut(), lane.prefill_time)?;
+        lane.begun = true;
+    }
+    let tree = lane.generation.propose(
+        lane.drafter.as_mut(),
+        lane.constraint.as_deref_mut(),
+        committed,
+        at.batch_rows,
+        at.cap,
+        at.batch_cut,
+    )?;
+    Ok(tree.map(|t| t.len()))
+}
+
+/// File lane `i`'s proposal outcome; returns the rows its tree adds to the forward.
+fn record_proposal(
+    i: usize,
+    outcome: Result<Option<usize>>,
+    proposed: &mut Vec<usize>,
+    results: &mut [LaneStep],
+) -> usize {
+    match outcome {
+        Ok(Some(len)) => {
+            proposed.push(i);
+            len
+        }
+        Ok(None) => {
+            // Finished without a step (grammar complete, or nothing left to emit).
+            results[i] = LaneStep::Stepped(StepOutcome {
+                path: Vec::new(),
+                emitted: Vec::new(),
+                done: true,
+                logprobs: Vec::new(),
+            });
+            0
+        }
+        Err(e) => {
+            results[i] = LaneStep::Failed(e);
+            0
+        }
+    }
+}
+
+/// Propose the `proposing` lanes' trees concurrently, one thread each, while this thread serves
+/// their draft forwards batched ([`SharedDraft::serve`]). Returns each lane's outcome, in lane
+/// order; a lane whose thread could not start waits for the next step.
+fn propose_together(
+    lm: &dyn BatchedLm,
+    lanes: &mut [Lane<'_>],
+    proposing: &[usize],
+    draft: &SharedDraft<'_>,
+    at: ProposeAt,
+) -> Vec<(usize, Result<Option<usize>>)> {
+    let committed: Vec<usize> = lanes.iter().map(|l| lm.committed_len(l.lane)).collect();
+    std::thread::scope(|scope| {
+        let mut running = Vec::with_capacity(proposing.len());
+        for (i, lane) in lanes.iter_mut().enumerate().filter(|(i, _)| proposing.contains(i)) {
+            // Every seat is taken before the draft is served: no forward runs short of a lane.
+            let seat = draft.seat();
+            let committed = committed[i];
+            let spawned =
+                std::thread::Builder::new().name("treespec-propose".into()).spawn_scoped(scope, move || {
+                    let _seat = seat;
+                    propose_lane(lane, committed, at)
+                });
+            if let Ok(handle) = spawned {
+                running.push((i, handle));
+            }
+        }
+        draft.serve();
+        running
+            .into_iter()
+            .map(|(i, h)| (i, h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
+            .collect()
+    })
+}
+
 /// The batch budget: every cuttable proposal of the step (`proposed` lanes) cut together by one
 /// value-ordered budget on the merged forward of `rows` rows; returns the rows dropped. Lanes
 /// whose trees may not be cut keep them whole; they count as rows already in the forward.
@@ -410,14 +492,16 @@ pub struct BatchJob<'d> {
 }
 
 /// Decode `jobs` with continuous batching on `lm`: at most `max_lanes` at once, the next job
-/// joining as soon as one finishes (in order). Returns each job's output in job order. The
-/// server runs the same steps; this is the loop for tests and benchmarks.
+/// joining as soon as one finishes (in order). Jobs whose drafters draft on lanes of `draft` get
+/// their draft forwards batched. Returns each job's output in job order. The server runs the
+/// same steps; this is the loop for tests and benchmarks.
 pub fn run_batched(
     lm: &mut dyn BatchedLm,
     jobs: Vec<BatchJob<'_>>,
     max_lanes: usize,
     limits: StepLimits,
     bytes: Option<&dyn TokenBytes>,
+    draft: Option<&SharedDraft<'_>>,
 ) -> Vec<Result<GenerateOutput>> {
     let n = jobs.len();
     let mut outputs: Vec<Option<Result<GenerateOutput>>> = (0..n).map(|_| None).collect();
@@ -437,7 +521,7 @@ pub fn run_batched(
                 Err(e) => outputs[i] = Some(Err(e)),
             }
         }
-        let (results, report) = step(lm, &mut lanes, limits, bytes);
+        let (results, report) = step(lm, &mut lanes, limits, bytes, draft);
         if report.rows == 0 && results.iter().all(|r| matches!(r, LaneStep::Waiting)) {
             // Nothing could run: no room for even one row.
             for (lane, i) in lanes.drain(..).zip(ids.drain(..)) {

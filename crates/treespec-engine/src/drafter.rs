@@ -66,8 +66,10 @@ pub struct Cuttable<'a> {
     pub target: &'a CostCurve,
 }
 
-/// A speculative drafting method.
-pub trait Drafter {
+/// A speculative drafting method. `Send`: in a continuous batch, requests propose concurrently,
+/// each on its own thread, so their draft-model forwards can meet in one batched draft forward
+/// ([`SharedDraft`](crate::SharedDraft)).
+pub trait Drafter: Send {
     /// Short method name (as on the command line).
     fn name(&self) -> &str;
 

@@ -119,6 +119,11 @@ impl<'a> Logits<'a> {
         Logits::borrowed(self.vocab, &self.data[rows.start * self.vocab..rows.end * self.vocab])
     }
 
+    /// Every row, row-major.
+    pub fn row_data(&self) -> &[f32] {
+        &self.data
+    }
+
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.vocab..(i + 1) * self.vocab]
@@ -132,8 +137,8 @@ impl PartialEq<Logits<'_>> for Logits<'_> {
 }
 
 /// A causal language model that can score token trees. Implemented by the llama.cpp backend and
-/// the toy models.
-pub trait CausalLm {
+/// the toy models. `Send`, as every [`Drafter`](crate::Drafter) that owns one is.
+pub trait CausalLm: Send {
     /// Vocabulary size (length of each logits row).
     fn vocab_size(&self) -> usize;
 

@@ -1,7 +1,8 @@
 //! Losslessness under continuous batching (issue #13): a request decoded in a lane beside other
 //! requests — joining and leaving at other steps, with other methods, prompts chunked over
 //! several steps — keeps exactly the target's distribution (χ² on an enumerable toy target,
-//! ALGORITHMS.md §4), and with the same seed emits exactly what it emits alone.
+//! ALGORITHMS.md §4), and with the same seed emits exactly what it emits alone; also when the
+//! requests draft on lanes of one shared draft model whose forwards batch them.
 
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
@@ -17,8 +18,8 @@ use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_engine::drafters::{
     ChainDrafter, SampleMode, SuffixConfig, SuffixDrafter, SuffixShared, TreeDrafter,
 };
-use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
-use treespec_engine::{generate, Drafter, GenerateRequest, PlainDrafter};
+use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
+use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, PlainDrafter, SharedDraft};
 
 const CTX: usize = 64;
 const VOCAB: usize = 5;
@@ -63,8 +64,16 @@ fn target() -> ToyModel {
     ToyModel::new(VOCAB, 2, 31)
 }
 
+fn draft_model() -> ToyModel {
+    target().draft(1.0, 77)
+}
+
 fn drafter(kind: Kind, env: &SuffixEnv) -> Box<dyn Drafter> {
-    let lm = ToyLm::new(target().draft(1.0, 77), CTX);
+    drafter_on(kind, env, ToyLm::new(draft_model(), CTX))
+}
+
+/// A drafter of `kind` whose draft model (if it runs one) is `lm`.
+fn drafter_on<M: CausalLm + 'static>(kind: Kind, env: &SuffixEnv, lm: M) -> Box<dyn Drafter> {
     match kind {
         Kind::Suffix => Box::new(env.drafter()),
         Kind::Plain => Box::new(PlainDrafter),
@@ -81,12 +90,18 @@ fn request(prompt: &[TokenId], len: usize, temperature: f32, seed: u64) -> Gener
 const PROBE_PROMPT: &[TokenId] = &[1, 3, 0, 2];
 
 /// `probes` probe requests (the tested one), each among noise requests of other prompts,
-/// lengths and methods, decoded 4 lanes at a time with prompts prefilled 2 tokens per step.
-/// Returns the probes' outputs in order.
-fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
+/// lengths and methods, decoded 4 lanes at a time with prompts prefilled 2 tokens per step; with
+/// `shared`, every request drafts on a lane of one shared draft model. Returns the probes'
+/// outputs in order.
+fn batched_probes(kind: Kind, probes: u64, seed0: u64, shared: bool) -> Vec<Vec<TokenId>> {
     let noise_kinds =
         [Kind::Chain(2), Kind::Plain, Kind::Tree(&[2, 1]), Kind::TreeIid(&[2, 2]), Kind::Suffix];
     let env = SuffixEnv::new();
+    let draft = SharedDraft::new(ToyDraftLanes::new(draft_model(), CTX, 4 * probes as usize));
+    let drafter = |kind: Kind, env: &SuffixEnv| match shared {
+        true => drafter_on(kind, env, draft.lane().unwrap()),
+        false => drafter(kind, env),
+    };
     let mut jobs = Vec::new();
     let mut is_probe = Vec::new();
     for p in 0..probes {
@@ -111,8 +126,10 @@ fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
     }
     let mut lm = ToyBatchLm::new(target(), CTX, 4);
     let limits = StepLimits { prefill_chunk: 2, max_tree: 16, ..StepLimits::default() };
-    let outputs = run_batched(&mut lm, jobs, 4, limits, None);
+    let outputs = run_batched(&mut lm, jobs, 4, limits, None, shared.then_some(&draft));
     assert!(lm.widest > 4, "requests shared forwards (widest forward: {} rows)", lm.widest);
+    let d = draft.counters();
+    assert!(!shared || d.feeds > d.forwards, "draft forwards held several requests: {d:?}");
     outputs
         .into_iter()
         .zip(is_probe)
@@ -125,33 +142,55 @@ fn batched_probes(kind: Kind, probes: u64, seed0: u64) -> Vec<Vec<TokenId>> {
         .collect()
 }
 
-#[test]
-fn a_request_keeps_the_target_distribution_while_others_share_its_steps() {
-    let kinds = [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2]), Kind::Plain, Kind::Suffix];
+/// The χ² failures of a probe request decoded among others with each of `kinds` (12,000 probes
+/// each), drafting on a shared batched draft model or on models of their own.
+fn distribution_failures(kinds: &[Kind], shared: bool) -> Vec<String> {
     let sampler = Sampler::new(SamplingParams::with_temperature(1.0)).unwrap();
     let probs = target().exact_joint(&sampler, PROBE_PROMPT, LEN).unwrap();
     let alpha = FAMILY_ALPHA / kinds.len() as f64;
     let mut failures = Vec::new();
     for (k, kind) in kinds.iter().enumerate() {
         let mut counts = vec![0u64; probs.len()];
-        for tokens in batched_probes(*kind, 12_000, (k as u64) << 32) {
+        let seed0 = ((k as u64) << 32) ^ if shared { 0x5eed } else { 0 };
+        for tokens in batched_probes(*kind, 12_000, seed0, shared) {
             counts[tokens.iter().fold(0usize, |acc, &t| acc * VOCAB + t as usize)] += 1;
         }
-        failures.extend(gof_failure(&format!("{kind:?}"), &counts, &probs, alpha));
+        failures.extend(gof_failure(&format!("{kind:?} (shared draft: {shared})"), &counts, &probs, alpha));
     }
+    failures
+}
+
+#[test]
+fn a_request_keeps_the_target_distribution_while_others_share_its_steps() {
+    let kinds = [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2]), Kind::Plain, Kind::Suffix];
+    let failures = distribution_failures(&kinds, false);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn a_request_keeps_the_target_distribution_drafting_on_a_shared_batched_draft() {
+    let failures =
+        distribution_failures(&[Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::TreeIid(&[2, 2])], true);
     assert!(failures.is_empty(), "{failures:?}");
 }
 
 #[test]
 fn a_request_emits_what_it_emits_alone_with_the_same_seed() {
-    for kind in [Kind::Chain(3), Kind::Tree(&[3, 2, 1]), Kind::Plain] {
-        let batched = batched_probes(kind, 40, 9_000);
+    for (kind, shared) in [
+        (Kind::Chain(3), false),
+        (Kind::Tree(&[3, 2, 1]), false),
+        (Kind::Plain, false),
+        (Kind::Chain(3), true),
+        (Kind::Tree(&[3, 2, 1]), true),
+        (Kind::TreeIid(&[2, 2]), true),
+    ] {
+        let batched = batched_probes(kind, 40, 9_000, shared);
         for (p, tokens) in batched.iter().enumerate() {
             let mut target = ToyLm::new(target(), CTX);
             let mut d = drafter(kind, &SuffixEnv::new());
             let req = request(PROBE_PROMPT, LEN, 1.0, 9_000 + p as u64);
             let alone = generate(&mut target, d.as_mut(), &req, None, &mut |_| true).unwrap();
-            assert_eq!(&alone.tokens, tokens, "{kind:?} probe {p}");
+            assert_eq!(&alone.tokens, tokens, "{kind:?} (shared draft: {shared}) probe {p}");
         }
     }
 }
@@ -174,7 +213,7 @@ fn copying_requests(lanes: usize, batch_budget: bool) -> (Vec<Vec<TokenId>>, u64
     let mut lm = ToyBatchLm::new(target(), CTX, lanes);
     let limits = StepLimits { batch_budget, ..StepLimits::default() };
     let outputs: Vec<_> =
-        run_batched(&mut lm, jobs, lanes, limits, None).into_iter().map(|o| o.unwrap()).collect();
+        run_batched(&mut lm, jobs, lanes, limits, None, None).into_iter().map(|o| o.unwrap()).collect();
     let drafted = outputs.iter().map(|o| o.stats.drafted).sum();
     (outputs.into_iter().map(|o| o.tokens).collect(), drafted)
 }

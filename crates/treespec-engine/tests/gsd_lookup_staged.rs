@@ -6,9 +6,7 @@
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
 
-use std::cell::RefCell;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use common::{chi_square, FAMILY_ALPHA};
 use treespec_core::ngram::{NgramTable, TokenizerId};
@@ -248,7 +246,7 @@ fn lookup_falls_back_to_the_static_table() {
 /// A draft model that records its committed tokens after every commit.
 struct Spy {
     lm: ToyLm,
-    log: Rc<RefCell<Vec<Vec<TokenId>>>>,
+    log: Arc<Mutex<Vec<Vec<TokenId>>>>,
 }
 
 impl CausalLm for Spy {
@@ -272,7 +270,7 @@ impl CausalLm for Spy {
     }
     fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
         self.lm.commit(path)?;
-        self.log.borrow_mut().push(self.lm.committed().to_vec());
+        self.log.lock().unwrap().push(self.lm.committed().to_vec());
         Ok(())
     }
     fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
@@ -282,9 +280,9 @@ impl CausalLm for Spy {
 
 /// Every committed snapshot is a prefix of prompt + output, and the cache keeps up (it lags the
 /// history by at most the last step's unfed tokens).
-fn check_kv(log: &Rc<RefCell<Vec<Vec<TokenId>>>>, prompt: &[TokenId], out: &[TokenId], what: &str) {
+fn check_kv(log: &Arc<Mutex<Vec<Vec<TokenId>>>>, prompt: &[TokenId], out: &[TokenId], what: &str) {
     let full: Vec<TokenId> = prompt.iter().chain(out).copied().collect();
-    let log = log.borrow();
+    let log = log.lock().unwrap();
     assert!(!log.is_empty(), "{what}: the draft never committed");
     for (step, s) in log.iter().enumerate() {
         assert!(
@@ -308,14 +306,14 @@ fn draft_cache_holds_the_true_history_including_merged_paths() {
         let modes = [SamplingParams::greedy(), SamplingParams::with_temperature(1.0)];
         for (mode, sampling) in modes.into_iter().enumerate() {
             let req = request(&prompt, 60, sampling.clone(), seed);
-            let log = Rc::new(RefCell::new(Vec::new()));
+            let log = Arc::new(Mutex::new(Vec::new()));
             let spy = Spy { lm: ToyLm::new(draft.clone(), CTX), log: log.clone() };
             let mut d = GsdDrafter::new(spy, GsdConfig { r: 0, ..gsd_wide() }).unwrap();
             let out = run(&target, &mut d, &req, CTX);
             check_kv(&log, &prompt, &out.tokens, "gsd");
             linked_accepted[mode] += d.stats().accepted_linked;
 
-            let log = Rc::new(RefCell::new(Vec::new()));
+            let log = Arc::new(Mutex::new(Vec::new()));
             let spy = Spy { lm: ToyLm::new(draft.clone(), CTX), log: log.clone() };
             let mut d = StagedDrafter::new(spy, StagedConfig::default()).unwrap();
             let out = run(&target, &mut d, &req, CTX);

@@ -31,7 +31,7 @@ use crate::lm::{backend_err, lend_rows, seq_rm, undo_plan, BatchBuf};
 use crate::load::LlamaModel;
 
 /// llama.cpp's limit on sequence ids in one context.
-const SEQ_IDS: usize = 256;
+pub(crate) const SEQ_IDS: usize = 256;
 
 /// One lane: a request's sequence.
 #[derive(Debug)]

@@ -90,6 +90,24 @@ impl PendingTree {
         &self.ids
     }
 
+    /// Let the tree use `more` path ids too (a lane of a shared draft context borrows them from
+    /// the context's pool for one forward).
+    pub fn grant(&mut self, more: impl IntoIterator<Item = i32>) {
+        for id in more {
+            self.ids.push(id);
+            self.free.push(id);
+        }
+        self.ids.sort_unstable_by(|a, b| b.cmp(a));
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+    }
+
+    /// Give back every path id no pending node uses.
+    pub fn reclaim(&mut self) -> Vec<i32> {
+        let unused = std::mem::take(&mut self.free);
+        self.ids.retain(|id| !unused.contains(id));
+        unused
+    }
+
     /// Drop every pending node and recycle all path ids.
     pub fn clear(&mut self) {
         self.nodes.clear();

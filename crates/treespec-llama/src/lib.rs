@@ -14,6 +14,7 @@
 mod backend;
 mod batch_lm;
 mod compat;
+mod draft_lanes;
 mod hparams;
 mod kv;
 mod lm;
@@ -30,6 +31,7 @@ mod vocab;
 pub use backend::LOG_ENV;
 pub use batch_lm::{BatchCounters, LlamaBatchLm};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use lm::LlamaLm;
 pub use load::{models_loaded, LlamaModel, LoadOptions, MAX_PATHS};

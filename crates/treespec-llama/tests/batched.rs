@@ -1,7 +1,8 @@
 //! Continuous batching on the real SmolLM2 model, in exact mode: every request served in a
 //! shared context beside other requests (each with its own method) emits exactly the tokens it
 //! emits when served alone — also when lanes join and leave mid-way, when settling moves kept
-//! rows, when the cache is compacted and when a prompt reuses a cached prefix.
+//! rows, when the cache is compacted, when a prompt reuses a cached prefix, and when the requests
+//! draft on one shared draft context whose forwards batch them.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::OnceLock;
 
 use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
-use treespec_engine::{generate, GenerateRequest, Method};
+use treespec_engine::{generate, GenerateRequest, Method, SharedDraft};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
 
 /// Prompts beyond `common::CHAT_PROMPTS`: eight in all for the mixed-method runs, twenty for the
@@ -72,17 +73,28 @@ fn alone(request: &GenerateRequest) -> Vec<u32> {
     generate(&mut target, plain.as_mut(), request, None, &mut |_| true).unwrap().tokens
 }
 
-fn jobs(requests: &[GenerateRequest]) -> Vec<BatchJob<'static>> {
+/// A draft context shared by `lanes` requests (the server's way).
+fn shared_draft(lanes: usize) -> SharedDraft<'static> {
+    SharedDraft::new(model().new_draft_lanes(4096, 1024, lanes).unwrap())
+}
+
+/// A job for `request` with `method`: drafting on a lane of `shared`, or on a context of its own.
+fn job(
+    request: &GenerateRequest,
+    method: &Method,
+    shared: Option<&SharedDraft<'static>>,
+) -> BatchJob<'static> {
+    let drafter = match (method.needs_draft(), shared) {
+        (false, _) => method.build::<LlamaLm>(None),
+        (true, Some(s)) => method.build(Some(s.lane().unwrap())),
+        (true, None) => method.build(Some(model().new_lm().unwrap())),
+    };
+    BatchJob { request: request.clone(), drafter: drafter.unwrap(), constraint: None }
+}
+
+fn jobs(requests: &[GenerateRequest], shared: Option<&SharedDraft<'static>>) -> Vec<BatchJob<'static>> {
     let methods = methods();
-    requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let method = &methods[i % methods.len()];
-            let draft = method.needs_draft().then(|| model().new_lm().unwrap());
-            BatchJob { request: r.clone(), drafter: method.build(draft).unwrap(), constraint: None }
-        })
-        .collect()
+    requests.iter().enumerate().map(|(i, r)| job(r, &methods[i % methods.len()], shared)).collect()
 }
 
 #[test]
@@ -93,11 +105,16 @@ fn eight_requests_at_once_emit_what_each_emits_alone() {
     let requests = requests(1);
     let reference: Vec<Vec<u32>> = requests.iter().map(alone).collect();
     let mut lm = model().new_batch_lm(2048, 8).unwrap();
-    let outputs = run_batched(&mut lm, jobs(&requests), 8, StepLimits::default(), None);
+    let draft = shared_draft(8);
+    let outputs =
+        run_batched(&mut lm, jobs(&requests, Some(&draft)), 8, StepLimits::default(), None, Some(&draft));
     for (i, (out, want)) in outputs.into_iter().zip(&reference).enumerate() {
         let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(&out.tokens, want, "request {i} ({})", methods()[i % 5].name());
     }
+    // The chain and DySpec requests drafted together: draft forwards held several lanes.
+    let d = draft.counters();
+    assert!(d.feeds > d.forwards, "{d:?}");
     // Eight lanes share each forward, and speculative lanes dropped rows below kept ones.
     assert!(lm.counters.forwards < 8 * 40, "{:?}", lm.counters);
     assert!(lm.counters.moved_rows > 0, "{:?}", lm.counters);
@@ -114,7 +131,7 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
     let reference: Vec<Vec<u32>> = requests.iter().take(MIXED).map(alone).collect();
     let mut lm = model().new_batch_lm(256, 3).unwrap();
     let limits = StepLimits { prefill_chunk: 16, ..StepLimits::default() };
-    let outputs = run_batched(&mut lm, jobs(&requests), 3, limits, None);
+    let outputs = run_batched(&mut lm, jobs(&requests, None), 3, limits, None, None);
     for (i, out) in outputs.into_iter().enumerate() {
         let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(out.tokens, reference[i % MIXED], "request {i}");
@@ -143,15 +160,10 @@ fn every_method_half(half: usize) {
     assert_eq!(requests.len(), 20);
     let reference: Vec<Vec<u32>> = requests.iter().map(alone).collect();
     for method in every_method().into_iter().skip(half).step_by(2) {
-        let jobs = requests
-            .iter()
-            .map(|r| {
-                let draft = method.needs_draft().then(|| model().new_lm().unwrap());
-                BatchJob { request: r.clone(), drafter: method.build(draft).unwrap(), constraint: None }
-            })
-            .collect();
+        let draft = shared_draft(requests.len());
+        let jobs = requests.iter().map(|r| job(r, &method, Some(&draft))).collect();
         let mut lm = model().new_batch_lm(2048, 8).unwrap();
-        let outputs = run_batched(&mut lm, jobs, 8, StepLimits::default(), None);
+        let outputs = run_batched(&mut lm, jobs, 8, StepLimits::default(), None, Some(&draft));
         for (i, out) in outputs.into_iter().enumerate() {
             let out = out.unwrap_or_else(|e| panic!("{} request {i}: {e}", method.name()));
             assert_eq!(out.tokens, reference[i], "{} request {i}", method.name());

@@ -1,16 +1,13 @@
 //! The batching scheduler on llama.cpp: the target's lanes share one context
-//! ([`LlamaBatchLm`]); a request whose method runs the draft model gets a draft context of its
-//! own from a pool (returned when the request ends), so draft and target state never mix
-//! between requests.
+//! ([`LlamaBatchLm`]); the requests whose method runs the draft model draft on lanes of one
+//! shared draft context ([`LlamaDraftLanes`] behind a [`SharedDraft`]), so their draft forwards
+//! batch as their target rows do, and draft and target state never mix between requests.
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
-use treespec_core::TokenId;
 use treespec_engine::batched::BatchedLm;
-use treespec_engine::{CausalLm, Logits, Method, TokenBytes, TokenConstraint, TreeBatch};
+use treespec_engine::{Method, SharedDraft, TokenBytes, TokenConstraint};
 use treespec_grammar::Vocabulary;
 use treespec_llama::{LlamaBatchLm, LlamaLm, ModelBytes, ModelRuntime};
 
@@ -21,71 +18,24 @@ use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
 use crate::validate::{JobSpec, Limits};
 
-type DraftPool<'m> = Rc<RefCell<Vec<LlamaLm<'m>>>>;
+/// Draft cells kept beside the target's context for each lane's pending draft tree.
+const DRAFT_TREE_CELLS: usize = 80;
 
-/// A draft context lent to one request; back to the pool when its drafter is dropped.
-struct PooledDraft<'m> {
-    lm: Option<LlamaLm<'m>>,
-    pool: DraftPool<'m>,
-}
-
-impl<'m> PooledDraft<'m> {
-    fn lm(&self) -> &LlamaLm<'m> {
-        self.lm.as_ref().expect("present until dropped")
-    }
-    fn lm_mut(&mut self) -> &mut LlamaLm<'m> {
-        self.lm.as_mut().expect("present until dropped")
-    }
-}
-
-impl Drop for PooledDraft<'_> {
-    fn drop(&mut self) {
-        if let Some(lm) = self.lm.take() {
-            self.pool.borrow_mut().push(lm);
-        }
-    }
-}
-
-impl CausalLm for PooledDraft<'_> {
-    fn vocab_size(&self) -> usize {
-        self.lm().vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        self.lm().context_size()
-    }
-    fn committed_len(&self) -> usize {
-        self.lm().committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        self.lm().pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> treespec_engine::Result<()> {
-        self.lm_mut().prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> treespec_engine::Result<Logits<'_>> {
-        self.lm_mut().forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> treespec_engine::Result<()> {
-        self.lm_mut().commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> treespec_engine::Result<()> {
-        self.lm_mut().truncate(len)
-    }
-}
-
-/// The target's lanes, the draft pool and what requests are resolved with.
+/// The target's lanes, the shared draft and what requests are resolved with.
 pub struct LlamaLanes<'m> {
     runtime: &'m ModelRuntime,
     lm: LlamaBatchLm<'m>,
     bytes: ModelBytes<'m>,
-    drafts: DraftPool<'m>,
+    draft: Option<SharedDraft<'m>>,
     methods: Arc<ServerMethods>,
     vocab: Arc<OnceLock<Vocabulary>>,
 }
 
 impl<'m> LlamaLanes<'m> {
-    /// A batched context of `ctx_size` cells in `parallel` lanes; checks that the default method
-    /// builds (a request without a `treespec` object uses it).
+    /// A batched context of `ctx_size` cells in `parallel` lanes, and with a draft model one
+    /// draft context of as many cells (plus room for the lanes' draft trees); checks that the
+    /// default method builds (a request without a `treespec` object uses it). Memory is taken at
+    /// start, so a shortage shows there, not under load.
     pub fn new(
         runtime: &'m ModelRuntime,
         methods: Arc<ServerMethods>,
@@ -93,21 +43,23 @@ impl<'m> LlamaLanes<'m> {
         parallel: usize,
     ) -> anyhow::Result<Self> {
         let lm = runtime.target().new_batch_lm(ctx_size, parallel)?;
+        let draft = match runtime.draft() {
+            Some(d) => {
+                let cells = ctx_size + parallel * DRAFT_TREE_CELLS;
+                let lanes = d.new_draft_lanes(cells, lm.context_size(), parallel + 1)?;
+                Some(SharedDraft::new(lanes))
+            }
+            None => None,
+        };
         let mut lanes = Self {
             runtime,
             lm,
             bytes: runtime.token_bytes(),
-            drafts: Rc::new(RefCell::new(Vec::new())),
+            draft,
             methods,
             vocab: Arc::new(OnceLock::new()),
         };
         let default = lanes.methods.default_method().clone();
-        // When the default method runs the draft model, every lane will want a draft context:
-        // make them now, so memory is taken at start (and a shortage shows there), not under load.
-        if let Some(draft) = runtime.draft().filter(|_| default.uses_draft()) {
-            let made = (0..parallel).map(|_| draft.new_lm()).collect::<treespec_engine::Result<Vec<_>>>()?;
-            lanes.drafts.borrow_mut().extend(made);
-        }
         lanes
             .drafter(&default)
             .map_err(|e| anyhow::anyhow!(e.message))
@@ -115,17 +67,15 @@ impl<'m> LlamaLanes<'m> {
         Ok(lanes)
     }
 
-    /// A drafter for `method`, on a pooled draft context when the method runs the draft model.
+    /// A drafter for `method`, on a lane of the shared draft when the method runs the draft
+    /// model.
     fn drafter(&mut self, method: &Method) -> Result<Box<dyn treespec_engine::Drafter + 'm>, ApiError> {
         let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
-        let Some(draft) = self.runtime.draft().filter(|_| method.uses_draft()) else {
+        let Some(draft) = self.draft.as_ref().filter(|_| method.uses_draft()) else {
             return method.build::<LlamaLm>(None).map_err(invalid);
         };
-        let lm = match self.drafts.borrow_mut().pop() {
-            Some(lm) => lm,
-            None => draft.new_lm().map_err(|e| ApiError::internal(format!("draft context: {e}")))?,
-        };
-        method.build(Some(PooledDraft { lm: Some(lm), pool: self.drafts.clone() })).map_err(invalid)
+        let lane = draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?;
+        method.build(Some(lane)).map_err(invalid)
     }
 }
 
@@ -152,8 +102,8 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
         &self.bytes
     }
 
-    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes) {
-        (&mut self.lm, &self.bytes)
+    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes, Option<&SharedDraft<'m>>) {
+        (&mut self.lm, &self.bytes, self.draft.as_ref())
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use treespec_core::stats::DecodeStats;
+use treespec_engine::shared_draft::DraftCounters;
 
 pub use histogram::Histogram;
 
@@ -72,6 +73,8 @@ struct Inner {
     batch_rows: Histogram,
     batch_steps: u64,
     prefilled_tokens: u64,
+    /// The shared draft model's forwards.
+    draft: DraftCounters,
 }
 
 impl Default for Inner {
@@ -87,6 +90,7 @@ impl Default for Inner {
             batch_rows: Histogram::new(histogram::ROWS),
             batch_steps: 0,
             prefilled_tokens: 0,
+            draft: DraftCounters::default(),
         }
     }
 }
@@ -112,6 +116,11 @@ impl Metrics {
             m.batch_lanes.observe(lanes as f64);
             m.batch_rows.observe(rows as f64);
         });
+    }
+
+    /// The shared draft model's forwards so far.
+    pub fn draft_forwards(&self, counters: DraftCounters) {
+        self.with(|m| m.draft = counters);
     }
 
     /// One answered HTTP request.
@@ -307,6 +316,19 @@ fn render_histograms(s: &mut String, m: &Inner) {
     let _ = writeln!(s, "treespec_batch_steps_total {}", m.batch_steps);
     head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");
     let _ = writeln!(s, "treespec_prefill_tokens_total {}", m.prefilled_tokens);
+    let draft: [(&str, &str, u64); 3] = [
+        ("treespec_draft_forwards_total", "Forwards of the shared draft model.", m.draft.forwards),
+        (
+            "treespec_draft_feeds_total",
+            "Requests' feeds those draft forwards held (feeds / forwards = requests per draft forward).",
+            m.draft.feeds,
+        ),
+        ("treespec_draft_rows_total", "Rows those draft forwards held.", m.draft.rows),
+    ];
+    for (name, help, v) in draft {
+        head(s, name, "counter", help);
+        let _ = writeln!(s, "{name} {v}");
+    }
     type Pick = fn(&MethodTotals) -> &Histogram;
     let per_method: [(&str, &str, Pick); 2] = [
         ("treespec_request_mean_accepted_length", "Per request: tokens emitted per target forward.", |t| {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use treespec_core::TokenId;
 use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
+use treespec_engine::SharedDraft;
 use treespec_engine::{Drafter, GenerateRequest, Generation, StopConditions};
 use treespec_engine::{TextStream, TokenBytes, TokenConstraint, TokenLogprob};
 
@@ -47,8 +48,9 @@ pub trait LaneModels<'m> {
     fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'m>, ApiError>;
     /// Token bytes, for text and stop strings.
     fn bytes(&self) -> &dyn TokenBytes;
-    /// The batched target and the token bytes at once (a step needs both).
-    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes);
+    /// What a step needs at once: the batched target, the token bytes, and the draft model the
+    /// requests share (their draft forwards batch), if any.
+    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes, Option<&SharedDraft<'m>>);
 }
 
 /// Scheduler knobs.
@@ -340,8 +342,11 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// requests leave.
     fn step(&mut self) {
         let limits = self.config.limits;
-        let (lm, bytes) = self.models.split();
-        let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes));
+        let (lm, bytes, draft) = self.models.split();
+        let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes), draft);
+        if let Some(d) = draft {
+            self.metrics.draft_forwards(d.counters());
+        }
         if report.rows == 0 && results.iter().all(|r| matches!(r, LaneStep::Waiting)) {
             self.relieve();
             return;

@@ -1,13 +1,14 @@
 //! The batching scheduler on toy models (no files, deterministic): the toy batched target has
-//! one toy sequence per lane, every request gets its own toy draft. For tests — above all the
+//! one toy sequence per lane, and the requests draft on lanes of one shared toy draft (their
+//! draft forwards batched, as on llama.cpp). For tests — above all the
 //! χ² test that a request's samples keep the target distribution while other requests share
 //! its steps.
 
 use std::sync::Arc;
 
 use treespec_engine::batched::BatchedLm;
-use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
-use treespec_engine::TokenBytes;
+use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
+use treespec_engine::{SharedDraft, TokenBytes};
 
 use crate::engine_thread::{Letters, ToyConfig, ToyWorker};
 use crate::error::ApiError;
@@ -19,7 +20,7 @@ use crate::validate::{JobSpec, Limits};
 /// Toy target lanes and toy drafts.
 pub struct ToyLanes {
     lm: ToyBatchLm,
-    draft: ToyModel,
+    draft: SharedDraft<'static>,
     config: ToyConfig,
     methods: Arc<ServerMethods>,
 }
@@ -30,6 +31,7 @@ impl ToyLanes {
         let m = ToyModel::new(config.vocab.min(26), 1, 7);
         let draft = m.draft(0.5, 3);
         let methods = ToyWorker::methods(config.method.clone());
+        let draft = SharedDraft::new(ToyDraftLanes::new(draft, config.context, parallel + 1));
         Self { lm: ToyBatchLm::new(m, config.context, parallel), draft, config, methods }
     }
 }
@@ -42,8 +44,13 @@ impl LaneModels<'static> for ToyLanes {
     fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'static>, ApiError> {
         let prompt = ToyWorker::prompt(&self.config, spec)?;
         let method = self.methods.for_request(spec.method.as_ref())?;
-        let draft = ToyLm::new(self.draft.clone(), self.config.context);
-        let drafter = method.build(Some(draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
+        let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
+        let drafter = if method.uses_draft() {
+            let lane = self.draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?;
+            method.build(Some(lane)).map_err(invalid)?
+        } else {
+            method.build::<ToyLm>(None).map_err(invalid)?
+        };
         Ok(Prepared { prompt, eos: Vec::new(), method: method.name().to_string(), drafter, constraint: None })
     }
 
@@ -53,11 +60,11 @@ impl LaneModels<'static> for ToyLanes {
 
     /// Called once per step: the toy's `step_delay` is slept here (to test queueing and
     /// cancellation against a slow model).
-    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes) {
+    fn split(&mut self) -> (&mut dyn BatchedLm, &dyn TokenBytes, Option<&SharedDraft<'static>>) {
         if !self.config.step_delay.is_zero() {
             std::thread::sleep(self.config.step_delay);
         }
-        (&mut self.lm, &Letters)
+        (&mut self.lm, &Letters, Some(&self.draft))
     }
 }
 

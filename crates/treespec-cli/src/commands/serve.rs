@@ -31,6 +31,15 @@ pub enum BatchBudget {
     Request,
 }
 
+/// How the requests of a batched step run the shared draft model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftBatching {
+    /// The requests propose together and their draft forwards meet in one forward each round.
+    Batch,
+    /// Each request drafts on its own, one after another (its own draft forwards).
+    Request,
+}
+
 /// Options of `treespec serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -62,6 +71,10 @@ pub struct ServeArgs {
     /// for the whole batch, or each request on its own.
     #[arg(long = "batch-budget", value_enum, default_value_t = BatchBudget::Batch)]
     pub batch_budget: BatchBudget,
+    /// Batch scheduler: whether the requests that run the draft model (`--md`) batch their draft
+    /// forwards across requests, as their target rows are.
+    #[arg(long = "draft-batching", value_enum, default_value_t = DraftBatching::Batch)]
+    pub draft_batching: DraftBatching,
     /// FIFO scheduler: generations run at once (each worker thread has its own model contexts).
     #[arg(long = "max-concurrent", default_value_t = 1)]
     pub max_concurrent: usize,
@@ -99,6 +112,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             let limits = StepLimits {
                 prefill_chunk: args.prefill_chunk,
                 batch_budget: args.batch_budget == BatchBudget::Batch,
+                batch_draft: args.draft_batching == DraftBatching::Batch,
                 ..StepLimits::default()
             };
             let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };

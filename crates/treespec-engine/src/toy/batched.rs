@@ -4,17 +4,16 @@
 
 use treespec_core::TokenId;
 
+use super::slots::ToySlots;
 use super::{ToyLm, ToyModel};
 use crate::batched::{BatchRoom, BatchedLm, LaneId, LaneWork};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::model::{CausalLm, Logits};
 
 /// Up to `lanes` toy sequences of `context` positions each.
 #[derive(Debug, Clone)]
 pub struct ToyBatchLm {
-    model: ToyModel,
-    context: usize,
-    lanes: Vec<Option<ToyLm>>,
+    slots: ToySlots,
     /// The most rows one forward held.
     pub widest: usize,
 }
@@ -22,42 +21,33 @@ pub struct ToyBatchLm {
 impl ToyBatchLm {
     /// `lanes` lanes over `model`, each with a context of `context` positions.
     pub fn new(model: ToyModel, context: usize, lanes: usize) -> Self {
-        Self { model, context, lanes: vec![None; lanes.max(1)], widest: 0 }
+        Self { slots: ToySlots::new(model, context, lanes), widest: 0 }
     }
 
     fn lane(&mut self, lane: LaneId) -> Result<&mut ToyLm> {
-        self.lanes
-            .get_mut(lane)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| EngineError::State(format!("lane {lane} is not open")))
+        self.slots.get_mut(lane)
     }
 }
 
 impl BatchedLm for ToyBatchLm {
     fn vocab_size(&self) -> usize {
-        self.model.vocab
+        self.slots.model.vocab
     }
 
     fn context_size(&self) -> usize {
-        self.context
+        self.slots.context
     }
 
     fn capacity(&self) -> usize {
-        self.context * self.lanes.len()
+        self.slots.context * self.slots.len()
     }
 
     fn open(&mut self, _prompt_head: &[TokenId]) -> Result<(LaneId, usize)> {
-        let free = self
-            .lanes
-            .iter()
-            .position(Option::is_none)
-            .ok_or_else(|| EngineError::InvalidRequest("every lane is busy".into()))?;
-        self.lanes[free] = Some(ToyLm::new(self.model.clone(), self.context));
-        Ok((free, 0))
+        Ok((self.slots.open()?, 0))
     }
 
     fn committed_len(&self, lane: LaneId) -> usize {
-        self.lanes.get(lane).and_then(Option::as_ref).map_or(0, |l| l.committed_len())
+        self.slots.get(lane).map_or(0, |l| l.committed_len())
     }
 
     fn room(&self) -> BatchRoom {
@@ -65,7 +55,7 @@ impl BatchedLm for ToyBatchLm {
     }
 
     fn forward(&mut self, work: &[LaneWork<'_>]) -> Result<Logits<'_>> {
-        let vocab = self.model.vocab;
+        let vocab = self.slots.model.vocab;
         let mut data = Vec::new();
         let mut rows = 0;
         for w in work {
@@ -96,8 +86,6 @@ impl BatchedLm for ToyBatchLm {
     }
 
     fn close(&mut self, lane: LaneId) {
-        if let Some(l) = self.lanes.get_mut(lane) {
-            *l = None;
-        }
+        self.slots.close(lane);
     }
 }

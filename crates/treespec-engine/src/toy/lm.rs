@@ -33,6 +33,13 @@ impl ToyLm {
         &self.committed
     }
 
+    /// Back to `committed` committed tokens and `pending` pending nodes (a batched draft forward
+    /// that failed takes back what it fed).
+    pub(crate) fn take_back(&mut self, committed: usize, pending: usize) {
+        self.committed.truncate(committed);
+        self.pending.truncate(pending);
+    }
+
     fn depth(&self, idx: usize) -> usize {
         let mut d = 0;
         let mut at = self.pending[idx].1;

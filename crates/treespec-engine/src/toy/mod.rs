@@ -6,10 +6,13 @@
 //! or with a support disjoint from the target's.
 
 mod batched;
+mod draft_lanes;
 mod lm;
 mod model;
+mod slots;
 
 pub use batched::ToyBatchLm;
+pub use draft_lanes::ToyDraftLanes;
 pub use lm::ToyLm;
 pub use model::{Support, ToyModel};
 

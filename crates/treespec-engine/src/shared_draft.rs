@@ -1,0 +1,434 @@
+//! One draft model for every request of a continuous batch, its forwards batched across requests.
+//!
+//! A drafter drafts with a loop of its own (a chain: one draft forward per token; a tree: one per
+//! layer or per expanded node), so the draft forwards of different requests cannot be listed in
+//! advance the way the target's rows are. Instead the requests of a step propose *concurrently*,
+//! each on its own thread, and every draft forward is a rendezvous: a proposer hands its rows to
+//! the [`SharedDraft`] and waits; once every proposer still drafting is waiting, the step's own
+//! thread runs ONE forward holding all of their rows ([`DraftLanes::forward`]) and hands each its
+//! logits. A proposer that finishes drafting leaves, so the others no longer wait for it.
+//!
+//! Each request drafts through a [`DraftLane`], a [`CausalLm`] over its own sequence of the shared
+//! draft context, so every drafter runs unchanged. Only the step's thread ever runs the backend
+//! (llama.cpp's thread pool stays with one caller); outside a step — a request's first prefill
+//! when it proposes alone, its commits — a lane's call runs at once on the caller's thread.
+//!
+//! Batching the draft changes which rows share its forwards, hence (without `--exact` on the
+//! draft) the last bits of its logits, never what a request emits: the target verifies every
+//! proposal exactly as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use treespec_core::TokenId;
+
+use crate::batched::LaneId;
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, Logits, TreeBatch};
+
+/// What one lane feeds in a batched draft forward.
+#[derive(Debug, Clone, Copy)]
+pub enum DraftFeed<'a> {
+    /// Tokens appended to the lane's committed prefix (no logits).
+    Prefill(&'a [TokenId]),
+    /// Nodes on top of the lane's committed prefix and pending nodes, as [`CausalLm::forward`]
+    /// takes them: parents are the lane's own pending indices.
+    Tree(&'a TreeBatch),
+}
+
+impl DraftFeed<'_> {
+    /// Logits rows the feed asks for.
+    pub fn logits_rows(&self) -> usize {
+        match self {
+            DraftFeed::Prefill(_) => 0,
+            DraftFeed::Tree(b) => b.logits.iter().filter(|&&l| l).count(),
+        }
+    }
+
+    /// Rows the feed puts in the forward.
+    pub fn rows(&self) -> usize {
+        match self {
+            DraftFeed::Prefill(t) => t.len(),
+            DraftFeed::Tree(b) => b.len(),
+        }
+    }
+}
+
+/// A draft model holding many lanes (one per request), each with [`CausalLm`]'s committed and
+/// pending semantics, scoring every lane's feed in ONE forward.
+pub trait DraftLanes: Send {
+    /// Vocabulary size.
+    fn vocab_size(&self) -> usize;
+
+    /// Most positions one lane may hold (committed + pending).
+    fn context_size(&self) -> usize;
+
+    /// Root-to-leaf paths the pending trees of all lanes may open together (sequence ids).
+    fn free_paths(&self) -> usize;
+
+    /// Open an empty lane. Errors when none is free.
+    fn open(&mut self) -> Result<LaneId>;
+
+    /// Free a lane and everything it holds.
+    fn close(&mut self, lane: LaneId);
+
+    /// Committed tokens of the lane.
+    fn committed_len(&self, lane: LaneId) -> usize;
+
+    /// Pending nodes of the lane.
+    fn pending_len(&self, lane: LaneId) -> usize;
+
+    /// Feed every lane's work in ONE forward. Returns the logits rows asked for, in `work` order.
+    /// On error nothing of `work` stays.
+    fn forward(&mut self, work: &[(LaneId, DraftFeed<'_>)]) -> Result<Logits<'_>>;
+
+    /// [`CausalLm::commit`] for the lane.
+    fn commit(&mut self, lane: LaneId, path: &[usize]) -> Result<()>;
+
+    /// [`CausalLm::truncate`] for the lane.
+    fn truncate(&mut self, lane: LaneId, len: usize) -> Result<()>;
+}
+
+/// Draft forwards counted for reports and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DraftCounters {
+    /// Forwards run (one backend call each).
+    pub forwards: u64,
+    /// Lane feeds they held (a forward holding k lanes counts k).
+    pub feeds: u64,
+    /// Rows they held.
+    pub rows: u64,
+}
+
+/// A lane's feed waiting for the step's next draft forward.
+enum OwnedFeed {
+    Prefill(Vec<TokenId>),
+    Tree(TreeBatch),
+}
+
+impl OwnedFeed {
+    fn borrow(&self) -> DraftFeed<'_> {
+        match self {
+            OwnedFeed::Prefill(t) => DraftFeed::Prefill(t),
+            OwnedFeed::Tree(b) => DraftFeed::Tree(b),
+        }
+    }
+}
+
+struct State<'m> {
+    lm: Box<dyn DraftLanes + 'm>,
+    /// Proposers of the current step still drafting (0: no step under way; a call runs at once).
+    seats: usize,
+    /// Feeds waiting for the next forward: (ticket, lane, feed).
+    queue: Vec<(u64, LaneId, OwnedFeed)>,
+    /// Results not yet collected, by ticket: the feed's logits rows, row-major.
+    done: HashMap<u64, Result<Vec<f32>>>,
+    next_ticket: u64,
+    counters: DraftCounters,
+}
+
+impl State<'_> {
+    /// Run every queued feed in one forward and file each feed's rows under its ticket. A failed
+    /// forward is retried feed by feed, so a lane's bad feed fails that lane only.
+    fn run(&mut self) {
+        let queue = std::mem::take(&mut self.queue);
+        if queue.is_empty() {
+            return;
+        }
+        let work: Vec<(LaneId, DraftFeed<'_>)> = queue.iter().map(|(_, l, f)| (*l, f.borrow())).collect();
+        let rows: usize = work.iter().map(|(_, f)| f.rows()).sum();
+        match self.lm.forward(&work) {
+            Ok(logits) => {
+                let mut at = 0;
+                for ((ticket, _, _), (_, feed)) in queue.iter().zip(&work) {
+                    let n = feed.logits_rows();
+                    let own = logits.slice(at..at + n);
+                    at += n;
+                    self.done.insert(*ticket, Ok(own.row_data().to_vec()));
+                }
+                self.counters.forwards += 1;
+                self.counters.feeds += work.len() as u64;
+                self.counters.rows += rows as u64;
+            }
+            Err(e) if work.len() == 1 => {
+                self.done.insert(queue[0].0, Err(e));
+            }
+            Err(_) => {
+                for (ticket, lane, feed) in &queue {
+                    let one = [(*lane, feed.borrow())];
+                    let r = self.lm.forward(&one).map(|l| l.row_data().to_vec());
+                    if r.is_ok() {
+                        self.counters.forwards += 1;
+                        self.counters.feeds += 1;
+                        self.counters.rows += feed.borrow().rows() as u64;
+                    }
+                    self.done.insert(*ticket, r);
+                }
+            }
+        }
+    }
+}
+
+struct Inner<'m> {
+    state: Mutex<State<'m>>,
+    /// Signalled when a feed is queued, a forward ran, or a proposer left.
+    turn: Condvar,
+    vocab: usize,
+    context: usize,
+}
+
+impl<'m> Inner<'m> {
+    fn lock(&self) -> MutexGuard<'_, State<'m>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'g>(&self, guard: MutexGuard<'g, State<'m>>) -> MutexGuard<'g, State<'m>> {
+        self.turn.wait(guard).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Score `feed` for `lane`: at once outside a step, else in the step's next batched forward.
+    fn submit(&self, lane: LaneId, feed: OwnedFeed) -> Result<Vec<f32>> {
+        let mut st = self.lock();
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        st.queue.push((ticket, lane, feed));
+        if st.seats == 0 {
+            st.run();
+        } else {
+            self.turn.notify_all();
+        }
+        loop {
+            if let Some(r) = st.done.remove(&ticket) {
+                return r;
+            }
+            st = self.wait(st);
+        }
+    }
+}
+
+/// One draft model shared by every request of a continuous batch (cheap to clone: a handle).
+#[derive(Clone)]
+pub struct SharedDraft<'m> {
+    inner: Arc<Inner<'m>>,
+}
+
+impl std::fmt::Debug for SharedDraft<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedDraft").field("counters", &self.counters()).finish_non_exhaustive()
+    }
+}
+
+/// A proposer's place in a step's rendezvous: the step's draft forwards wait for it until it is
+/// dropped (when its proposal is done, or its thread unwinds).
+pub struct Seat<'m> {
+    inner: Arc<Inner<'m>>,
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        let mut st = self.inner.lock();
+        st.seats -= 1;
+        drop(st);
+        self.inner.turn.notify_all();
+    }
+}
+
+impl<'m> SharedDraft<'m> {
+    /// Share `lm` among requests.
+    pub fn new(lm: impl DraftLanes + 'm) -> Self {
+        let (vocab, context) = (lm.vocab_size(), lm.context_size());
+        let state = State {
+            lm: Box::new(lm),
+            seats: 0,
+            queue: Vec::new(),
+            done: HashMap::new(),
+            next_ticket: 0,
+            counters: DraftCounters::default(),
+        };
+        Self { inner: Arc::new(Inner { state: Mutex::new(state), turn: Condvar::new(), vocab, context }) }
+    }
+
+    /// A lane of its own for one request (closed when dropped).
+    pub fn lane(&self) -> Result<DraftLane<'m>> {
+        let lane = self.inner.lock().lm.open()?;
+        Ok(DraftLane { inner: self.inner.clone(), lane, rows: Vec::new() })
+    }
+
+    /// Paths the pending trees may still open together (a step caps each proposer's tree at its
+    /// share).
+    pub fn free_paths(&self) -> usize {
+        self.inner.lock().lm.free_paths()
+    }
+
+    /// The forwards run so far.
+    pub fn counters(&self) -> DraftCounters {
+        self.inner.lock().counters
+    }
+
+    /// A seat for one proposer of the step about to run. Take every seat before the first
+    /// proposer starts, then [`serve`](Self::serve) on the step's thread.
+    pub fn seat(&self) -> Seat<'m> {
+        self.inner.lock().seats += 1;
+        Seat { inner: self.inner.clone() }
+    }
+
+    /// Run the step's draft forwards until every seat is gone: each time every seated proposer
+    /// waits on a feed, one forward holds all of them.
+    pub fn serve(&self) {
+        let mut st = self.inner.lock();
+        loop {
+            if !st.queue.is_empty() && st.queue.len() >= st.seats {
+                st.run();
+                self.inner.turn.notify_all();
+            } else if st.seats == 0 {
+                return;
+            } else {
+                st = self.inner.wait(st);
+            }
+        }
+    }
+}
+
+/// One request's sequence of a [`SharedDraft`]: the draft model its drafter runs.
+pub struct DraftLane<'m> {
+    inner: Arc<Inner<'m>>,
+    lane: LaneId,
+    /// The logits rows of its last forward.
+    rows: Vec<f32>,
+}
+
+impl std::fmt::Debug for DraftLane<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraftLane").field("lane", &self.lane).finish_non_exhaustive()
+    }
+}
+
+impl Drop for DraftLane<'_> {
+    fn drop(&mut self) {
+        self.inner.lock().lm.close(self.lane);
+    }
+}
+
+impl CausalLm for DraftLane<'_> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab
+    }
+
+    fn context_size(&self) -> usize {
+        self.inner.context
+    }
+
+    fn committed_len(&self) -> usize {
+        self.inner.lock().lm.committed_len(self.lane)
+    }
+
+    fn pending_len(&self) -> usize {
+        self.inner.lock().lm.pending_len(self.lane)
+    }
+
+    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
+        let pending = self.pending_len();
+        if pending > 0 {
+            return Err(EngineError::State(format!(
+                "prefill with {pending} pending nodes: commit or truncate first"
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        self.inner.submit(self.lane, OwnedFeed::Prefill(tokens.to_vec())).map(drop)
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
+        if batch.is_empty() {
+            return Ok(Logits::new(self.inner.vocab, Vec::new()));
+        }
+        self.rows = self.inner.submit(self.lane, OwnedFeed::Tree(batch.clone()))?;
+        Ok(Logits::borrowed(self.inner.vocab, &self.rows))
+    }
+
+    fn commit(&mut self, path: &[usize]) -> Result<()> {
+        self.inner.lock().lm.commit(self.lane, path)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.inner.lock().lm.truncate(self.lane, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::{ToyDraftLanes, ToyLm, ToyModel};
+
+    /// Proposers feeding 1, 2 and 3 chain steps concurrently: every forward holds each proposer
+    /// still drafting (3 forwards, 6 feeds), and each gets exactly the rows a lone model gives.
+    #[test]
+    fn concurrent_feeds_meet_in_one_forward_and_get_their_own_rows() {
+        let model = ToyModel::new(7, 2, 5);
+        let shared = SharedDraft::new(ToyDraftLanes::new(model.clone(), 32, 3));
+        let mut lanes: Vec<DraftLane<'_>> = (0..3).map(|_| shared.lane().unwrap()).collect();
+        for (k, lane) in lanes.iter_mut().enumerate() {
+            lane.prefill(&[k as TokenId, 1]).unwrap();
+        }
+        let feeds = |lane: &mut dyn CausalLm, k: usize| -> Vec<Vec<f32>> {
+            (0..=k)
+                .map(|i| {
+                    let parent = i.checked_sub(1);
+                    let batch = TreeBatch::chain(&[(k + i) as TokenId % 7], parent, i, false);
+                    lane.forward(&batch).unwrap().row(0).to_vec()
+                })
+                .collect()
+        };
+        // The prefills ran one by one, at once (no step under way).
+        assert_eq!(shared.counters(), DraftCounters { forwards: 3, feeds: 3, rows: 6 });
+        let got: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = lanes
+                .iter_mut()
+                .enumerate()
+                .map(|(k, lane)| {
+                    let seat = shared.seat();
+                    s.spawn(move || {
+                        let _seat = seat;
+                        feeds(lane, k)
+                    })
+                })
+                .collect();
+            shared.serve();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(shared.counters(), DraftCounters { forwards: 3 + 3, feeds: 3 + 6, rows: 6 + 6 });
+        for (k, rows) in got.iter().enumerate() {
+            let mut alone = ToyLm::new(model.clone(), 32);
+            alone.prefill(&[k as TokenId, 1]).unwrap();
+            assert_eq!(rows, &feeds(&mut alone, k), "proposer {k}");
+        }
+        // Outside a step a call runs at once; commits keep each lane's own path.
+        lanes[2].commit(&[0, 1]).unwrap();
+        assert_eq!((lanes[2].committed_len(), lanes[2].pending_len()), (4, 0));
+        assert_eq!((lanes[0].committed_len(), lanes[0].pending_len()), (2, 1));
+    }
+
+    /// A lane's bad feed fails that lane only: the forward is retried feed by feed.
+    #[test]
+    fn a_bad_feed_fails_only_its_own_lane() {
+        let shared = SharedDraft::new(ToyDraftLanes::new(ToyModel::new(7, 2, 5), 32, 2));
+        let mut good = shared.lane().unwrap();
+        let mut bad = shared.lane().unwrap();
+        let (ok, err) = std::thread::scope(|s| {
+            let (a, b) = (shared.seat(), shared.seat());
+            let ok = s.spawn(move || {
+                let _seat = a;
+                good.forward(&TreeBatch::chain(&[1], None, 0, false)).map(|l| l.rows())
+            });
+            let err = s.spawn(move || {
+                let _seat = b;
+                bad.forward(&TreeBatch::chain(&[99], None, 0, false)).map(|l| l.rows())
+            });
+            shared.serve();
+            (ok.join().unwrap(), err.join().unwrap())
+        });
+        assert_eq!(ok.unwrap(), 1);
+        assert!(err.is_err());
+    }
+}
