@@ -18,3 +18,6 @@ echo "[test] short soak: 8 streaming clients for 20 s on SmolLM2 (25% disconnect
 cargo build --release -p treespec-cli --bin treespec
 python3 scripts/soak.py --server-cmd "target/release/treespec serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --method suffix -t 2 -c 4096 --parallel 8 --port {port}" \
     --clients 8 --duration 20 --max-tokens 16 --strict-metrics --max-rss-growth 0.25
+echo "[test] short soak with a shared draft model: 8 streaming clients for 15 s, chain drafts batched across requests"
+python3 scripts/soak.py --server-cmd "target/release/treespec serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf -md models/SmolLM2-135M-Instruct.Q4_1.gguf --method chain -k 3 -t 2 -c 4096 --parallel 8 --port {port}" \
+    --clients 8 --duration 15 --max-tokens 16 --strict-metrics --max-rss-growth 0.25

@@ -112,6 +112,9 @@ pub struct Lane<'d> {
     pub prefill_time: Duration,
     /// Whether its drafter has begun (the prompt is in).
     pub begun: bool,
+    /// Rows its tree put in the last forward it decoded in (1 before its first): what the other
+    /// lanes expect of it when all propose at once.
+    last_rows: usize,
 }
 
 impl std::fmt::Debug for Lane<'_> {
@@ -142,6 +145,7 @@ impl<'d> Lane<'d> {
             prefilled: cached,
             prefill_time: Duration::ZERO,
             begun: false,
+            last_rows: 1,
         }
     }
 
@@ -247,10 +251,19 @@ pub fn step(
     let together = limits.batch_draft && n >= 2 && free_rows >= n && free_paths >= n;
     if let Some(draft) = draft.filter(|_| together) {
         // With a shared draft model, the lanes propose together, so their draft forwards batch:
-        // each tree gets an equal share of the room, and sees every other lane's root.
+        // each tree gets an equal share of the room and, not seeing the others' trees, expects
+        // each other lane to put in as many rows as its last tree did.
         let cap = (free_rows / n - 1).min(free_paths / n - 1).min(draft_paths / n).min(limits.max_tree);
-        let context = ProposeAt { batch_rows: rows + n - 1, cap, batch_cut: limits.batch_budget };
-        for (i, outcome) in propose_together(lm, lanes, &proposing, draft, context) {
+        let expected: usize = proposing.iter().map(|&i| lanes[i].last_rows).sum();
+        let at: Vec<ProposeAt> = lanes
+            .iter()
+            .map(|l| ProposeAt {
+                batch_rows: rows + expected.saturating_sub(l.last_rows),
+                cap,
+                batch_cut: limits.batch_budget,
+            })
+            .collect();
+        for (i, outcome) in propose_together(lm, lanes, &proposing, draft, &at) {
             rows += record_proposal(i, outcome, &mut proposed, &mut results);
         }
     } else {
@@ -283,6 +296,9 @@ pub fn step(
         .iter()
         .filter_map(|&i| lanes[i].generation.proposed().map(|t| (i, TreeBatch::from_tree(t, 0))))
         .collect();
+    for (i, batch) in &trees {
+        lanes[*i].last_rows = batch.len();
+    }
     // Single-row trees (plain steps) go first: every one of them is kept, so the rows a commit
     // drops sit above them (the backend then moves fewer kept rows).
     trees.sort_by_key(|(_, b)| b.len() > 1);
@@ -404,15 +420,15 @@ fn record_proposal(
     }
 }
 
-/// Propose the `proposing` lanes' trees concurrently, one thread each, while this thread serves
-/// their draft forwards batched ([`SharedDraft::serve`]). Returns each lane's outcome, in lane
+/// Propose the `proposing` lanes' trees concurrently, one thread each (lane i where `at[i]`
+/// says), while this thread serves their draft forwards batched ([`SharedDraft::serve`]). Returns each lane's outcome, in lane
 /// order; a lane whose thread could not start waits for the next step.
 fn propose_together(
     lm: &dyn BatchedLm,
     lanes: &mut [Lane<'_>],
     proposing: &[usize],
     draft: &SharedDraft<'_>,
-    at: ProposeAt,
+    at: &[ProposeAt],
 ) -> Vec<(usize, Result<Option<usize>>)> {
     let committed: Vec<usize> = lanes.iter().map(|l| lm.committed_len(l.lane)).collect();
     std::thread::scope(|scope| {
@@ -420,7 +436,7 @@ fn propose_together(
         for (i, lane) in lanes.iter_mut().enumerate().filter(|(i, _)| proposing.contains(i)) {
             // Every seat is taken before the draft is served: no forward runs short of a lane.
             let seat = draft.seat();
-            let committed = committed[i];
+            let (committed, at) = (committed[i], at[i]);
             let spawned =
                 std::thread::Builder::new().name("treespec-propose".into()).spawn_scoped(scope, move || {
                     let _seat = seat;

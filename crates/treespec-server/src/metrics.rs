@@ -317,13 +317,17 @@ fn render_histograms(s: &mut String, m: &Inner) {
     head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");
     let _ = writeln!(s, "treespec_prefill_tokens_total {}", m.prefilled_tokens);
     let draft: [(&str, &str, u64); 3] = [
-        ("treespec_draft_forwards_total", "Forwards of the shared draft model.", m.draft.forwards),
         (
-            "treespec_draft_feeds_total",
-            "Requests' feeds those draft forwards held (feeds / forwards = requests per draft forward).",
+            "treespec_shared_draft_forwards_total",
+            "Batched forwards of the shared draft model.",
+            m.draft.forwards,
+        ),
+        (
+            "treespec_shared_draft_feeds_total",
+            "Request feeds those forwards held (feeds / forwards = requests per draft forward).",
             m.draft.feeds,
         ),
-        ("treespec_draft_rows_total", "Rows those draft forwards held.", m.draft.rows),
+        ("treespec_shared_draft_rows_total", "Rows those forwards held.", m.draft.rows),
     ];
     for (name, help, v) in draft {
         head(s, name, "counter", help);
@@ -394,8 +398,15 @@ mod tests {
             ..Default::default()
         };
         m.generation("chain", 5, &stats);
+        m.draft_forwards(DraftCounters { forwards: 2, feeds: 7, rows: 9 });
         let text = m.render(3);
+        // One HELP per metric name: a name reused by two metrics breaks the exposition.
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
+        let names: std::collections::BTreeSet<&str> =
+            helps.iter().filter_map(|l| l.split_whitespace().nth(2)).collect();
+        assert_eq!(names.len(), helps.len(), "a metric name declared twice in\n{text}");
         for line in [
+            "treespec_shared_draft_feeds_total 7",
             "treespec_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1",
             "treespec_errors_total{kind=\"client\"} 1",
             "treespec_queue_depth 3",
