@@ -200,6 +200,8 @@ pub struct StepReport {
     pub decoding: usize,
     /// Prompt tokens prefilled.
     pub prefilled: usize,
+    /// Time in the forward itself (the rest of a step is proposing, verifying and settling).
+    pub forward_time: Duration,
 }
 
 /// One continuous-batching step over `lanes`: prompt chunks, then every decoding lane's tree,
@@ -320,37 +322,45 @@ pub fn step(
     let t = Instant::now();
     let forward = lm.forward(&work);
     drop(work);
-    let logits = match forward {
-        Ok(l) => l.into_owned(),
-        Err(e) => {
-            let failed = chunks.iter().map(|&(i, _)| i).chain(trees.iter().map(|&(i, _)| i));
-            for i in failed.collect::<Vec<_>>() {
-                results[i] = LaneStep::Failed(EngineError::Backend(format!("batched forward: {e}")));
+    // 4. Verify and emit, lane by lane, on the forward's rows as the backend lends them (no
+    // copy); then commit each lane's accepted path.
+    let (forward_time, outcomes): (Duration, Vec<Result<StepOutcome>>) = {
+        let logits = match forward {
+            Ok(l) => l,
+            Err(e) => {
+                let failed = chunks.iter().map(|&(i, _)| i).chain(trees.iter().map(|&(i, _)| i));
+                for i in failed.collect::<Vec<_>>() {
+                    results[i] = LaneStep::Failed(EngineError::Backend(format!("batched forward: {e}")));
+                }
+                return (results, StepReport::default());
             }
-            return (results, StepReport::default());
+        };
+        let time = t.elapsed();
+        for &(i, n) in &chunks {
+            lanes[i].prefilled += n;
+            lanes[i].prefill_time += time;
         }
+        let mut offset = 0;
+        let outcomes = trees
+            .iter()
+            .map(|(i, batch)| {
+                let lane = &mut lanes[*i];
+                let own = logits.slice(offset..offset + batch.len());
+                offset += batch.len();
+                lane.generation.complete(
+                    lane.drafter.as_mut(),
+                    lane.constraint.as_deref_mut(),
+                    &own,
+                    rows,
+                    time,
+                    bytes,
+                )
+            })
+            .collect();
+        (time, outcomes)
     };
-    let time = t.elapsed();
-    for &(i, n) in &chunks {
-        lanes[i].prefilled += n;
-        lanes[i].prefill_time += time;
-    }
-
-    // 4. Verify, commit and emit, lane by lane.
-    let mut offset = 0;
-    for (i, batch) in &trees {
-        let lane = &mut lanes[*i];
-        let own = logits.slice(offset..offset + batch.len());
-        offset += batch.len();
-        let outcome = lane.generation.complete(
-            lane.drafter.as_mut(),
-            lane.constraint.as_deref_mut(),
-            &own,
-            rows,
-            time,
-            bytes,
-        );
-        results[*i] = match outcome.and_then(|o| lm.commit(lane.lane, &o.path).map(|()| o)) {
+    for ((i, _), outcome) in trees.iter().zip(outcomes) {
+        results[*i] = match outcome.and_then(|o| lm.commit(lanes[*i].lane, &o.path).map(|()| o)) {
             Ok(o) => LaneStep::Stepped(o),
             Err(e) => LaneStep::Failed(e),
         };
@@ -360,7 +370,7 @@ pub fn step(
             results[*i] = LaneStep::Failed(EngineError::Backend(format!("settling the step: {e}")));
         }
     }
-    let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows };
+    let report = StepReport { rows, decoding: trees.len(), prefilled: prefill_rows, forward_time };
     (results, report)
 }
 

@@ -73,6 +73,9 @@ struct Inner {
     batch_rows: Histogram,
     batch_steps: u64,
     prefilled_tokens: u64,
+    /// Seconds in batched steps, and in their forwards.
+    step_seconds: f64,
+    forward_seconds: f64,
     /// The shared draft model's forwards.
     draft: DraftCounters,
 }
@@ -90,6 +93,8 @@ impl Default for Inner {
             batch_rows: Histogram::new(histogram::ROWS),
             batch_steps: 0,
             prefilled_tokens: 0,
+            step_seconds: 0.0,
+            forward_seconds: 0.0,
             draft: DraftCounters::default(),
         }
     }
@@ -107,11 +112,13 @@ impl Metrics {
         f(&mut g)
     }
 
-    /// One batched step: `lanes` requests decoded a step in one forward of `rows` rows, which
-    /// also prefilled `prefilled` prompt tokens.
-    pub fn batch_step(&self, lanes: usize, rows: usize, prefilled: usize) {
+    /// One batched step of `step` seconds: `lanes` requests decoded a step in one forward of
+    /// `rows` rows and `forward` seconds, which also prefilled `prefilled` prompt tokens.
+    pub fn batch_step(&self, lanes: usize, rows: usize, prefilled: usize, step: Duration, forward: Duration) {
         self.with(|m| {
             m.batch_steps += 1;
+            m.step_seconds += step.as_secs_f64();
+            m.forward_seconds += forward.as_secs_f64();
             m.prefilled_tokens += prefilled as u64;
             m.batch_lanes.observe(lanes as f64);
             m.batch_rows.observe(rows as f64);
@@ -316,6 +323,18 @@ fn render_histograms(s: &mut String, m: &Inner) {
     let _ = writeln!(s, "treespec_batch_steps_total {}", m.batch_steps);
     head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");
     let _ = writeln!(s, "treespec_prefill_tokens_total {}", m.prefilled_tokens);
+    let seconds: [(&str, &str, f64); 2] = [
+        ("treespec_batch_step_seconds_total", "Wall time of batched steps.", m.step_seconds),
+        (
+            "treespec_batch_forward_seconds_total",
+            "Of which in their target forwards (the rest: proposing, verifying, settling).",
+            m.forward_seconds,
+        ),
+    ];
+    for (name, help, v) in seconds {
+        head(s, name, "counter", help);
+        let _ = writeln!(s, "{name} {v:.3}");
+    }
     let draft: [(&str, &str, u64); 3] = [
         (
             "treespec_shared_draft_forwards_total",

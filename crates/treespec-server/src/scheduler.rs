@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use treespec_core::TokenId;
 use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
@@ -343,6 +343,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     fn step(&mut self) {
         let limits = self.config.limits;
         let (lm, bytes, draft) = self.models.split();
+        let started = Instant::now();
         let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes), draft);
         if let Some(d) = draft {
             self.metrics.draft_forwards(d.counters());
@@ -352,7 +353,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             return;
         }
         if report.rows > 0 {
-            self.metrics.batch_step(report.decoding, report.rows, report.prefilled);
+            let (step_time, forward_time) = (started.elapsed(), report.forward_time);
+            self.metrics.batch_step(report.decoding, report.rows, report.prefilled, step_time, forward_time);
         }
         let mut results = results;
         for k in (0..self.lanes.len()).rev() {
