@@ -110,7 +110,7 @@ pub struct Lane<'d> {
     pub prefilled: usize,
     /// Time spent in forwards that carried its prompt.
     pub prefill_time: Duration,
-    /// Whether its drafter has begun (the prompt is in).
+    /// Whether its drafter has begun (at the first step after the request joined).
     pub begun: bool,
     /// Rows its tree put in the last forward it decoded in (1 before its first): what the other
     /// lanes expect of it when all propose at once.
@@ -225,7 +225,7 @@ pub fn step(
     let mut budget = limits.prefill_chunk.max(1);
     for (i, lane) in lanes.iter().enumerate() {
         let left = lane.prefill_left();
-        if lane.begun || left == 0 {
+        if left == 0 {
             continue;
         }
         let n = left.min(budget).min(room.rows.saturating_sub(rows));
@@ -238,9 +238,23 @@ pub fn step(
     }
     let prefill_rows = rows;
 
+    // Drafters begin as soon as their request joins, so that a draft model may read the prompt
+    // a chunk per step beside the target (`SharedDraft::drain`) instead of all at once when the
+    // target is done with it.
+    for (i, lane) in lanes.iter_mut().enumerate().filter(|(_, l)| !l.begun) {
+        match lane.generation.begin(lane.drafter.as_mut(), Duration::ZERO) {
+            Ok(()) => lane.begun = true,
+            Err(e) => results[i] = LaneStep::Failed(e),
+        }
+    }
+    if let Some(draft) = draft {
+        draft.drain(limits.prefill_chunk);
+    }
+
     // 2. Trees. Every decoding lane puts at least its root in, whatever the order.
     let proposes = |i: usize, lane: &Lane<'_>, results: &[LaneStep]| {
-        (lane.begun || lane.prefill_left() == 0)
+        lane.begun
+            && lane.prefill_left() == 0
             && matches!(results[i], LaneStep::Waiting)
             && !lane.generation.is_done()
     };
@@ -337,8 +351,13 @@ pub fn step(
         };
         let time = t.elapsed();
         for &(i, n) in &chunks {
-            lanes[i].prefilled += n;
-            lanes[i].prefill_time += time;
+            let lane = &mut lanes[i];
+            lane.prefilled += n;
+            lane.prefill_time += time;
+            if lane.prefill_left() == 0 {
+                let t = lane.prefill_time;
+                lane.generation.prefilled(t);
+            }
         }
         let mut offset = 0;
         let outcomes = trees
@@ -383,13 +402,8 @@ struct ProposeAt {
     batch_cut: bool,
 }
 
-/// Start the lane's drafter if its prompt just completed, then propose its tree: its size, or
-/// `None` when it finished without a step.
+/// Propose the lane's tree: its size, or `None` when it finished without a step.
 fn propose_lane(lane: &mut Lane<'_>, committed: usize, at: ProposeAt) -> Result<Option<usize>> {
-    if !lane.begun {
-        lane.generation.begin(lane.drafter.as_mut(), lane.prefill_time)?;
-        lane.begun = true;
-    }
     let tree = lane.generation.propose(
         lane.drafter.as_mut(),
         lane.constraint.as_deref_mut(),

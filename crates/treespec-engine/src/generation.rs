@@ -128,7 +128,14 @@ impl Generation {
         &self.history[..self.prompt_len - 1]
     }
 
-    /// The prompt is in the target (it took `prefill` of its time): start the drafter.
+    /// The target read the prompt in `prefill` (counted as prefill time; a batched request's
+    /// drafter begins before its prompt is in, see [`Generation::begin`]).
+    pub fn prefilled(&mut self, prefill: Duration) {
+        self.stats.times.prefill += prefill;
+    }
+
+    /// The prompt is in the target (it took `prefill` of its time), or (batched) on its way:
+    /// start the drafter.
     pub fn begin(&mut self, drafter: &mut dyn Drafter, prefill: Duration) -> Result<()> {
         self.stats.times.prefill += prefill;
         let t = Instant::now();

@@ -13,6 +13,11 @@
 //! (llama.cpp's thread pool stays with one caller); outside a step — a request's first prefill
 //! when it proposes alone, its commits — a lane's call runs at once on the caller's thread.
 //!
+//! A lane's prompt prefill is not run when the drafter asks for it (at the request's start) but
+//! kept as a backlog that each batched step drains a chunk of ([`SharedDraft::drain`]), beside the
+//! target's own chunked prefill: a long prompt does not stall every request while the draft reads
+//! it. Whatever is left is fed before the lane's first draft forward.
+//!
 //! Batching the draft changes which rows share its forwards, hence (without `--exact` on the
 //! draft) the last bits of its logits, never what a request emits: the target verifies every
 //! proposal exactly as before.
@@ -125,9 +130,30 @@ struct State<'m> {
     done: HashMap<u64, Result<Vec<f32>>>,
     next_ticket: u64,
     counters: DraftCounters,
+    /// Prompt tokens each lane has asked to prefill and the draft has not read yet, oldest
+    /// lane first.
+    backlog: Vec<(LaneId, Vec<TokenId>)>,
 }
 
 impl State<'_> {
+    fn backlog_len(&self, lane: LaneId) -> usize {
+        self.backlog.iter().find(|(l, _)| *l == lane).map_or(0, |(_, t)| t.len())
+    }
+
+    fn take_backlog(&mut self, lane: LaneId) -> Vec<TokenId> {
+        match self.backlog.iter().position(|(l, _)| *l == lane) {
+            Some(k) => self.backlog.remove(k).1,
+            None => Vec::new(),
+        }
+    }
+
+    fn queue(&mut self, lane: LaneId, feed: OwnedFeed) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.queue.push((ticket, lane, feed));
+        ticket
+    }
+
     /// Run every queued feed in one forward and file each feed's rows under its ticket. A failed
     /// forward is retried feed by feed, so a lane's bad feed fails that lane only.
     fn run(&mut self) {
@@ -189,9 +215,7 @@ impl<'m> Inner<'m> {
     /// Score `feed` for `lane`: at once outside a step, else in the step's next batched forward.
     fn submit(&self, lane: LaneId, feed: OwnedFeed) -> Result<Vec<f32>> {
         let mut st = self.lock();
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        st.queue.push((ticket, lane, feed));
+        let ticket = st.queue(lane, feed);
         if st.seats == 0 {
             st.run();
         } else {
@@ -244,6 +268,7 @@ impl<'m> SharedDraft<'m> {
             done: HashMap::new(),
             next_ticket: 0,
             counters: DraftCounters::default(),
+            backlog: Vec::new(),
         };
         Self { inner: Arc::new(Inner { state: Mutex::new(state), turn: Condvar::new(), vocab, context }) }
     }
@@ -258,6 +283,41 @@ impl<'m> SharedDraft<'m> {
     /// share).
     pub fn free_paths(&self) -> usize {
         self.inner.lock().lm.free_paths()
+    }
+
+    /// Read up to `max_tokens` of the lanes' prompt backlogs, oldest lane first, in one forward
+    /// (call between steps' proposals, on the step's thread). A lane whose chunk fails keeps it,
+    /// so its next draft forward reports the error.
+    pub fn drain(&self, max_tokens: usize) {
+        let mut st = self.inner.lock();
+        if st.seats > 0 || st.backlog.is_empty() || max_tokens == 0 {
+            return;
+        }
+        let mut left = max_tokens;
+        let mut taken: Vec<(u64, LaneId, Vec<TokenId>)> = Vec::new();
+        for k in 0..st.backlog.len() {
+            if left == 0 {
+                break;
+            }
+            let (lane, tokens) = &mut st.backlog[k];
+            let n = tokens.len().min(left);
+            let chunk: Vec<TokenId> = tokens.drain(..n).collect();
+            let lane = *lane;
+            left -= n;
+            taken.push((0, lane, chunk));
+        }
+        for t in &mut taken {
+            t.0 = st.queue(t.1, OwnedFeed::Prefill(t.2.clone()));
+        }
+        st.run();
+        for (ticket, lane, chunk) in taken {
+            if st.done.remove(&ticket).is_some_and(|r| r.is_err()) {
+                if let Some((_, tokens)) = st.backlog.iter_mut().find(|(l, _)| *l == lane) {
+                    tokens.splice(0..0, chunk);
+                }
+            }
+        }
+        st.backlog.retain(|(_, t)| !t.is_empty());
     }
 
     /// The forwards run so far.
@@ -305,7 +365,23 @@ impl std::fmt::Debug for DraftLane<'_> {
 
 impl Drop for DraftLane<'_> {
     fn drop(&mut self) {
-        self.inner.lock().lm.close(self.lane);
+        let mut st = self.inner.lock();
+        st.take_backlog(self.lane);
+        st.lm.close(self.lane);
+    }
+}
+
+/// Most prompt tokens one draft forward reads when a lane's backlog is fed at once.
+const FLUSH_CHUNK: usize = 512;
+
+impl DraftLane<'_> {
+    /// Read the rest of the lane's prompt backlog (before its first draft forward).
+    fn flush(&mut self) -> Result<()> {
+        let backlog = self.inner.lock().take_backlog(self.lane);
+        for chunk in backlog.chunks(FLUSH_CHUNK) {
+            self.inner.submit(self.lane, OwnedFeed::Prefill(chunk.to_vec()))?;
+        }
+        Ok(())
     }
 }
 
@@ -319,7 +395,8 @@ impl CausalLm for DraftLane<'_> {
     }
 
     fn committed_len(&self) -> usize {
-        self.inner.lock().lm.committed_len(self.lane)
+        let st = self.inner.lock();
+        st.lm.committed_len(self.lane) + st.backlog_len(self.lane)
     }
 
     fn pending_len(&self) -> usize {
@@ -336,13 +413,23 @@ impl CausalLm for DraftLane<'_> {
         if tokens.is_empty() {
             return Ok(());
         }
-        self.inner.submit(self.lane, OwnedFeed::Prefill(tokens.to_vec())).map(drop)
+        let prompt = self.committed_len() + tokens.len();
+        if prompt > self.inner.context {
+            return Err(EngineError::PromptTooLong { prompt, context: self.inner.context });
+        }
+        let mut st = self.inner.lock();
+        match st.backlog.iter_mut().find(|(l, _)| *l == self.lane) {
+            Some((_, backlog)) => backlog.extend_from_slice(tokens),
+            None => st.backlog.push((self.lane, tokens.to_vec())),
+        }
+        Ok(())
     }
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         if batch.is_empty() {
             return Ok(Logits::new(self.inner.vocab, Vec::new()));
         }
+        self.flush()?;
         self.rows = self.inner.submit(self.lane, OwnedFeed::Tree(batch.clone()))?;
         Ok(Logits::borrowed(self.inner.vocab, &self.rows))
     }
@@ -352,7 +439,14 @@ impl CausalLm for DraftLane<'_> {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        self.inner.lock().lm.truncate(self.lane, len)
+        let mut st = self.inner.lock();
+        let read = st.lm.committed_len(self.lane);
+        let mut backlog = st.take_backlog(self.lane);
+        backlog.truncate(len.saturating_sub(read));
+        if !backlog.is_empty() {
+            st.backlog.push((self.lane, backlog));
+        }
+        st.lm.truncate(self.lane, len)
     }
 }
 
@@ -380,8 +474,9 @@ mod tests {
                 })
                 .collect()
         };
-        // The prefills ran one by one, at once (no step under way).
-        assert_eq!(shared.counters(), DraftCounters { forwards: 3, feeds: 3, rows: 6 });
+        // The prefills wait in the backlog until a lane's first forward.
+        assert_eq!(shared.counters(), DraftCounters::default());
+        assert_eq!(lanes[1].committed_len(), 2);
         let got: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
             let handles: Vec<_> = lanes
                 .iter_mut()
@@ -397,7 +492,8 @@ mod tests {
             shared.serve();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(shared.counters(), DraftCounters { forwards: 3 + 3, feeds: 3 + 6, rows: 6 + 6 });
+        // One forward read the three backlogs, three more the trees.
+        assert_eq!(shared.counters(), DraftCounters { forwards: 1 + 3, feeds: 3 + 6, rows: 6 + 6 });
         for (k, rows) in got.iter().enumerate() {
             let mut alone = ToyLm::new(model.clone(), 32);
             alone.prefill(&[k as TokenId, 1]).unwrap();
@@ -407,6 +503,33 @@ mod tests {
         lanes[2].commit(&[0, 1]).unwrap();
         assert_eq!((lanes[2].committed_len(), lanes[2].pending_len()), (4, 0));
         assert_eq!((lanes[0].committed_len(), lanes[0].pending_len()), (2, 1));
+    }
+
+    /// Between steps, `drain` reads the lanes' prompt backlogs a chunk at a time, oldest lane
+    /// first, and a lane's first forward reads what is left: the rows equal a lone model's.
+    #[test]
+    fn prompt_backlogs_drain_in_chunks_and_the_rest_is_read_before_the_first_forward() {
+        let model = ToyModel::new(7, 2, 5);
+        let shared = SharedDraft::new(ToyDraftLanes::new(model.clone(), 64, 2));
+        let (mut a, mut b) = (shared.lane().unwrap(), shared.lane().unwrap());
+        let (pa, pb): (Vec<TokenId>, Vec<TokenId>) = ((0..10).map(|t| t % 7).collect(), vec![3, 4, 5]);
+        a.prefill(&pa).unwrap();
+        b.prefill(&pb).unwrap();
+        shared.drain(4);
+        assert_eq!(shared.counters(), DraftCounters { forwards: 1, feeds: 1, rows: 4 });
+        shared.drain(8);
+        assert_eq!(shared.counters(), DraftCounters { forwards: 2, feeds: 3, rows: 12 });
+        assert_eq!((a.committed_len(), b.committed_len()), (10, 3));
+        let batch = TreeBatch::chain(&[1], None, 0, false);
+        let got = a.forward(&batch).unwrap().row(0).to_vec();
+        let mut alone = ToyLm::new(model, 64);
+        alone.prefill(&pa).unwrap();
+        assert_eq!(got, alone.forward(&batch).unwrap().row(0));
+        // a was read whole by the drains: its forward held its tree row only; b's last prompt
+        // token is still to read.
+        assert_eq!(shared.counters(), DraftCounters { forwards: 3, feeds: 4, rows: 13 });
+        b.forward(&batch).unwrap();
+        assert_eq!(shared.counters(), DraftCounters { forwards: 5, feeds: 6, rows: 15 });
     }
 
     /// A lane's bad feed fails that lane only: the forward is retried feed by feed.

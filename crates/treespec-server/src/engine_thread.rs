@@ -321,11 +321,20 @@ pub struct ToyConfig {
     pub method: Method,
     /// Sleep per decode step (to test queueing and cancellation).
     pub step_delay: Duration,
+    /// Batch scheduler: positions all lanes together may hold (default: every lane's whole
+    /// context), to test requests waiting for room.
+    pub shared_cells: Option<usize>,
 }
 
 impl Default for ToyConfig {
     fn default() -> Self {
-        Self { vocab: 26, context: 256, method: Method::Chain { k: 3 }, step_delay: Duration::ZERO }
+        Self {
+            vocab: 26,
+            context: 256,
+            method: Method::Chain { k: 3 },
+            step_delay: Duration::ZERO,
+            shared_cells: None,
+        }
     }
 }
 

@@ -197,6 +197,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             let Some(job) = self.waiting.front() else { break };
             if job.events.is_closed() {
                 self.waiting.pop_front();
+                // A preparation kept for later is always the front job's: it leaves with it.
+                self.ready = None;
                 depth.fetch_sub(1, Ordering::SeqCst);
                 self.metrics.cancelled("queued");
                 continue;

@@ -32,7 +32,11 @@ impl ToyLanes {
         let draft = m.draft(0.5, 3);
         let methods = ToyWorker::methods(config.method.clone());
         let draft = SharedDraft::new(ToyDraftLanes::new(draft, config.context, parallel + 1));
-        Self { lm: ToyBatchLm::new(m, config.context, parallel), draft, config, methods }
+        let mut lm = ToyBatchLm::new(m, config.context, parallel);
+        if let Some(cells) = config.shared_cells {
+            lm = lm.with_capacity(cells);
+        }
+        Self { lm, draft, config, methods }
     }
 }
 

@@ -146,3 +146,50 @@ async fn logprobs_come_with_every_token_streaming_or_not() {
         .collect();
     assert_eq!(entries, content);
 }
+
+/// A request that waits for room keeps its preparation (prompt, drafter) for when it fits; if its
+/// client leaves first, the next request must be served with its own prompt, not the one kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_behind_one_that_left_while_waiting_for_room_gets_its_own_answer() {
+    let config = ToyConfig {
+        context: 160,
+        shared_cells: Some(200),
+        step_delay: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let long = |who: &str| {
+        json!({
+            "messages": [{"role": "user", "content": format!("{who} wants a long answer")}],
+            "max_tokens": 85,
+            "temperature": 0.0,
+        })
+    };
+    let small = json!({
+        "messages": [{"role": "user", "content": "small"}],
+        "max_tokens": 6,
+        "temperature": 0.0,
+    });
+    let (alone_app, _, _) = app(1, 4, config.clone());
+    let (s, want) = answer(&alone_app, small.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{want}");
+    let (app, _, _) = app(2, 4, config);
+    // A decodes; B's reservation does not fit beside A's (2 × (38 + 85) > 200 shared cells), so B
+    // waits with its preparation kept; then B's client leaves, and C arrives.
+    let a = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, long("a")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = tokio::spawn({
+        let app = app.clone();
+        async move { answer(&app, long("b")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.abort();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (s, got) = answer(&app, small).await;
+    assert_eq!(s, StatusCode::OK, "{got}");
+    assert_eq!(got, want, "the small request was served with its own prompt");
+    let (s, text) = a.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{text}");
+}

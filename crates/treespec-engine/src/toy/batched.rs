@@ -14,6 +14,9 @@ use crate::model::{CausalLm, Logits};
 #[derive(Debug, Clone)]
 pub struct ToyBatchLm {
     slots: ToySlots,
+    /// Positions all lanes together may hold (admission control), when not every lane's whole
+    /// context.
+    capacity: Option<usize>,
     /// The most rows one forward held.
     pub widest: usize,
 }
@@ -21,7 +24,14 @@ pub struct ToyBatchLm {
 impl ToyBatchLm {
     /// `lanes` lanes over `model`, each with a context of `context` positions.
     pub fn new(model: ToyModel, context: usize, lanes: usize) -> Self {
-        Self { slots: ToySlots::new(model, context, lanes), widest: 0 }
+        Self { slots: ToySlots::new(model, context, lanes), capacity: None, widest: 0 }
+    }
+
+    /// Let all lanes together hold only `cells` positions, as lanes sharing one KV cache do
+    /// (llama.cpp's), so that admission control has requests wait for room.
+    pub fn with_capacity(mut self, cells: usize) -> Self {
+        self.capacity = Some(cells);
+        self
     }
 
     fn lane(&mut self, lane: LaneId) -> Result<&mut ToyLm> {
@@ -39,7 +49,7 @@ impl BatchedLm for ToyBatchLm {
     }
 
     fn capacity(&self) -> usize {
-        self.slots.context * self.slots.len()
+        self.capacity.unwrap_or(self.slots.context * self.slots.len())
     }
 
     fn open(&mut self, _prompt_head: &[TokenId]) -> Result<(LaneId, usize)> {

@@ -11,12 +11,15 @@ pub(crate) struct ToySlots {
     pub model: ToyModel,
     pub context: usize,
     lanes: Vec<Option<ToyLm>>,
+    /// Free lanes, the lowest last (opened first).
+    free: Vec<LaneId>,
 }
 
 impl ToySlots {
     /// `lanes` (at least one) free lanes over `model`.
     pub fn new(model: ToyModel, context: usize, lanes: usize) -> Self {
-        Self { model, context, lanes: vec![None; lanes.max(1)] }
+        let n = lanes.max(1);
+        Self { model, context, lanes: vec![None; n], free: (0..n).rev().collect() }
     }
 
     /// How many lanes there are.
@@ -26,19 +29,16 @@ impl ToySlots {
 
     /// Open the first free lane with an empty sequence.
     pub fn open(&mut self) -> Result<LaneId> {
-        let free = self
-            .lanes
-            .iter()
-            .position(Option::is_none)
-            .ok_or_else(|| EngineError::InvalidRequest("every lane is busy".into()))?;
+        let free = self.free.pop().ok_or_else(|| EngineError::InvalidRequest("every lane is busy".into()))?;
         self.lanes[free] = Some(ToyLm::new(self.model.clone(), self.context));
         Ok(free)
     }
 
     /// Free a lane.
     pub fn close(&mut self, lane: LaneId) {
-        if let Some(l) = self.lanes.get_mut(lane) {
+        if let Some(l) = self.lanes.get_mut(lane).filter(|l| l.is_some()) {
             *l = None;
+            self.free.push(lane);
         }
     }
 
