@@ -10,8 +10,9 @@
 //!
 //! Each request drafts through a [`DraftLane`], a [`CausalLm`] over its own sequence of the shared
 //! draft context, so every drafter runs unchanged. Only the step's thread ever runs the backend
-//! (llama.cpp's thread pool stays with one caller); outside a step — a request's first prefill
-//! when it proposes alone, its commits — a lane's call runs at once on the caller's thread.
+//! (llama.cpp's thread pool stays with one caller); outside a step's proposals — the prompt
+//! backlogs' drain, a lone proposer's forwards, commits — a call runs at once on the caller's
+//! thread.
 //!
 //! A lane's prompt prefill is not run when the drafter asks for it (at the request's start) but
 //! kept as a backlog that each batched step drains a chunk of ([`SharedDraft::drain`]), beside the
