@@ -135,30 +135,26 @@ for model in $MODELS; do
     fi
     for n in $CLIENTS; do
         for server in $SERVERS; do
+            # The batch scheduler with the drafting METHOD; variants add one flag.
+            batch="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
+            batch+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64"
             case "$server" in
-                treespec-batch)
-                    cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
-                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
-                    ;;
+                treespec-batch) cmd="$batch ${TREESPEC_EXTRA:-}" ;;
                 treespec-plain)
                     # The batch scheduler decoding plain: the baseline a speculative METHOD must beat.
                     cmd="$TREESPEC_BIN serve -m $target --method plain -t $THREADS --port {port}"
                     cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-request)
-                    # The batch scheduler with each request sizing its own drafts (--batch-budget
-                    # request) instead of one budget for the whole batch: the lever's ablation.
-                    cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
-                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 --batch-budget request"
-                    cmd+=" ${TREESPEC_EXTRA:-}"
+                    # Each request sizing its own drafts (--batch-budget request) instead of one
+                    # budget for the whole batch: the lever's ablation.
+                    cmd="$batch --batch-budget request ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-draft-alone)
-                    # The batch scheduler with each request running its own draft forwards
-                    # (--draft-batching request) instead of one batched draft forward per round:
-                    # the draft batching's ablation (a METHOD that runs the draft model).
-                    cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
-                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 --draft-batching request"
-                    cmd+=" ${TREESPEC_EXTRA:-}"
+                    # Each request running its own draft forwards (--draft-batching request) instead
+                    # of one batched draft forward per round: the draft batching's ablation (a
+                    # METHOD that runs the draft model).
+                    cmd="$batch --draft-batching request ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-fifo)
                     cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"

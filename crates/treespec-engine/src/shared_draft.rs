@@ -295,21 +295,19 @@ impl<'m> SharedDraft<'m> {
             return;
         }
         let mut left = max_tokens;
-        let mut taken: Vec<(u64, LaneId, Vec<TokenId>)> = Vec::new();
-        for k in 0..st.backlog.len() {
+        let mut chunks: Vec<(LaneId, Vec<TokenId>)> = Vec::new();
+        for (lane, tokens) in st.backlog.iter_mut() {
             if left == 0 {
                 break;
             }
-            let (lane, tokens) = &mut st.backlog[k];
             let n = tokens.len().min(left);
-            let chunk: Vec<TokenId> = tokens.drain(..n).collect();
-            let lane = *lane;
             left -= n;
-            taken.push((0, lane, chunk));
+            chunks.push((*lane, tokens.drain(..n).collect()));
         }
-        for t in &mut taken {
-            t.0 = st.queue(t.1, OwnedFeed::Prefill(t.2.clone()));
-        }
+        let taken: Vec<(u64, LaneId, Vec<TokenId>)> = chunks
+            .into_iter()
+            .map(|(lane, c)| (st.queue(lane, OwnedFeed::Prefill(c.clone())), lane, c))
+            .collect();
         st.run();
         for (ticket, lane, chunk) in taken {
             if st.done.remove(&ticket).is_some_and(|r| r.is_err()) {

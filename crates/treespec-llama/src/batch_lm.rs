@@ -114,18 +114,30 @@ const SCRATCH: i32 = SEQ_IDS as i32 - 1;
 const COMPACT_MIN_DEAD: usize = 1024;
 
 impl LlamaModel {
-    /// A context of `ctx_size` cells shared by up to `lanes` concurrent requests (the model's
-    /// threads and exact mode apply).
-    pub fn new_batch_lm(&self, ctx_size: usize, lanes: usize) -> Result<LlamaBatchLm<'_>> {
+    /// A context of `ctx_size` cells with every sequence id, for up to `lanes` lanes (`what`
+    /// names them in the error), and the cells it may use: the size asked for (the context may
+    /// hold more, see `new_context`).
+    pub(crate) fn lanes_context(
+        &self,
+        ctx_size: usize,
+        lanes: usize,
+        what: &str,
+    ) -> Result<(LlamaContext<'_>, usize)> {
         if lanes == 0 || lanes > SEQ_IDS / 2 {
             return Err(EngineError::InvalidRequest(format!(
-                "the number of parallel lanes must be between 1 and {} (got {lanes})",
+                "the number of {what} must be between 1 and {} (got {lanes})",
                 SEQ_IDS / 2
             )));
         }
         let ctx = self.new_context(ctx_size, SEQ_IDS)?;
-        // The size asked for (the context may hold more cells, see `new_context`).
         let n_ctx = (ctx.n_ctx() as usize).min(ctx_size);
+        Ok((ctx, n_ctx))
+    }
+
+    /// A context of `ctx_size` cells shared by up to `lanes` concurrent requests (the model's
+    /// threads and exact mode apply).
+    pub fn new_batch_lm(&self, ctx_size: usize, lanes: usize) -> Result<LlamaBatchLm<'_>> {
+        let (ctx, n_ctx) = self.lanes_context(ctx_size, lanes, "parallel lanes")?;
         Ok(LlamaBatchLm {
             model: self,
             ctx,

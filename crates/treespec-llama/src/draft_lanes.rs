@@ -19,7 +19,7 @@ use treespec_engine::{EngineError, Logits, Result};
 
 use crate::batch_lm::SEQ_IDS;
 use crate::kv::{PendingTree, Plan};
-use crate::lm::{lend_rows, seq_rm, undo_plan, BatchBuf};
+use crate::lm::{check_tokens, lend_rows, seq_rm, undo_plan, BatchBuf};
 use crate::load::LlamaModel;
 
 /// One lane: a request's draft sequence.
@@ -67,14 +67,7 @@ impl LlamaModel {
         lane_ctx: usize,
         lanes: usize,
     ) -> Result<LlamaDraftLanes<'_>> {
-        if lanes == 0 || lanes > SEQ_IDS / 2 {
-            return Err(EngineError::InvalidRequest(format!(
-                "the number of draft lanes must be between 1 and {} (got {lanes})",
-                SEQ_IDS / 2
-            )));
-        }
-        let ctx = self.new_context(ctx_size, SEQ_IDS)?;
-        let n_ctx = (ctx.n_ctx() as usize).min(ctx_size);
+        let (ctx, n_ctx) = self.lanes_context(ctx_size, lanes, "draft lanes")?;
         Ok(LlamaDraftLanes {
             model: self,
             ctx,
@@ -130,9 +123,7 @@ impl LlamaDraftLanes<'_> {
                 }
                 DraftFeed::Tree(b) => &b.tokens[..],
             };
-            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-                return Err(EngineError::State(format!("token {t} is outside the draft's vocabulary")));
-            }
+            check_tokens(tokens, self.n_vocab)?;
             if l.committed + l.tree.len() + tokens.len() > self.lane_ctx {
                 return Err(EngineError::InvalidRequest(format!(
                     "feeding {} draft rows on top of {} positions exceeds the draft lane's {}",
@@ -275,13 +266,13 @@ impl DraftLanes for LlamaDraftLanes<'_> {
                 l.committed += tokens.len();
             }
         }
-        let wanted: Vec<bool> = work
-            .iter()
-            .flat_map(|(_, feed)| match feed {
-                DraftFeed::Prefill(t) => vec![false; t.len()],
-                DraftFeed::Tree(b) => b.logits.clone(),
-            })
-            .collect();
+        let mut wanted: Vec<bool> = Vec::with_capacity(rows);
+        for (_, feed) in work {
+            match feed {
+                DraftFeed::Prefill(t) => wanted.extend(std::iter::repeat_n(false, t.len())),
+                DraftFeed::Tree(b) => wanted.extend(&b.logits),
+            }
+        }
         Ok(lend_rows(&self.ctx, self.n_vocab, &wanted))
     }
 

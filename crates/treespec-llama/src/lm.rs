@@ -176,13 +176,7 @@ impl<'m> LlamaLm<'m> {
     }
 
     fn check_tokens(&self, tokens: &[TokenId]) -> Result<()> {
-        match tokens.iter().position(|&t| t as usize >= self.n_vocab) {
-            Some(i) => Err(EngineError::State(format!(
-                "token {} at index {i} is outside the vocabulary of {} tokens",
-                tokens[i], self.n_vocab
-            ))),
-            None => Ok(()),
-        }
+        check_tokens(tokens, self.n_vocab)
     }
 
     /// The logits rows of the last decode of `rows`, lent from llama.cpp's output buffer (no
@@ -199,6 +193,17 @@ impl<'m> LlamaLm<'m> {
             self.ctx.llama_kv_cache_seq_keep(BASE_SEQ);
             self.tree.clear();
         }
+    }
+}
+
+/// Every token of `tokens` is inside a vocabulary of `n_vocab` tokens.
+pub(crate) fn check_tokens(tokens: &[TokenId], n_vocab: usize) -> Result<()> {
+    match tokens.iter().position(|&t| t as usize >= n_vocab) {
+        Some(i) => Err(EngineError::State(format!(
+            "token {} at index {i} is outside the vocabulary of {} tokens",
+            tokens[i], n_vocab
+        ))),
+        None => Ok(()),
     }
 }
 
