@@ -1,6 +1,7 @@
 //! Fuzzing the `treespec` command line (issue #15): random combinations of flags with hostile
 //! values (zero, negative, huge, NaN, not numbers, empty lists, special-token text, missing,
-//! non-GGUF and 0-layer model files) for `generate`, `inspect` and `draft`. Every run must end by
+//! non-GGUF and 0-layer model files, broken `--suffix-history` files) for `generate`, `inspect`
+//! and `draft`. Every run must end by
 //! itself within the time limit, with exit code 0 (worked), 1 (clear error) or 2 (usage error):
 //! never a signal (abort), a panic or a hang. Bounded: `TREESPEC_FUZZ_CASES` cases (default a few
 //! for CI); `scripts/fuzz.sh` runs many more.
@@ -31,6 +32,88 @@ fn files() -> &'static [String] {
         std::fs::write(&text, "version https://git-lfs.github.com/spec/v1\n").unwrap();
         let s = |p: PathBuf| p.to_str().unwrap().to_string();
         vec![s(real.clone()), s(real), s(zero), s(text), s(dir), "/nonexistent/m.gguf".into(), "".into()]
+    })
+}
+
+/// One `--suffix-history` file of each kind: valid, missing, in a missing directory, a directory,
+/// random bytes, a valid file cut short, tagged for another tokenizer, declaring huge lengths,
+/// with trailing bytes. Made by saving a real run's history, then copying it with damage.
+fn history_files() -> &'static [(&'static str, String)] {
+    static FILES: OnceLock<Vec<(&'static str, String)>> = OnceLock::new();
+    FILES.get_or_init(|| {
+        let real = model().expect("model");
+        let dir = scratch("fuzz-history");
+        let valid = dir.join("valid.bin");
+        let run = treespec(
+            &[
+                "generate",
+                "-m",
+                real.to_str().unwrap(),
+                "-p",
+                "The capital of France is",
+                "-n",
+                "8",
+                "--ctx",
+                "256",
+                "-t",
+                "1",
+                "--method",
+                "suffix",
+                "--suffix-history",
+                valid.to_str().unwrap(),
+            ],
+            Duration::from_secs(120),
+        );
+        assert!(run.code == Some(0), "saving a history: {run:#?}");
+        let bytes = std::fs::read(&valid).unwrap();
+        // Magic (8), tokenizer fingerprint (8) and vocabulary (4), document count (8), then per
+        // document its prompt key (8), length (4) and tokens.
+        assert!(bytes.len() > 40 && &bytes[..8] == b"TSSUFH01", "a saved history: {} bytes", bytes.len());
+        let mut out = vec![("valid", valid.clone())];
+        let mut write = |kind: &'static str, name: &str, data: Vec<u8>| {
+            let p = dir.join(name);
+            std::fs::write(&p, data).unwrap();
+            out.push((kind, p));
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect()
+        };
+        write("corrupt", "random-short.bin", random(5));
+        write("corrupt", "random-long.bin", random(4096));
+        write("corrupt", "empty.bin", Vec::new());
+        let mut magic_then_noise = b"TSSUFH01".to_vec();
+        magic_then_noise.extend(random(300));
+        write("corrupt", "magic-then-noise.bin", magic_then_noise);
+        for cut in [4, 8, 20, 27, 28, 39, bytes.len() - 1] {
+            write("corrupt", &format!("cut-{cut}.bin"), bytes[..cut].to_vec());
+        }
+        let patched = |at: usize, with: &[u8]| {
+            let mut b = bytes.clone();
+            b[at..at + with.len()].copy_from_slice(with);
+            b
+        };
+        write("corrupt", "other-tokenizer.bin", patched(8, &(!bytes[8]).to_le_bytes()));
+        write("corrupt", "other-vocab.bin", patched(16, &5u32.to_le_bytes()));
+        write("corrupt", "huge-doc-count.bin", patched(20, &u64::MAX.to_le_bytes()));
+        write("corrupt", "huge-doc-len.bin", patched(36, &u32::MAX.to_le_bytes()));
+        write("corrupt", "tokens-out-of-vocab.bin", patched(40, &u32::MAX.to_le_bytes()));
+        let mut trailing = bytes.clone();
+        trailing.extend([0; 3]);
+        write("corrupt", "trailing.bin", trailing);
+        let s = |p: PathBuf| p.to_str().unwrap().to_string();
+        let mut out: Vec<(&'static str, String)> = out.into_iter().map(|(k, p)| (k, s(p))).collect();
+        out.push(("missing", s(dir.join("not-yet.bin"))));
+        out.push(("unsavable", s(dir.join("no-such-dir").join("h.bin"))));
+        out.push(("unsavable", s(dir.clone())));
+        out
     })
 }
 
@@ -92,6 +175,8 @@ fn generate_flag() -> impl Strategy<Value = Vec<String>> {
         list.clone().prop_map(|v| vec!["--widths".into(), v]),
         list.prop_map(|v| vec!["--acceptance".into(), v]),
         file.prop_map(|v| vec!["--draft".into(), v]),
+        (0..history_files().len())
+            .prop_map(|i| vec!["--suffix-history".into(), history_files()[i].1.clone()]),
         text().prop_map(|v| vec!["--stop".into(), v]),
         text().prop_map(|v| vec!["-p".into(), v]),
         Just(vec!["--chat".into()]),
@@ -111,6 +196,15 @@ fn command() -> impl Strategy<Value = Vec<String>> {
                 .map(str::to_string)
                 .to_vec();
             v.extend(flags.into_iter().flatten());
+            v
+        }),
+        // The suffix method, so that a random --suffix-history file is read and written.
+        2 => (0..history_files().len(), proptest::collection::vec(generate_flag(), 0..4)).prop_map(|(h, flags)| {
+            let mut v: Vec<String> = ["generate", "-m", &files()[0], "-p", "hi", "-n", "4", "--ctx", "256", "-t", "1"]
+                .map(str::to_string)
+                .to_vec();
+            v.extend(flags.into_iter().flatten());
+            v.extend(["--method".into(), "suffix".into(), "--suffix-history".into(), history_files()[h].1.clone()]);
             v
         }),
         1 => file.clone().prop_map(|m| vec!["inspect".into(), m]),
@@ -142,4 +236,30 @@ fn hostile_command_lines_end_with_a_clean_exit() {
     });
     eprintln!("fuzz cli: exit codes {:?}", codes.borrow());
     result.unwrap();
+}
+
+/// Each kind of `--suffix-history` file given to the suffix method: a valid or missing file works
+/// (and is saved), every broken one is a clear error (exit 1) naming the file, never a panic.
+#[test]
+fn broken_history_files_are_clear_errors() {
+    let Some(real) = model() else { return };
+    let real = real.to_str().unwrap().to_string();
+    for (kind, path) in history_files() {
+        let args = ["generate", "-m", &real, "-p", "hi", "-n", "4", "--ctx", "256", "-t", "1", "--method"];
+        let mut argv = args.to_vec();
+        argv.extend(["suffix", "--suffix-history", path]);
+        let run = treespec(&argv, Duration::from_secs(120));
+        assert!(run.exited_cleanly(), "{kind} {path}: {run:#?}");
+        let name = std::path::Path::new(path).file_name().unwrap().to_str().unwrap();
+        match *kind {
+            "valid" | "missing" => {
+                assert_eq!(run.code, Some(0), "{kind} {path}: {run:#?}");
+                assert!(std::fs::read(path).unwrap().starts_with(b"TSSUFH01"), "{path} saved");
+            }
+            _ => {
+                assert_eq!(run.code, Some(1), "{kind} {path}: {run:#?}");
+                assert!(run.stderr.contains(name), "{kind} {path}: the error names the file: {run:#?}");
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use treespec_core::suffix::HistoryFile;
 use treespec_core::TokenId;
 use treespec_engine::{
     generate_constrained, ExtraStats, GenerateOutput, GenerateRequest, StopConditions, TextStream,
@@ -67,6 +68,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let sampling = args.sampling.params()?;
     let models = load_runtime(&args.models)?;
     let method = resolve(&models, &args.method.spec(), args.method.reprofile)?;
+    // Where the suffix history is saved after the run, checked now (a missing or read-only
+    // directory fails before generating, not after).
+    let history_file = match (&args.method.knobs.suffix_history, method.suffix_shared()) {
+        (Some(path), Some(_)) => Some(HistoryFile::open(path)?),
+        _ => None,
+    };
     let prompt = models.prompt_tokens(Prompt::text_or_user(&text, args.chat))?;
     let ctx = models.options().ctx_size;
     if prompt.len() >= ctx {
@@ -114,11 +121,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         },
     )?;
 
-    if let (Some(path), Some(shared)) = (&args.method.knobs.suffix_history, method.suffix_shared()) {
-        shared
-            .history()
-            .save(path, models.tokenizer_id()?)
-            .with_context(|| format!("saving the suffix history {}", path.display()))?;
+    if let (Some(file), Some(shared)) = (&history_file, method.suffix_shared()) {
+        file.save(&shared.history(), models.tokenizer_id()?)?;
     }
     let rest = stream.finish();
     full.push_str(&rest);

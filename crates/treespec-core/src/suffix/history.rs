@@ -7,9 +7,9 @@
 //! and no stale entry ever survives an eviction.
 
 use std::collections::VecDeque;
-use std::io::Write;
 use std::path::Path;
 
+use super::history_file::HistoryFile;
 use super::index::{LookupLimits, Occurrence, SuffixIndex, BREAK, MAX_STORE_TOKENS};
 use crate::ngram::TokenizerId;
 use crate::{Error, Result, TokenId};
@@ -154,10 +154,15 @@ impl GlobalHistory {
         out
     }
 
-    /// Write the history to `path` (atomically: a temporary file renamed over it), tagged with the
-    /// tokenizer its ids belong to.
+    /// Write the history to `path`, tagged with the tokenizer its ids belong to: through a
+    /// [`HistoryFile`] (a symlink is followed, a unique temporary file is renamed over the target
+    /// under an advisory lock). A caller that saves more than once should keep a [`HistoryFile`].
     pub fn save(&self, path: &Path, tokenizer: TokenizerId) -> Result<()> {
-        let io = |e: std::io::Error| Error::Invalid(format!("writing {}: {e}", path.display()));
+        HistoryFile::open(path)?.save(self, tokenizer)
+    }
+
+    /// The bytes of a saved history (what [`Self::from_bytes`] reads back).
+    pub fn to_bytes(&self, tokenizer: TokenizerId) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(32 + self.index.len() * 4 + self.docs.len() * 12);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&tokenizer.fingerprint.to_le_bytes());
@@ -170,11 +175,7 @@ impl GlobalHistory {
                 bytes.extend_from_slice(&t.to_le_bytes());
             }
         }
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        bytes
     }
 
     /// Read a history written by [`Self::save`] for the same tokenizer, into a history capped at

@@ -5,6 +5,8 @@
 //!   suffixes of a query (up to 64 tokens), in O(1) per appended token;
 //! * [`history`] — the global history: earlier requests' text, bounded, evicting the oldest,
 //!   saved and loaded across runs;
+//! * [`history_file`] — where a history is saved: a symlink-following, checked path, atomic
+//!   saves under an advisory lock, so several processes can share one file;
 //! * [`trie`] — the continuations of several occurrences merged into one speculation trie whose
 //!   nodes carry their match length, depth, vote share and source;
 //! * [`pricing`] — online, pessimistic acceptance estimates per feature cell.
@@ -13,11 +15,13 @@
 //! `treespec_engine::drafters::suffix`.
 
 pub mod history;
+pub mod history_file;
 pub mod index;
 pub mod pricing;
 pub mod trie;
 
 pub use history::{prompt_key, GlobalHistory, DEFAULT_CAP_TOKENS};
+pub use history_file::{HistoryFile, DEFAULT_LOCK_TIMEOUT};
 pub use index::{LookupLimits, Occurrence, SuffixIndex, BREAK};
 pub use pricing::SuffixPricing;
 pub use trie::{continuation_trie, Matches, NodeFeatures, TrieNode};
