@@ -70,8 +70,10 @@ pub trait BatchedLm {
 
     /// Open a lane for a request whose prompt starts with `prompt_head`. Returns the lane and how
     /// many leading tokens of `prompt_head` it already holds (a cached prefix reused rather
-    /// than prefilled). Errors when no lane is free.
-    fn open(&mut self, prompt_head: &[TokenId]) -> Result<(LaneId, usize)>;
+    /// than prefilled, only ever from a lane opened with the same `scope`: a server's tenant,
+    /// which must not learn from a faster prefill what another tenant sent). Errors when no lane
+    /// is free.
+    fn open(&mut self, prompt_head: &[TokenId], scope: u64) -> Result<(LaneId, usize)>;
 
     /// Tokens the lane holds.
     fn committed_len(&self, lane: LaneId) -> usize;
@@ -552,7 +554,7 @@ pub fn run_batched(
         while lanes.len() < max_lanes.max(1) {
             let Some((i, job)) = waiting.pop_front() else { break };
             let opened = Generation::new(job.request, lm.context_size(), lm.vocab_size(), bytes)
-                .and_then(|g| lm.open(g.prompt_head()).map(|(lane, cached)| (g, lane, cached)));
+                .and_then(|g| lm.open(g.prompt_head(), 0).map(|(lane, cached)| (g, lane, cached)));
             match opened {
                 Ok((generation, lane, cached)) => {
                     ids.push(i);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use treespec_core::ngram::NgramTable;
 
+use crate::auto_budget::SharedCosts;
 use crate::drafter::{Drafter, PlainDrafter};
 use crate::drafters::{
     AutoConfig, AutoDrafter, ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter,
@@ -91,6 +92,31 @@ impl Method {
             Method::Auto(c) => Some(&c.suffix.shared),
             _ => None,
         }
+    }
+
+    /// The same method, learning apart: its suffix drafts on `suffix` (another history and
+    /// learned prices) and its cost curves' learned calibration started afresh from the measured
+    /// curves. A server gives each tenant its own, so that what one tenant's requests teach
+    /// never speeds up, and so never reveals itself to, another's.
+    pub fn learning_apart(&self, suffix: Arc<SuffixShared>) -> Method {
+        let fresh = |c: &Arc<SharedCosts>| SharedCosts::new(c.initial().clone());
+        let mut m = self.clone();
+        match &mut m {
+            Method::Suffix(c) => {
+                c.shared = suffix;
+                c.costs = c.costs.as_ref().map(fresh);
+            }
+            Method::DySpec(c) => c.costs = c.costs.as_ref().map(fresh),
+            Method::Auto(c) => {
+                let costs = fresh(&c.costs);
+                c.suffix.shared = suffix;
+                c.suffix.costs = c.suffix.costs.as_ref().map(|_| costs.clone());
+                c.dyspec.costs = c.dyspec.costs.as_ref().map(|_| costs.clone());
+                c.costs = costs;
+            }
+            _ => {}
+        }
+        m
     }
 
     /// Keep suffix drafts from earlier requests with the very same prompt (a benchmark's warm-up

@@ -44,6 +44,8 @@ struct LaneSeq {
     tree: Option<(PendingTree, Vec<TokenId>)>,
     /// The path its commit keeps.
     commit: Option<Vec<usize>>,
+    /// Whose prefix it is: reused only by lanes opened with the same scope.
+    scope: u64,
 }
 
 /// A finished lane's tokens, kept for prefix reuse until the next compaction.
@@ -51,6 +53,7 @@ struct LaneSeq {
 struct Cached {
     seq: i32,
     tokens: Vec<TokenId>,
+    scope: u64,
 }
 
 /// Where a step's rows went: `rows` rows of `lane` from row `start` (cell `used + start`).
@@ -254,7 +257,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
         self.n_ctx
     }
 
-    fn open(&mut self, prompt_head: &[TokenId]) -> Result<(LaneId, usize)> {
+    fn open(&mut self, prompt_head: &[TokenId], scope: u64) -> Result<(LaneId, usize)> {
         let Some(slot) = self.lanes.iter().position(Option::is_none) else {
             return Err(EngineError::InvalidRequest("every lane is busy".into()));
         };
@@ -262,12 +265,19 @@ impl BatchedLm for LlamaBatchLm<'_> {
             self.compact()?;
         }
         let seq = self.free_seqs.pop().ok_or_else(|| EngineError::State("no free sequence id".into()))?;
-        // Reuse the longest cached or live prefix of the prompt.
+        // Reuse the longest cached or live prefix of the prompt within its scope.
         let best = self
             .cached
             .iter()
+            .filter(|c| c.scope == scope)
             .map(|c| (c.seq, common_prefix(&c.tokens, prompt_head)))
-            .chain(self.lanes.iter().flatten().map(|l| (l.seq, common_prefix(&l.tokens, prompt_head))))
+            .chain(
+                self.lanes
+                    .iter()
+                    .flatten()
+                    .filter(|l| l.scope == scope)
+                    .map(|l| (l.seq, common_prefix(&l.tokens, prompt_head))),
+            )
             .max_by_key(|&(_, n)| n);
         let mut reused = 0;
         if let Some((src, n)) = best.filter(|&(_, n)| n > 0) {
@@ -277,7 +287,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
             }
         }
         self.lanes[slot] =
-            Some(LaneSeq { seq, tokens: prompt_head[..reused].to_vec(), tree: None, commit: None });
+            Some(LaneSeq { seq, tokens: prompt_head[..reused].to_vec(), tree: None, commit: None, scope });
         Ok((slot, reused))
     }
 
@@ -551,7 +561,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
             if l.tokens.is_empty() {
                 self.free_seqs.push(l.seq);
             } else {
-                self.cached.push(Cached { seq: l.seq, tokens: l.tokens });
+                self.cached.push(Cached { seq: l.seq, tokens: l.tokens, scope: l.scope });
             }
         }
     }

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::batched::{run_batched, BatchJob, BatchedLm, LaneWork, StepLimits};
 use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
 use treespec_engine::{generate, GenerateRequest, Method, SharedDraft};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
@@ -179,4 +179,26 @@ fn every_method_on_twenty_prompts_eight_at_a_time_matches_alone_half_0() {
 #[test]
 fn every_method_on_twenty_prompts_eight_at_a_time_matches_alone_half_1() {
     every_method_half(1);
+}
+
+/// A cached prefix is reused only by a lane of the same scope (a server's tenant): another
+/// tenant's prompt is prefilled whole, so its speed cannot tell what the first one sent.
+#[test]
+fn cached_prefixes_are_reused_only_within_their_scope() {
+    if common::skip_model_tests("cached_prefixes_are_reused_only_within_their_scope") {
+        return;
+    }
+    let prompt: Vec<u32> = (0..48).map(|i| 100 + (i * 7) % 300).collect();
+    let mut lm = model().new_batch_lm(512, 3).unwrap();
+    let (first, reused) = lm.open(&prompt, 1).unwrap();
+    assert_eq!(reused, 0);
+    // Prefill the first lane, then let it go: its cells stay as a cached prefix of scope 1.
+    lm.forward(&[LaneWork::Prefill { lane: first, tokens: &prompt }]).unwrap();
+    lm.close(first);
+    let (other, reused) = lm.open(&prompt, 2).unwrap();
+    assert_eq!(reused, 0, "scope 2 must not reuse scope 1's prefix");
+    lm.close(other);
+    let (same, reused) = lm.open(&prompt, 1).unwrap();
+    assert!(reused > 0, "scope 1 reuses its own prefix");
+    lm.close(same);
 }

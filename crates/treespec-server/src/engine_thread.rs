@@ -25,6 +25,7 @@ use treespec_engine::registry::FixedContext;
 use crate::error::ApiError;
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
+use crate::tenant::Tenant;
 use crate::validate::{check_lengths, JobSpec, Limits, PromptInput};
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
@@ -80,6 +81,8 @@ pub struct RunSummary {
 pub struct Job {
     /// The validated request.
     pub spec: JobSpec,
+    /// Whose request it is (what it teaches the server stays the tenant's).
+    pub tenant: Tenant,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
 }
@@ -99,8 +102,14 @@ pub trait GenerationBackend: Send + Sync + 'static {
 /// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the
 /// client is gone).
 pub trait Worker {
-    /// Run `spec`. Returns what the metrics record, or an error (Cancelled included).
-    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError>;
+    /// Run `spec` for `tenant`. Returns what the metrics record, or an error (Cancelled
+    /// included).
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        tenant: Tenant,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<RunSummary, RunError>;
 }
 
 /// Why a run ended without finishing.
@@ -145,8 +154,9 @@ impl JobQueue {
             self.metrics.in_flight(1);
             let events = job.events.clone();
             let mut emit = |e: Event| events.send(e).is_ok();
-            let result =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&job.spec, &mut emit)));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                worker.run(&job.spec, job.tenant, &mut emit)
+            }));
             self.metrics.in_flight(-1);
             match result {
                 Ok(Ok(run)) => self.metrics.generation(&run.method, run.prompt_tokens, &run.stats),
@@ -403,9 +413,14 @@ impl ToyWorker {
 }
 
 impl Worker for ToyWorker {
-    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        tenant: Tenant,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<RunSummary, RunError> {
         let prompt = Self::prompt(&self.config, spec)?;
-        let method = self.methods.for_request(spec.method.as_ref())?;
+        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let mut drafter =
             method.build(Some(&mut self.draft)).map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let delay = self.config.step_delay;

@@ -20,6 +20,7 @@
 pub mod api;
 pub mod engine_thread;
 pub mod error;
+pub mod histories;
 pub mod llama;
 pub mod llama_lanes;
 pub mod methods;
@@ -30,6 +31,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod serve;
 pub mod structured;
+pub mod tenant;
 pub mod tool_calls;
 pub mod toy_lanes;
 pub mod validate;
@@ -47,35 +49,47 @@ pub use metrics::Metrics;
 pub use routes::AppState;
 pub use scheduler::{BatchPool, SchedulerConfig};
 pub use serve::serve;
+pub use tenant::{ApiKeys, Tenant};
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Require `Authorization: Bearer KEY` on `/v1/*`.
-    pub api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` with one of these keys on `/v1/*` (and on `/metrics`
+    /// and `/openapi.json` unless `metrics_open`); each key is a tenant.
+    pub api_keys: ApiKeys,
+    /// Serve `/metrics` and `/openapi.json` without a key.
+    pub metrics_open: bool,
     /// Largest accepted request body in bytes (413 beyond).
     pub max_body_bytes: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { api_key: None, max_body_bytes: 1 << 20 }
+        Self { api_keys: ApiKeys::default(), metrics_open: false, max_body_bytes: 1 << 20 }
     }
 }
 
-/// The whole application. `/health`, `/metrics` and `/openapi.json` are open; `/v1/*` needs the API key if set.
+/// The whole application. `/health` is open; `/v1/*` needs an API key if there are keys, and
+/// so do `/metrics` and `/openapi.json` unless `metrics_open` (two scrapes around one request
+/// tell its acceptance, which tells what earlier requests of its tenant sent).
 pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config: ServerConfig) -> Router {
-    let state = AppState { backend, metrics, api_key: config.api_key, started: routes::unix_now() };
+    let keys = Arc::new(config.api_keys);
+    let state = AppState { backend, metrics, keys, started: routes::unix_now() };
+    let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
-        .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth));
+        .route_layer(auth());
+    let mut watch =
+        Router::new().route("/metrics", get(routes::metrics)).route("/openapi.json", get(openapi::openapi));
+    if !config.metrics_open {
+        watch = watch.route_layer(auth());
+    }
     Router::new()
         .merge(v1)
+        .merge(watch)
         .route("/health", get(routes::health))
-        .route("/metrics", get(routes::metrics))
-        .route("/openapi.json", get(openapi::openapi))
         .fallback(routes::not_found)
         // After every route: a known path with the wrong method gets an OpenAI error body too.
         .method_not_allowed_fallback(routes::method_not_allowed)

@@ -16,6 +16,7 @@ use crate::engine_thread::{run_generation, EnginePool, Event, RunError, RunSumma
 use crate::error::ApiError;
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
+use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits, PromptInput, ToolsPrompt};
 
 /// What the workers run on: the models, loaded once by the caller (who may also have read the
@@ -25,8 +26,21 @@ use crate::validate::{JobSpec, Limits, PromptInput, ToolsPrompt};
 pub struct LlamaConfig {
     /// The loaded target and draft.
     pub runtime: Arc<ModelRuntime>,
-    /// The method used when a request names none.
-    pub method: Method,
+    /// The default method, and what resolves each request's (with each tenant's suffix state).
+    pub methods: Arc<ServerMethods>,
+}
+
+impl LlamaConfig {
+    /// `method` by default on `runtime`, every tenant's suffix state in memory only.
+    pub fn new(runtime: Arc<ModelRuntime>, method: Method) -> Self {
+        let methods = Arc::new(ServerMethods::new(method, runtime.clone()));
+        Self { runtime, methods }
+    }
+
+    /// The default method.
+    pub fn method(&self) -> Method {
+        self.methods.default_method()
+    }
 }
 
 /// Tokenize a request's prompt: chat messages through the model's template (only the template's
@@ -111,7 +125,7 @@ impl<'m> LlamaWorker<'m> {
         let target = runtime.target().new_lm()?;
         let mut draft = runtime.draft().map(|d| d.new_lm()).transpose()?;
         let default = methods.default_method();
-        drafter(default, draft.as_mut())
+        drafter(&default, draft.as_mut())
             .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
         Ok(Self { runtime, target, draft, methods, vocab })
     }
@@ -126,10 +140,15 @@ fn drafter<'a>(
 }
 
 impl Worker for LlamaWorker<'_> {
-    fn run(&mut self, spec: &JobSpec, emit: &mut dyn FnMut(Event) -> bool) -> Result<RunSummary, RunError> {
+    fn run(
+        &mut self,
+        spec: &JobSpec,
+        tenant: Tenant,
+        emit: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<RunSummary, RunError> {
         let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
         let mut constraint = constraint(self.runtime, &self.vocab, spec)?;
-        let method = self.methods.for_request(spec.method.as_ref())?;
+        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let mut drafter = drafter(&method, self.draft.as_mut())
             .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
         let bytes = self.runtime.token_bytes();
@@ -152,7 +171,8 @@ impl EnginePool {
     /// Start `workers` threads on the loaded models (each with its own contexts) behind a queue of
     /// `queue` waiting jobs. Loads nothing: the runtime's weights are shared.
     pub fn llama(config: LlamaConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Result<Self> {
-        let LlamaConfig { runtime: models, method } = config;
+        let LlamaConfig { runtime: models, methods } = config;
+        let method = methods.default_method();
         if method.needs_draft() && !models.has_draft() {
             anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name());
         }
@@ -163,7 +183,6 @@ impl EnginePool {
         let id = model_id(&models.paths().model);
         let (pool, q) = EnginePool::new(queue, id, limits, metrics);
         // Requests' methods resolve on the same runtime: fingerprint and curves on first need.
-        let methods = Arc::new(ServerMethods::new(method, models.clone()));
         let vocab = Arc::new(OnceLock::new());
         // Make every worker's contexts before answering anything, so a failure shows at start.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

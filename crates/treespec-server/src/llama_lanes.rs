@@ -16,6 +16,7 @@ use crate::llama::{constraint, model_id, prompt_tokens, LlamaConfig};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};
 
 /// Draft cells kept beside the target's context for each lane's pending draft tree.
@@ -59,7 +60,7 @@ impl<'m> LlamaLanes<'m> {
             methods,
             vocab: Arc::new(OnceLock::new()),
         };
-        let default = lanes.methods.default_method().clone();
+        let default = lanes.methods.default_method();
         lanes
             .drafter(&default)
             .map_err(|e| anyhow::anyhow!(e.message))
@@ -84,10 +85,10 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'m>, ApiError> {
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError> {
         let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
         let constraint = constraint(self.runtime, &self.vocab, spec)?;
-        let method = self.methods.for_request(spec.method.as_ref())?;
+        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let drafter = self.drafter(&method)?;
         Ok(Prepared {
             prompt,
@@ -95,6 +96,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
             method: method.name().to_string(),
             drafter,
             constraint: constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint + 'm>),
+            scope: tenant.scope(),
         })
     }
 
@@ -116,14 +118,14 @@ impl BatchPool {
         ctx_size: usize,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let LlamaConfig { runtime, method } = config;
+        let LlamaConfig { runtime, methods } = config;
+        let method = methods.default_method();
         if method.needs_draft() && !runtime.has_draft() {
             anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name());
         }
         runtime.chat_template().context("compiling the model's chat template")?;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
         let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits);
-        let methods = Arc::new(ServerMethods::new(method, runtime.clone()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
             move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {

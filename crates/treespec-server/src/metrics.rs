@@ -104,6 +104,9 @@ impl Default for Inner {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// While this machine's cost curves are measured in the background: the method that stands
+    /// in for the cost-aware default meanwhile.
+    stand_in: Mutex<Option<String>>,
 }
 
 impl Metrics {
@@ -128,6 +131,16 @@ impl Metrics {
     /// The shared draft model's forwards so far.
     pub fn draft_forwards(&self, counters: DraftCounters) {
         self.with(|m| m.draft = counters);
+    }
+
+    /// The cost curves are being measured and `method` serves meanwhile (None: measured).
+    pub fn measuring_costs(&self, method: Option<&str>) {
+        *self.stand_in.lock().unwrap_or_else(|p| p.into_inner()) = method.map(String::from);
+    }
+
+    /// The method standing in for the default while the cost curves are measured, if they are.
+    pub fn stand_in(&self) -> Option<String> {
+        self.stand_in.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// One answered HTTP request.
@@ -192,8 +205,16 @@ impl Metrics {
 
     /// The Prometheus text, with the current queue depth.
     pub fn render(&self, queue_depth: usize) -> String {
+        let measuring = self.stand_in().is_some();
         self.with(|m| {
             let mut s = String::new();
+            head(
+                &mut s,
+                "treespec_cost_curve_measuring",
+                "gauge",
+                "1 while this machine's cost curves are measured.",
+            );
+            let _ = writeln!(s, "treespec_cost_curve_measuring {}", u8::from(measuring));
             render_requests(&mut s, m, queue_depth);
             render_methods(&mut s, m);
             render_histograms(&mut s, m);

@@ -23,7 +23,9 @@ use crate::api::*;
 use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
 use crate::metrics::{Metrics, RequestTimer};
+use crate::serve::PeerClosed;
 use crate::structured;
+use crate::tenant::{ApiKeys, Tenant};
 use crate::tool_calls::ToolCallText;
 use crate::validate::{self, JobSpec};
 
@@ -34,8 +36,8 @@ pub struct AppState {
     pub backend: Arc<dyn GenerationBackend>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Required bearer token, if any.
-    pub api_key: Option<String>,
+    /// The accepted API keys (none: open), each a tenant.
+    pub keys: Arc<ApiKeys>,
     /// Server start (Unix seconds), the models' `created`.
     pub started: u64,
 }
@@ -57,8 +59,19 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// `GET /health`.
+/// Ready at once: while this machine's cost curves are measured in the background it says so,
+/// and which method serves meanwhile.
 pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "model": s.backend.model_id(), "queue_depth": s.backend.queue_depth()}))
+    let mut v =
+        json!({"status": "ok", "model": s.backend.model_id(), "queue_depth": s.backend.queue_depth()});
+    v["cost_curve"] = match s.metrics.stand_in() {
+        Some(method) => {
+            v["serving_method"] = json!(method);
+            json!("measuring")
+        }
+        None => json!("ready"),
+    };
+    Json(v)
 }
 
 /// `GET /metrics`.
@@ -103,24 +116,20 @@ pub async fn track(State(s): State<AppState>, mut req: Request, next: Next) -> R
     r
 }
 
-/// With an API key: `Authorization: Bearer KEY` or 401.
-pub async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
-            return ApiError::unauthorized().into_response();
-        }
-    }
+/// With API keys: `Authorization: Bearer KEY` (one of them) or 401. The request carries its
+/// key's [`Tenant`] on (the shared tenant without keys).
+pub async fn auth(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(tenant) = s.keys.tenant(given) else {
+        return ApiError::unauthorized().into_response();
+    };
+    req.extensions_mut().insert(tenant);
     next.run(req).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The body as bytes, with limit and content-type errors in OpenAI form.
@@ -142,24 +151,28 @@ fn body_bytes(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Resul
 pub async fn chat_completions(
     State(s): State<AppState>,
     Extension(arrived): Extension<Arrived>,
+    Extension(tenant): Extension<Tenant>,
+    peer: Option<Extension<PeerClosed>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::chat(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, spec, Kind::Chat, arrived).await
+    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0) }, Kind::Chat, arrived).await
 }
 
 /// `POST /v1/completions`.
 pub async fn completions(
     State(s): State<AppState>,
     Extension(arrived): Extension<Arrived>,
+    Extension(tenant): Extension<Tenant>,
+    peer: Option<Extension<PeerClosed>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::completion(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, spec, Kind::Completion, arrived).await
+    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0) }, Kind::Completion, arrived).await
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,11 +181,19 @@ enum Kind {
     Completion,
 }
 
-async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
+/// A validated request, whose it is, and how to tell that its client left.
+struct Submitted {
+    spec: JobSpec,
+    tenant: Tenant,
+    peer: Option<PeerClosed>,
+}
+
+async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
+    let Submitted { spec, tenant, peer } = job;
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let auto_tools = spec.output.auto_tools().map(<[String]>::to_vec);
     let (tx, mut rx) = unbounded_channel();
-    s.backend.submit(Job { spec, events: tx })?;
+    s.backend.submit(Job { spec, tenant, events: tx })?;
     // The first event tells whether the prompt was accepted: errors before any output are
     // plain HTTP errors, also for streaming requests.
     let _started = match rx.recv().await {
@@ -181,34 +202,91 @@ async fn respond(s: AppState, spec: JobSpec, kind: Kind, arrived: Arrived) -> Re
         _ => return Err(ApiError::internal("the model thread stopped")),
     };
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
-    let mut timer = RequestTimer::new(s.metrics.clone(), arrived.0);
+    let timer = RequestTimer::new(s.metrics.clone(), arrived.0);
     let meta =
         Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call, auto_tools };
     if stream {
         let events = sse_events(rx, meta, timer);
         return Ok(Sse::new(events).into_response());
     }
-    let mut text = String::new();
-    let mut logprobs: Option<ChoiceLogprobs> = None;
-    loop {
-        match rx.recv().await {
+    let mut whole = Whole { rx, meta, timer, text: String::new(), logprobs: None };
+    let Some(peer) = peer else { return whole.finish().await };
+    tokio::select! {
+        answer = whole.next() => answer.map(|v| Json(v).into_response()),
+        // The client closed its side: it half-closed and still reads, or it is gone. Only
+        // writing tells them apart, so the answer becomes a streamed body that sends a space
+        // (JSON allows leading whitespace) while it waits: a client still there reads the answer
+        // after them; to a client gone the second write fails, hyper drops the body, and the
+        // dropped receiver cancels the generation at its next step.
+        _ = peer.closed() => Ok(whole.probe_while_waiting()),
+    }
+}
+
+/// A non-streamed answer being gathered.
+struct Whole {
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    timer: RequestTimer,
+    text: String,
+    logprobs: Option<ChoiceLogprobs>,
+}
+
+/// How often a non-streamed answer to a closed connection writes a space.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Whole {
+    /// Take the next event: `Some` with the response when the generation ended.
+    fn take(&mut self, event: Option<Event>) -> Option<Result<serde_json::Value, ApiError>> {
+        match event {
             Some(Event::Logprobs(l)) => {
-                logprobs.get_or_insert_with(ChoiceLogprobs::default).content.extend(l)
+                self.logprobs.get_or_insert_with(ChoiceLogprobs::default).content.extend(l)
             }
             Some(Event::Text(t)) => {
                 if !t.is_empty() {
-                    timer.text();
+                    self.timer.text();
                 }
-                text.push_str(&t)
+                self.text.push_str(&t)
             }
             Some(Event::Done(f)) => {
-                timer.done();
-                return Ok(Json(meta.full(text, &f, logprobs)).into_response());
+                self.timer.done();
+                let text = std::mem::take(&mut self.text);
+                return Some(Ok(self.meta.full(text, &f, self.logprobs.take())));
             }
-            Some(Event::Error(e)) => return Err(e),
+            Some(Event::Error(e)) => return Some(Err(e)),
             Some(Event::Started { .. }) => {}
-            None => return Err(ApiError::internal("the generation ended without a result")),
+            None => return Some(Err(ApiError::internal("the generation ended without a result"))),
         }
+        None
+    }
+
+    /// The whole answer (cancel-safe: everything taken so far stays in `self`).
+    async fn next(&mut self) -> Result<serde_json::Value, ApiError> {
+        loop {
+            let event = self.rx.recv().await;
+            if let Some(answer) = self.take(event) {
+                return answer;
+            }
+        }
+    }
+
+    /// The whole answer as a JSON response.
+    async fn finish(mut self) -> Result<Response, ApiError> {
+        self.next().await.map(|v| Json(v).into_response())
+    }
+
+    /// A 200 whose body is a space every [`PROBE_EVERY`] until the answer, then the answer (an
+    /// error that comes now is an error object in that body: the status is gone).
+    fn probe_while_waiting(self) -> Response {
+        let body = stream::unfold(Some(self), |whole| async move {
+            let mut whole = whole?;
+            let chunk = match tokio::time::timeout(PROBE_EVERY, whole.next()).await {
+                Err(_) => return Some((Ok::<_, Infallible>(Bytes::from_static(b" ")), Some(whole))),
+                Ok(Ok(v)) => v.to_string(),
+                Ok(Err(e)) => e.body().to_string(),
+            };
+            Some((Ok(Bytes::from(chunk)), None))
+        });
+        ([(header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(body)).into_response()
     }
 }
 

@@ -24,6 +24,7 @@ use crate::api::{LogprobEntry, TopLogprob};
 use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::tenant::Tenant;
 use crate::validate::{check_lengths, JobSpec, Limits};
 
 /// A request made ready for a lane by [`LaneModels::prepare`].
@@ -38,14 +39,16 @@ pub struct Prepared<'m> {
     pub drafter: Box<dyn Drafter + 'm>,
     /// Its grammar state, for structured output.
     pub constraint: Option<Box<dyn TokenConstraint + 'm>>,
+    /// Its tenant's prefix scope: it reuses cached KV prefixes of its own tenant only.
+    pub scope: u64,
 }
 
 /// The models behind a scheduler: the batched target and what turns a request into a lane.
 pub trait LaneModels<'m> {
     /// The batched target.
     fn lm(&mut self) -> &mut dyn BatchedLm;
-    /// Tokenize the prompt, resolve the method and build its drafter (and grammar).
-    fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'m>, ApiError>;
+    /// Tokenize the prompt, resolve the method for `tenant` and build its drafter (and grammar).
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError>;
     /// Token bytes, for text and stop strings.
     fn bytes(&self) -> &dyn TokenBytes;
     /// What a step needs at once: the batched target, the token bytes, and the draft model the
@@ -206,8 +209,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             let ready = match self.ready.take() {
                 Some(r) => Ok(r),
                 None => {
-                    let spec = job.spec.clone();
-                    self.prepare(&spec)
+                    let (spec, tenant) = (job.spec.clone(), job.tenant);
+                    self.prepare(&spec, tenant)
                 }
             };
             let ready = match ready {
@@ -234,8 +237,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     }
 
     /// Tokenize the job, build its drafter and check its lengths.
-    fn prepare(&mut self, spec: &JobSpec) -> Result<Ready<'m>, RunError> {
-        let prepared = self.models.prepare(spec)?;
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
+        let prepared = self.models.prepare(spec, tenant)?;
         let context = self.models.lm().context_size();
         let prompt_tokens = prepared.prompt.len();
         let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
@@ -265,7 +268,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             generation = generation.with_logprobs(top);
         }
         let lm = self.models.lm();
-        let (lane, cached) = lm.open(generation.prompt_head()).map_err(engine_error)?;
+        let (lane, cached) = lm.open(generation.prompt_head(), prepared.scope).map_err(engine_error)?;
         if job.events.send(Event::Started { prompt_tokens, method: prepared.method.clone() }).is_err() {
             lm.close(lane);
             return Err(RunError::Cancelled(prepared.method));

@@ -6,16 +6,26 @@
 //! `curl`-like tools and some proxies do) got no response at all. With `half_close(true)` the
 //! request is answered and the connection closed afterwards. Shutdown is graceful: the listener
 //! stops, every connection finishes its current response, and then `serve` returns.
+//!
+//! Half-closing is also how a client that went away looks from here (both send FIN), and hyper
+//! does not read a half-closing connection while a request is in flight; so every request
+//! carries a [`PeerClosed`] that peeks at its socket and resolves once the read side has ended:
+//! a non-streamed answer then probes whether anybody still reads (see `routes`), so an abandoned
+//! request lets go of its lane instead of running to `max_tokens`.
 
 use std::future::Future;
-use std::pin::pin;
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Serve `app` on `listener` until `shutdown` resolves, then wait for open connections to finish.
@@ -41,7 +51,10 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        let stream = Arc::new(stream);
+        let peer = PeerClosed(stream.clone());
+        let stream = SharedSocket(stream);
+        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let mut builder = http1::Builder::new();
@@ -62,4 +75,77 @@ pub async fn serve(
     drop(stop_rx);
     stop_tx.closed().await;
     Ok(())
+}
+
+/// A request's connection, to tell whether its client is still there: [`PeerClosed::closed`]
+/// resolves when the read side has ended (end-of-file or an error): the client half-closed or
+/// went away. It only peeks, so a pipelined next request stays for hyper.
+#[derive(Debug, Clone)]
+pub struct PeerClosed(Arc<TcpStream>);
+
+impl PeerClosed {
+    /// Resolves once the client has closed its side (never while it is merely quiet).
+    pub async fn closed(&self) {
+        let mut byte = [0u8; 1];
+        loop {
+            match self.0.peek(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                // A pipelined request waits: look again a little later.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+}
+
+/// The connection's socket as hyper's I/O, shared with the requests' [`PeerClosed`].
+struct SharedSocket(Arc<TcpStream>);
+
+impl AsyncRead for SharedSocket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for SharedSocket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                written => return Poll::Ready(written),
+            }
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                written => return Poll::Ready(written),
+            }
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.0).shutdown(std::net::Shutdown::Write))
+    }
 }

@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};
 
 /// Toy target lanes and toy drafts.
@@ -45,9 +46,9 @@ impl LaneModels<'static> for ToyLanes {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec) -> Result<Prepared<'static>, ApiError> {
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'static>, ApiError> {
         let prompt = ToyWorker::prompt(&self.config, spec)?;
-        let method = self.methods.for_request(spec.method.as_ref())?;
+        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
         let drafter = if method.uses_draft() {
             let lane = self.draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?;
@@ -55,7 +56,14 @@ impl LaneModels<'static> for ToyLanes {
         } else {
             method.build::<ToyLm>(None).map_err(invalid)?
         };
-        Ok(Prepared { prompt, eos: Vec::new(), method: method.name().to_string(), drafter, constraint: None })
+        Ok(Prepared {
+            prompt,
+            eos: Vec::new(),
+            method: method.name().to_string(),
+            drafter,
+            constraint: None,
+            scope: tenant.scope(),
+        })
     }
 
     fn bytes(&self) -> &dyn TokenBytes {

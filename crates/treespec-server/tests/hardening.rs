@@ -1,8 +1,10 @@
 //! Hostile requests against the server (issue #15), on the toy backend: llama-server sampling
 //! fields, wrong methods, half-closed connections, and text cut inside a character.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+mod common;
+
+use std::io::Read;
+use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,16 +119,8 @@ async fn half_closed_connections_are_answered() {
         let _ = stop_rx.await;
     }));
     let response = tokio::task::spawn_blocking(move || {
-        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).to_string();
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        let mut s = common::raw_chat(addr, &body);
         s.shutdown(Shutdown::Write).unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();

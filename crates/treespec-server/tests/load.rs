@@ -34,7 +34,7 @@ async fn sixteen_streaming_clients() {
     };
     let options = LoadOptions { threads, ctx_size: 1024, ..LoadOptions::default() };
     let runtime = ModelRuntime::load(ModelPaths::new(path.clone(), Some(path)), options).unwrap();
-    let config = LlamaConfig { runtime: Arc::new(runtime), method };
+    let config = LlamaConfig::new(Arc::new(runtime), method);
     let metrics = Arc::new(Metrics::default());
     // The default batch scheduler (8 lanes sharing 2048 cells), or TREESPEC_LOAD_SCHEDULER=fifo.
     let pool: Arc<dyn GenerationBackend> = match std::env::var("TREESPEC_LOAD_SCHEDULER").as_deref() {

@@ -36,7 +36,7 @@ fn serve_loads(model: &Path, draft: &Path, cache: &Path) -> usize {
     runtime.tokenizer_id().unwrap();
     let costs = runtime.cost_model(runtime.has_draft(), false).unwrap();
     let method = Method::DySpec(DySpecConfig { costs: Some(SharedCosts::new(costs)), ..Default::default() });
-    let config = LlamaConfig { runtime: runtime.clone(), method };
+    let config = LlamaConfig::new(runtime.clone(), method);
     let pool = EnginePool::llama(config, 2, 4, Arc::new(Metrics::default())).unwrap();
     // Asked again, the runtime answers from what it holds.
     runtime.tokenizer_id().unwrap();

@@ -23,13 +23,13 @@ use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TokenBy
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
 use treespec_server::llama::prompt_tokens;
 use treespec_server::validate::{Message, PromptInput};
-use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+use treespec_server::{router, ApiKeys, EnginePool, LlamaConfig, Metrics, ServerConfig};
 
 fn config(path: PathBuf) -> LlamaConfig {
     // One thread: llama.cpp's OpenMP workers spin-wait, and tests run in parallel.
     let options = LoadOptions { threads: 1, ctx_size: 1024, ..LoadOptions::default() };
     let runtime = ModelRuntime::load(ModelPaths::new(path.clone(), Some(path)), options).unwrap();
-    LlamaConfig { runtime: Arc::new(runtime), method: Method::Chain { k: 3 } }
+    LlamaConfig::new(Arc::new(runtime), Method::Chain { k: 3 })
 }
 
 /// Greedy generation without the server (on the same loaded models).
@@ -61,7 +61,11 @@ async fn openai_client_against_smollm2() {
     let config = config(path);
     let metrics = Arc::new(Metrics::default());
     let pool = Arc::new(EnginePool::llama(config.clone(), 1, 8, metrics.clone()).unwrap());
-    let app = router(pool, metrics, ServerConfig { api_key: Some("k3y".into()), ..Default::default() });
+    let app = router(
+        pool,
+        metrics,
+        ServerConfig { api_keys: ApiKeys::new(["k3y".to_string()], false), ..Default::default() },
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(treespec_server::serve(listener, app, std::future::pending()));
@@ -194,7 +198,7 @@ async fn raw_post(addr: std::net::SocketAddr, path: &str, body: &str, key: Optio
 fn a_bad_default_method_stops_the_server_at_start() {
     let Some(path) = model_path() else { return };
     let bad = Method::DySpec(treespec_engine::drafters::DySpecConfig { budget: 0, ..Default::default() });
-    let config = LlamaConfig { method: bad, ..config(path) };
+    let config = LlamaConfig::new(config(path).runtime, bad);
     let e = match EnginePool::llama(config, 1, 4, Arc::new(Metrics::default())) {
         Ok(_) => panic!("a server with budget 0 must not start"),
         Err(e) => format!("{e:#}"),

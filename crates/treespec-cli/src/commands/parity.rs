@@ -121,12 +121,18 @@ fn process_wide_knobs_are_flags_only() {
 fn a_server_dyspec_request_without_knobs_gets_the_cost_aware_budget() {
     let spec = method_from_json(json!({"method": "dyspec"}), true).unwrap().unwrap();
     let methods = ServerMethods::new(Method::Plain, Arc::new(context()));
-    let Method::DySpec(server) = methods.for_request(Some(&spec)).unwrap() else { panic!() };
+    let Method::DySpec(server) = methods.for_request(Some(&spec), treespec_server::Tenant::SHARED).unwrap()
+    else {
+        panic!()
+    };
     assert!(server.costs.is_some(), "a request's dyspec must size its budget from the measured costs");
     let Method::DySpec(cli) = cli_spec(MethodKind::DySpec, "").resolve(&context()).unwrap() else { panic!() };
     assert_eq!((server.budget, server.max_depth, server.mode), (cli.budget, cli.max_depth, cli.mode));
     assert!(cli.costs.is_some());
     // The same spec again is the same method, with what it learned.
-    let Method::DySpec(again) = methods.for_request(Some(&spec)).unwrap() else { panic!() };
+    let Method::DySpec(again) = methods.for_request(Some(&spec), treespec_server::Tenant::SHARED).unwrap()
+    else {
+        panic!()
+    };
     assert!(Arc::ptr_eq(server.costs.as_ref().unwrap(), again.costs.as_ref().unwrap()));
 }

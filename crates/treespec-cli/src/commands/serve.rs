@@ -1,12 +1,18 @@
 //! `treespec serve`: an OpenAI-compatible HTTP server (see the treespec-server crate).
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use treespec_engine::batched::StepLimits;
+use treespec_engine::MethodSpec;
+use treespec_server::histories::TenantHistories;
+use treespec_server::methods::ServerMethods;
 use treespec_server::{
-    router, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig, ServerConfig,
+    router, ApiKeys, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig,
+    ServerConfig, Tenant,
 };
 
 use super::args::{MethodArgs, ModelArgs};
@@ -38,6 +44,16 @@ pub enum DraftBatching {
     Batch,
     /// Each request drafts on its own, one after another (its own draft forwards).
     Request,
+}
+
+/// Who learns from whose requests (the suffix history, learned prices, cached KV prefixes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShareHistory {
+    /// Each API key is a tenant that learns only from its own requests (the default).
+    Tenant,
+    /// Every key learns from every request: faster for a team that trusts itself, but a client
+    /// can tell from its own speed what others sent (docs/SECURITY.md).
+    All,
 }
 
 /// Options of `treespec serve`.
@@ -81,26 +97,68 @@ pub struct ServeArgs {
     /// Requests that may wait for a worker; beyond that a 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
-    /// Require `Authorization: Bearer KEY` on /v1/* (or env TREESPEC_API_KEY).
+    /// Require `Authorization: Bearer KEY` on /v1/* (and on /metrics and /openapi.json unless
+    /// --metrics-open) with one of these comma-separated keys (or env TREESPEC_API_KEY). Each
+    /// key is a tenant: see --share-history.
     #[arg(long = "api-key", env = "TREESPEC_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// A file of API keys, one a line (blank lines and `#` comments skipped), added to --api-key.
+    #[arg(long = "api-key-file")]
+    pub api_key_file: Option<PathBuf>,
+    /// Whether what one key's requests teach the server (suffix history, learned prices, cached
+    /// prefixes) speeds up the other keys' requests too; with `all` a client can learn from its
+    /// own speed what others sent.
+    #[arg(long = "share-history", value_enum, default_value_t = ShareHistory::Tenant)]
+    pub share_history: ShareHistory,
+    /// Serve /metrics and /openapi.json without a key.
+    #[arg(long = "metrics-open")]
+    pub metrics_open: bool,
+    /// With --suffix-history: save the histories that changed this often (seconds; 0 = only at
+    /// shutdown), so that a crash or a kill loses minutes, not everything.
+    #[arg(long = "history-save-every", default_value_t = 60)]
+    pub history_save_every: u64,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 1 << 20)]
     pub max_body: usize,
 }
 
-/// Run `serve` until Ctrl-C or SIGTERM; then, with `--suffix-history`, save the global history
-/// every request added to, so that the next start (server or CLI) drafts from it.
+/// The API keys of `--api-key` and `--api-key-file`.
+fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
+    let mut keys = args.api_key.as_deref().map(ApiKeys::parse_list).unwrap_or_default();
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the API key file {}", path.display()))?;
+        let from_file = ApiKeys::parse_file(&text);
+        if from_file.is_empty() {
+            anyhow::bail!("the API key file {} holds no key", path.display());
+        }
+        keys.extend(from_file);
+    }
+    Ok(ApiKeys::new(keys, args.share_history == ShareHistory::All))
+}
+
+/// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
+/// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
+/// when a request added to it, and at shutdown, so that the next start drafts from it.
 pub fn run(args: ServeArgs) -> Result<()> {
+    let keys = api_keys(&args)?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
-    let method = resolve(&runtime, &args.method.spec(), args.method.reprofile)?;
-    let history = args.method.knobs.suffix_history.clone().zip(method.suffix_shared().cloned());
-    // Known already when a history file was loaded (the file is tagged with it).
-    let tokenizer = history.as_ref().map(|_| runtime.tokenizer_id()).transpose()?;
+    // The history files are the tenants' ([`TenantHistories`]), not the default method's.
+    let mut spec = args.method.spec();
+    let history_path = spec.knobs.suffix_history.take();
+    let histories = match &history_path {
+        Some(path) => {
+            let cap = spec.knobs.suffix_cap.unwrap_or(treespec_core::suffix::DEFAULT_CAP_TOKENS);
+            let tenants: Vec<Tenant> = keys.tenants().collect();
+            TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?
+        }
+        None => TenantHistories::in_memory(),
+    };
     let metrics = Arc::new(Metrics::default());
+    let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
-    let config = LlamaConfig { runtime, method };
+    let config = LlamaConfig { runtime, methods };
     let pool: Arc<dyn GenerationBackend> = match args.scheduler {
         SchedulerKind::Fifo => {
             Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)
@@ -121,7 +179,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
-    let app = router(pool, metrics, ServerConfig { api_key: args.api_key, max_body_bytes: args.max_body });
+    if keys.required() {
+        let sharing = match args.share_history {
+            ShareHistory::Tenant => "each key learns only from its own requests",
+            ShareHistory::All => "every key learns from every request (--share-history all)",
+        };
+        eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
+    }
+    let server =
+        ServerConfig { api_keys: keys, metrics_open: args.metrics_open, max_body_bytes: args.max_body };
+    let app = router(pool, metrics, server);
+    let saver = (history_path.is_some() && args.history_save_every > 0)
+        .then(|| PeriodicSave::start(histories.clone(), Duration::from_secs(args.history_save_every)));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
@@ -131,18 +200,88 @@ pub fn run(args: ServeArgs) -> Result<()> {
         treespec_server::serve(listener, app, stop_signal()).await?;
         anyhow::Ok(())
     })?;
-    if let (Some((path, shared)), Some(tokenizer)) = (history, tokenizer) {
-        let history = shared.history();
-        history
-            .save(&path, tokenizer)
-            .with_context(|| format!("saving the suffix history {}", path.display()))?;
-        eprintln!(
-            "treespec serve: saved the suffix history ({} tokens) to {}",
-            history.tokens(),
-            path.display()
-        );
+    drop(saver);
+    report_saves(histories.save_changed())
+}
+
+/// The server's methods. A cost-aware default whose curves this machine has not measured yet
+/// (or `--reprofile`) does not hold the server up: it listens at once, serving the default's
+/// fixed-budget neighbour ([`MethodSpec::without_costs`]) while a background thread measures the
+/// curves, then switches (`/health` says which; a failed measurement keeps the stand-in and
+/// warns).
+fn default_methods(
+    runtime: &Arc<treespec_llama::ModelRuntime>,
+    spec: &MethodSpec,
+    reprofile: bool,
+    histories: Arc<TenantHistories>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<ServerMethods>> {
+    let context = runtime.clone() as treespec_server::methods::SharedContext;
+    if !spec.needs_costs() || (!reprofile && runtime.has_cost_curves(runtime.has_draft())) {
+        let method = resolve(runtime, spec, reprofile)?;
+        return Ok(Arc::new(ServerMethods::with_histories(method, context, histories)));
+    }
+    // Knobs are checked now, not when the curves are in.
+    spec.validate()?;
+    let stand_in = resolve(runtime, &spec.without_costs(), false)?;
+    eprintln!(
+        "treespec serve: measuring this machine's cost curves in the background; '{}' on a fixed \
+         budget serves until then (see /health)",
+        stand_in.name()
+    );
+    metrics.measuring_costs(Some(stand_in.name()));
+    let methods = Arc::new(ServerMethods::measuring(stand_in, context, histories));
+    let (runtime, spec, metrics, handle) = (runtime.clone(), spec.clone(), metrics.clone(), methods.clone());
+    std::thread::Builder::new().name("treespec-costs".into()).spawn(move || {
+        match resolve(&runtime, &spec, reprofile) {
+            Ok(method) => {
+                eprintln!("treespec serve: cost curves measured; '{}' serves from now on", method.name());
+                handle.measured(method);
+                metrics.measuring_costs(None);
+            }
+            Err(e) => eprintln!(
+                "treespec serve: warning: measuring the cost curves failed ({e:#}); the fixed budget stays"
+            ),
+        }
+    })?;
+    Ok(methods)
+}
+
+/// Print what a save wrote; the error (with every history tried) is the caller's.
+fn report_saves(saved: Result<Vec<treespec_server::histories::Saved>>) -> Result<()> {
+    for s in saved? {
+        eprintln!("treespec serve: saved the suffix history ({} tokens) to {}", s.tokens, s.path.display());
     }
     Ok(())
+}
+
+/// A thread that saves the changed histories every period, until dropped.
+struct PeriodicSave {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PeriodicSave {
+    fn start(histories: Arc<TenantHistories>, every: Duration) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                if let Err(e) = report_saves(histories.save_changed()) {
+                    eprintln!("treespec serve: warning: {e:#} (will try again)");
+                }
+            }
+        });
+        Self { stop: Some(stop), thread: Some(thread) }
+    }
+}
+
+impl Drop for PeriodicSave {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what service managers and `kill` send).

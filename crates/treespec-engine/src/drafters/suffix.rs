@@ -70,6 +70,11 @@ impl SuffixShared {
         self.history.write().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Add a finished request's text to the history (what a drafter does when its request ends).
+    pub fn add(&self, prompt_key: u64, text: &[TokenId]) {
+        self.history_mut().add(prompt_key, text);
+    }
+
     /// The learned prices.
     pub fn pricing(&self) -> std::sync::MutexGuard<'_, SuffixPricing> {
         self.pricing.lock().unwrap_or_else(|p| p.into_inner())
@@ -569,7 +574,7 @@ impl Drafter for SuffixDrafter {
     /// The finished request's text joins the global history.
     fn finish(&mut self, text: &[TokenId]) {
         if self.config.global {
-            self.config.shared.history_mut().add(self.prompt_key, text);
+            self.config.shared.add(self.prompt_key, text);
         }
     }
 

@@ -23,6 +23,13 @@ use crate::methods::Method;
 use crate::offline_measure::AcceptanceVector;
 use crate::toy::{ToyLm, ToyModel};
 
+/// Drafted nodes of [`MethodSpec::without_costs`]'s suffix drafts: the drafter still keeps only
+/// nodes whose learned value clears its floor, so this caps a long copy, not a weak guess.
+pub const FIXED_SUFFIX_NODES: usize = 16;
+/// Drafted nodes of [`MethodSpec::without_costs`]'s DySpec: a small tree, which pays on every
+/// machine this project has measured.
+pub const FIXED_DYSPEC_NODES: usize = 8;
+
 /// Sequoia's positional acceptance vector when none is given: measured by `treespec calibrate`
 /// on the Qwen2.5-Coder 1.5B/0.5B pair, greedy (`bench/qwen-pair.accept.json`), rounded. A
 /// calibration file for the pair at hand (`--calibration`) is better.
@@ -125,6 +132,22 @@ impl MethodSpec {
             MethodKind::DySpec | MethodKind::Suffix => !matches!(self.knobs.budget, Some(Budget::Nodes(_))),
             _ => false,
         }
+    }
+
+    /// The nearest spec that needs no cost curve, for the time until this machine's is measured:
+    /// the cost-aware suffix and DySpec budgets become fixed ones, `auto` becomes suffix drafting
+    /// on a fixed budget (its free half); the others are themselves.
+    pub fn without_costs(&self) -> MethodSpec {
+        if !self.needs_costs() {
+            return self.clone();
+        }
+        let (method, nodes) = match self.method {
+            MethodKind::DySpec => (MethodKind::DySpec, FIXED_DYSPEC_NODES),
+            _ => (MethodKind::Suffix, FIXED_SUFFIX_NODES),
+        };
+        let mut knobs = if method == self.method { self.knobs.clone() } else { MethodKnobs::default() };
+        knobs.budget = Some(Budget::Nodes(nodes));
+        MethodSpec { method, knobs }
     }
 
     /// Whether resolving needs the target tokenizer's fingerprint (an n-gram table or a saved

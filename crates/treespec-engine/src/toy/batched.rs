@@ -52,7 +52,7 @@ impl BatchedLm for ToyBatchLm {
         self.capacity.unwrap_or(self.slots.context * self.slots.len())
     }
 
-    fn open(&mut self, _prompt_head: &[TokenId]) -> Result<(LaneId, usize)> {
+    fn open(&mut self, _prompt_head: &[TokenId], _scope: u64) -> Result<(LaneId, usize)> {
         Ok((self.slots.open()?, 0))
     }
 

@@ -90,6 +90,21 @@ impl CostCache {
         Ok(CostModel::new(target, draft))
     }
 
+    /// Whether [`CostCache::cost_model`] would answer without measuring: every curve it needs is
+    /// held or readable from the disk cache.
+    pub(crate) fn has_curves(&self, pair: &ModelPair, paths: &ModelPaths, with_draft: bool) -> bool {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = |slot: &Option<Held>, path: &Path, model: &LlamaModel| {
+            slot.is_some() || self.file(path, model).as_deref().and_then(read_cached).is_some()
+        };
+        let target = known(&held[0], &paths.model, &pair.target);
+        let draft = match (with_draft, pair.draft(), &paths.draft) {
+            (true, Some(d), Some(path)) if !pair.draft_is_target() => known(&held[1], path, d),
+            _ => true,
+        };
+        target && draft
+    }
+
     /// One model's curve: held, else from the disk cache, else measured now (and cached).
     fn curve(
         &self,

@@ -172,6 +172,12 @@ impl ModelRuntime {
     pub fn cost_model(&self, with_draft: bool, reprofile: bool) -> Result<CostModel> {
         self.costs.cost_model(&self.pair, &self.paths, with_draft, reprofile)
     }
+
+    /// Whether [`ModelRuntime::cost_model`] would answer at once (from memory or the disk cache)
+    /// rather than measure this machine first (minutes on a small CPU).
+    pub fn has_cost_curves(&self, with_draft: bool) -> bool {
+        self.costs.has_curves(&self.pair, &self.paths, with_draft)
+    }
 }
 
 /// The loaded pair is what resolving a method asks about: the fingerprint and the cost curves

@@ -42,3 +42,20 @@ pub fn sse_chunks(body: &str) -> Vec<Value> {
     assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
     data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }
+
+/// Send a chat request over a real socket as raw HTTP/1.1 (read timeout 60 s): for what only a
+/// connection shows (half-closing, leaving).
+pub fn raw_chat(addr: std::net::SocketAddr, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}

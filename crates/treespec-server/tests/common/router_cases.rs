@@ -9,7 +9,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use treespec_server::{router, GenerationBackend, Metrics, ServerConfig, ToyConfig};
+use treespec_server::{router, ApiKeys, GenerationBackend, Metrics, ServerConfig, ToyConfig};
 
 fn app_with(
     config: ToyConfig,
@@ -384,7 +384,7 @@ async fn error_paths_are_openai_errors() {
 
 #[tokio::test]
 async fn api_key() {
-    let server = ServerConfig { api_key: Some("sekret".into()), ..Default::default() };
+    let server = ServerConfig { api_keys: ApiKeys::new(["sekret".to_string()], false), ..Default::default() };
     let (app, _, _) = app_with(ToyConfig::default(), 4, server);
     let (s, v) = json_call(&app, post("/v1/chat/completions", chat(json!({})))).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
