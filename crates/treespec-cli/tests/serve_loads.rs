@@ -70,6 +70,8 @@ fn serve_loads_each_model_file_once() {
     let log = serve_log(&model, &model, &dir);
     assert!(log.contains("listening on"), "{log}");
     assert!(log.contains("treespec serve: 1 model file(s) loaded"), "{log}");
+    // A fresh cache: the server listens first and measures the cost curves in the background.
+    assert!(log.contains("cost curves in the background"), "{log}");
 
     // A second file (hard link, else copy): two loads, no more. Named like the target, so a hard
     // link finds the target's cached curve.
