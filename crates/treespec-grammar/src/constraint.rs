@@ -143,7 +143,9 @@ impl Constraint {
     }
 
     fn parser_error(&self) -> GrammarError {
-        GrammarError::Parser(self.matcher.get_error().unwrap_or_else(|| "unknown error".into()))
+        GrammarError::Parser(crate::error::brief(
+            &self.matcher.get_error().unwrap_or_else(|| "unknown error".into()),
+        ))
     }
 
     fn check_alive(&self) -> Result<(), GrammarError> {

@@ -39,3 +39,14 @@ pub enum GrammarError {
     #[error("grammar parser failed: {0}")]
     Parser(String),
 }
+
+/// The first line of an llguidance message, without its state dump (`<state>...`), at most
+/// 240 characters: what a client may be told.
+pub(crate) fn brief(msg: &str) -> String {
+    let before_state = msg.split("<state>").next().unwrap_or("");
+    let first = before_state.lines().next().unwrap_or("").trim().trim_end_matches(':');
+    match first.char_indices().nth(240) {
+        Some((i, _)) => format!("{}…", &first[..i]),
+        None => first.to_string(),
+    }
+}

@@ -18,6 +18,7 @@
 mod constraint;
 mod decoding;
 mod error;
+mod schema_check;
 mod spec;
 mod tools;
 mod vocab;
@@ -25,6 +26,7 @@ mod vocab;
 pub use constraint::{Constraint, TokenMask};
 pub use decoding::DecodingConstraint;
 pub use error::GrammarError;
+pub use schema_check::{MAX_BRANCHES, MAX_DEPTH, MAX_PROPERTIES, MAX_TOTAL};
 pub use spec::{CompileOptions, Grammar, GrammarSpec, JsonWhitespace};
 pub use toktrie::TokenId;
 pub use tools::{tool_call_grammar, ToolChoice, ToolFunction};

@@ -4,8 +4,14 @@
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, TokenParser};
 use serde_json::{json, Value};
+use std::sync::OnceLock;
 
-use crate::{Constraint, GrammarError, Vocabulary};
+use crate::error::brief;
+use crate::{schema_check, Constraint, GrammarError, Vocabulary};
+
+/// Stack for llguidance's compiler, which recurses along the schema: [`schema_check`] bounds the
+/// depth well within a default 2 MiB thread stack, this is the margin for what it cannot see.
+const COMPILE_STACK: usize = 256 << 20;
 
 /// The kind of structured output a request asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,17 +58,63 @@ impl GrammarSpec {
         self.compile_with(vocab, CompileOptions::default())
     }
 
-    /// Compile against `vocab`. Errors name the problem: [`GrammarError::BadSchema`] for JSON
-    /// specs, [`GrammarError::BadGrammar`] for Lark and regex.
+    /// Compile against `vocab`. Errors name the problem in one sentence, without llguidance's
+    /// internals: [`GrammarError::BadSchema`] for JSON specs, [`GrammarError::BadGrammar`] for
+    /// Lark and regex. A JSON schema is checked first (`$ref`s recursing without end, depth and
+    /// breadth that would blow the stack or the compile time: see `schema_check`), and the
+    /// grammar must be able to start: its first mask is computed here, so a grammar that fails
+    /// on its first token is refused now, not in the middle of a response.
     pub fn compile_with(&self, vocab: &Vocabulary, options: CompileOptions) -> Result<Grammar, GrammarError> {
         let top = match self {
             GrammarSpec::JsonObject => json_grammar(json!({"type": "object"}), options)?,
-            GrammarSpec::JsonSchema(schema) => json_grammar(schema.clone(), options)?,
+            GrammarSpec::JsonSchema(schema) => {
+                schema_check::check(schema)?;
+                json_grammar(schema.clone(), options)?
+            }
             GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
         };
-        let parser = vocab.factory().create_parser(top).map_err(|e| self.error(e.to_string()))?;
+        let build = move || -> Result<TokenParser, GrammarError> {
+            let parser = vocab.factory().create_parser(top).map_err(|e| self.error(brief(&e.to_string())))?;
+            let mut first = Matcher::new(Ok(parser.clone()));
+            let started = if first.is_stopped() { Ok(()) } else { first.compute_mask().map(drop) };
+            if started.is_err() || first.is_error() {
+                let why = first.get_error().unwrap_or_default();
+                return Err(self.error(if why.contains("NoExtensionBias") || why.is_empty() {
+                    "no output can match it: it cannot produce even its first token".to_string()
+                } else {
+                    format!("decoding fails on its first token: {}", brief(&why))
+                }));
+            }
+            Ok(parser)
+        };
+        let parser = std::thread::scope(|s| {
+            match std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, build)
+            {
+                Ok(h) => {
+                    h.join().unwrap_or_else(|_| Err(self.error("the grammar compiler failed on it".into())))
+                }
+                Err(_) => Err(self.error("no thread to compile it on".into())),
+            }
+        })?;
         Ok(Grammar { parser, vocab: vocab.clone() })
+    }
+
+    /// Check that this compiles and can start, against a small built-in vocabulary (every byte
+    /// and an EOS), for callers without the model's: a server validating a request before
+    /// anything is sent. What it refuses, [`compile`](Self::compile) refuses against any
+    /// vocabulary (the model's may still fail later, e.g. when no token spells a needed byte).
+    pub fn check(&self) -> Result<(), GrammarError> {
+        static BYTES: OnceLock<Result<Vocabulary, GrammarError>> = OnceLock::new();
+        let vocab = BYTES.get_or_init(|| {
+            let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+            tokens.push(b"<|end|>".to_vec());
+            Vocabulary::new(&tokens, &[256], &[])
+        });
+        self.compile(vocab.as_ref().map_err(Clone::clone)?).map(drop)
     }
 
     fn error(&self, msg: String) -> GrammarError {

@@ -89,11 +89,23 @@ impl ToolChoice {
     }
 }
 
-/// The schema of one call to `f`: `name` fixed to its name, `arguments` its parameters.
-fn call_schema(f: &ToolFunction) -> Value {
+/// The schema of one call to `f` (the `i`-th tool): `name` fixed to its name, `arguments` its
+/// parameters.
+///
+/// The parameters sit inside this wrapper, but their local `$ref`s (`#`, `#/$defs/city`) mean
+/// the parameters schema itself, as they do in `response_format`: so the parameters become a
+/// resource of their own, with an `$id` (unless they have one), against which JSON Schema
+/// resolves the references inside them.
+fn call_schema(f: &ToolFunction, i: usize) -> Value {
+    let mut parameters = f.parameters.clone();
+    if let Value::Object(p) = &mut parameters {
+        if !p.contains_key("$id") {
+            p.insert("$id".into(), json!(format!("urn:treespec:tools:{i}")));
+        }
+    }
     let mut properties = Map::new();
     properties.insert("name".into(), json!({"const": f.name}));
-    properties.insert("arguments".into(), f.parameters.clone());
+    properties.insert("arguments".into(), parameters);
     json!({
         "type": "object",
         "properties": properties,
@@ -112,12 +124,12 @@ pub fn tool_call_grammar(
 ) -> Result<Option<GrammarSpec>, GrammarError> {
     let calls: Vec<Value> = match choice {
         ToolChoice::None | ToolChoice::Auto => return Ok(None),
-        ToolChoice::Required => tools.iter().map(call_schema).collect(),
+        ToolChoice::Required => tools.iter().enumerate().map(|(i, f)| call_schema(f, i)).collect(),
         ToolChoice::Function(name) => {
-            let f = tools.iter().find(|f| &f.name == name).ok_or_else(|| {
+            let i = tools.iter().position(|f| &f.name == name).ok_or_else(|| {
                 GrammarError::BadTools(format!("`tool_choice` names {name:?}, which is not in `tools`"))
             })?;
-            vec![call_schema(f)]
+            vec![call_schema(&tools[i], i)]
         }
     };
     match calls.len() {

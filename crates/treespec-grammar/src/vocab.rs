@@ -140,8 +140,11 @@ impl Vocabulary {
         let env: TokEnv = Arc::new(Env { trie, forcing });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::BadVocabulary(e.to_string()))?;
-        // Warnings and errors come back through `Result`s; nothing goes to stderr.
+        // Warnings and errors come back through `Result`s; nothing goes to stderr. Errors carry
+        // no parser state (a client may see them). The other limits stay llguidance's: they
+        // bound the compiled size, the lexer's work and each mask's Earley items.
         factory.quiet();
+        factory.limits_mut().verbose_errors = false;
         Ok(Self { env, factory: Arc::new(factory), eos })
     }
 

@@ -1,6 +1,8 @@
 //! Structured output fields (issue #14): `response_format` (`json_object`, `json_schema`) and
-//! `tools` + `tool_choice`, checked without a model into an [`Output`]. The grammar is compiled
-//! by the worker against the model's vocabulary (a schema llguidance refuses is a 400 there).
+//! `tools` + `tool_choice`, checked without a model into an [`Output`]: every schema and the
+//! call grammar are compiled here against a byte vocabulary (a schema that cannot work is a 400
+//! naming its field before anything is sent), then again by the worker against the model's
+//! vocabulary (a failure there is a 400 too, before `Started`).
 //!
 //! * `response_format: {"type": "json_object"}` → any JSON object; `{"type": "json_schema",
 //!   "json_schema": {"name", "schema", "strict"}}` → JSON valid for `schema` (enforced whether
@@ -22,7 +24,7 @@
 //! (`validate`).
 
 use serde_json::{json, Value};
-use treespec_grammar::{tool_call_grammar, GrammarSpec, ToolChoice, ToolFunction};
+use treespec_grammar::{tool_call_grammar, GrammarError, GrammarSpec, ToolChoice, ToolFunction};
 
 use crate::api::CommonParams;
 use crate::error::ApiError;
@@ -77,24 +79,42 @@ impl Output {
 /// The output format asked for, plus a system note describing the tools when a call is forced
 /// or may be made (`tool_choice: "auto"`).
 /// `chat`: only chat completions may ask for tool calls.
+///
+/// Every schema is compiled here (treespec-grammar's check, against a byte vocabulary), before
+/// anything is sent: a schema that cannot work is a 400 naming its field
+/// (`response_format`, `tools[i].function.parameters`, or `tools` for the combined call
+/// grammar), never an error in the middle of a response.
 pub fn output(c: &CommonParams, chat: bool) -> Result<(Output, Option<String>), ApiError> {
-    if let Some((grammar, note)) = tool_call(c, chat)? {
+    let declared = match c.tools.as_ref().filter(|t| !t.is_null()) {
+        None => None,
+        Some(t) => Some(tools(t)?),
+    };
+    if let Some((grammar, note)) = tool_call(c, declared.as_deref().unwrap_or_default(), chat)? {
         return Ok((Output::ToolCall(grammar), Some(note)));
     }
     if let Some(g) = response_format(c.response_format.as_ref())? {
         return Ok((Output::Constrained(g), None));
     }
-    Ok(match auto_tools(c, chat)? {
+    Ok(match auto_tools(c, declared, chat)? {
         Some((names, note)) => (Output::ToolAuto(names), Some(note)),
         None => (Output::Text, None),
     })
 }
 
+/// A grammar error as a 400 about `param`: one sentence, no parser internals (treespec-grammar
+/// keeps its messages to that).
+fn grammar_error(param: String, e: GrammarError) -> ApiError {
+    ApiError { param: Some(param), ..ApiError::invalid(None, e.to_string()) }
+}
+
 /// `tools` with `tool_choice` `auto` (or absent) on a chat request: the names a free answer may
 /// call and the tools' description.
-fn auto_tools(c: &CommonParams, chat: bool) -> Result<Option<(Vec<String>, String)>, ApiError> {
-    let Some(declared) = c.tools.as_ref().filter(|t| !t.is_null()) else { return Ok(None) };
-    let list = tools(declared)?;
+fn auto_tools(
+    c: &CommonParams,
+    list: Option<Vec<ToolFunction>>,
+    chat: bool,
+) -> Result<Option<(Vec<String>, String)>, ApiError> {
+    let (Some(declared), Some(list)) = (c.tools.as_ref(), list) else { return Ok(None) };
     let auto = match c.tool_choice.as_ref().filter(|t| !t.is_null()) {
         None => true,
         Some(v) => matches!(
@@ -167,7 +187,11 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiErro
                 return Err(bad("`response_format.json_schema.strict` must be a boolean"));
             }
             match js.get("schema") {
-                Some(s @ Value::Object(_)) => Ok(Some(GrammarSpec::JsonSchema(s.clone()))),
+                Some(s @ Value::Object(_)) => {
+                    let spec = GrammarSpec::JsonSchema(s.clone());
+                    spec.check().map_err(|e| grammar_error("response_format".into(), e))?;
+                    Ok(Some(spec))
+                }
                 None | Some(Value::Null) => Err(bad("`response_format.json_schema.schema` is required")),
                 Some(_) => Err(bad("`response_format.json_schema.schema` must be a JSON Schema object")),
             }
@@ -180,11 +204,11 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiErro
 
 /// `tools` + `tool_choice`: the tool-call grammar and the tools' description when a call is
 /// forced; None when the output stays free (no tools, `auto`, `none`).
-fn tool_call(c: &CommonParams, chat: bool) -> Result<Option<(GrammarSpec, String)>, ApiError> {
-    let tools = match c.tools.as_ref().filter(|t| !t.is_null()) {
-        None => Vec::new(),
-        Some(t) => tools(t)?,
-    };
+fn tool_call(
+    c: &CommonParams,
+    tools: &[ToolFunction],
+    chat: bool,
+) -> Result<Option<(GrammarSpec, String)>, ApiError> {
     let choice = match c.tool_choice.as_ref().filter(|t| !t.is_null()) {
         None => ToolChoice::Auto,
         Some(v) => ToolChoice::from_openai(v).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?,
@@ -193,11 +217,13 @@ fn tool_call(c: &CommonParams, chat: bool) -> Result<Option<(GrammarSpec, String
         return Err(ApiError::invalid("tool_choice", "`tool_choice` needs a non-empty `tools` list"));
     }
     let grammar =
-        tool_call_grammar(&tools, &choice).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?;
+        tool_call_grammar(tools, &choice).map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?;
     let Some(grammar) = grammar else { return Ok(None) };
     if !chat {
         return Err(ApiError::invalid("tools", "tool calls are only supported on /v1/chat/completions"));
     }
+    // Each tool's parameters compiled (in `tools`); now the call grammar joining them.
+    grammar.check().map_err(|e| grammar_error("tools".into(), e))?;
     Ok(Some((grammar, tools_note(c.tools.as_ref().unwrap_or(&Value::Null), &choice))))
 }
 
@@ -216,6 +242,11 @@ fn tools(v: &Value) -> Result<Vec<ToolFunction>, ApiError> {
         if !f.parameters.is_object() {
             return Err(bad(format!("tools[{i}].function.parameters must be a JSON Schema object")));
         }
+        // Compiled on their own, so that their local `$ref`s mean what they mean in
+        // `response_format` (the call grammar keeps that meaning: treespec-grammar's tools).
+        GrammarSpec::JsonSchema(f.parameters.clone())
+            .check()
+            .map_err(|e| grammar_error(format!("tools[{i}].function.parameters"), e))?;
     }
     Ok(list)
 }
@@ -365,6 +396,44 @@ mod tests {
         }
         let e = out(json!({"tool_choice": "required"})).unwrap_err();
         assert!(e.message.contains("needs a non-empty `tools`"), "{}", e.message);
+    }
+
+    /// Schemas that compile but cannot work, or would not compile against any vocabulary, are
+    /// 400s naming the field, with one sentence and no parser internals.
+    #[test]
+    fn every_schema_is_compiled_during_validation() {
+        let rf =
+            |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+        let tool = |parameters: Value| {
+            json!([{"type": "function", "function": {"name": "f", "parameters": parameters}},
+                {"type": "function", "function": {"name": "g"}}])
+        };
+        let cycle =
+            json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}});
+        for (body, param) in [
+            (json!({"response_format": rf(json!({"$ref": "#"}))}), "response_format"),
+            (json!({"response_format": rf(cycle.clone())}), "response_format"),
+            (json!({"response_format": rf(json!({"type": "strnig"}))}), "response_format"),
+            (
+                json!({"tools": tool(json!({"$ref": "#"})), "tool_choice": "required"}),
+                "tools[0].function.parameters",
+            ),
+            // Declared tools are checked whatever the choice.
+            (json!({"tools": tool(cycle), "tool_choice": "auto"}), "tools[0].function.parameters"),
+            (
+                json!({"tools": tool(json!({"type": "object", "properties": {"c": {"$ref": "#/$defs/nope"}}}))}),
+                "tools[0].function.parameters",
+            ),
+        ] {
+            let e = out(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+            assert!(!e.message.contains("NoExtensionBias") && !e.message.contains('\n'), "{}", e.message);
+        }
+        // Local refs of a tool's parameters resolve against them, as in response_format.
+        let city = json!({"type": "object", "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"],
+            "$defs": {"city": {"type": "string"}}});
+        assert!(out(json!({"response_format": rf(city.clone())})).is_ok());
+        assert!(out(json!({"tools": tool(city), "tool_choice": "required"})).unwrap().is_tool_call());
     }
 
     #[test]

@@ -258,6 +258,13 @@ fn logprobs(c: &CommonParams) -> Result<Option<usize>, ApiError> {
 fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
     let chat = matches!(prompt, PromptInput::Chat(_));
     refuse_unsupported(&c, chat)?;
+    if c.stream_options.is_some() && !c.stream {
+        // As OpenAI: the options are about a stream.
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`",
+        ));
+    }
     let logprobs = if chat { logprobs(&c)? } else { None };
     let (output, note) = structured::output(&c, matches!(prompt, PromptInput::Chat(_)))?;
     // A forced call's note always goes in (it names the function to call); an optional call's
@@ -618,6 +625,16 @@ mod tests {
             .unwrap();
         assert_eq!(j.stop, vec!["\n"]);
         assert!(j.stream && j.include_usage);
+        // Without `stream: true` (absent or false) the options are refused; null is no options.
+        for stream in [json!(false), Value::Null] {
+            let mut body = json!({"messages": msg(), "stream_options": {"include_usage": false}});
+            if !stream.is_null() {
+                body["stream"] = stream;
+            }
+            let e = chat_json(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("stream_options"), "{e:?}");
+        }
+        assert!(!chat_json(json!({"messages": msg(), "stream_options": null})).unwrap().include_usage);
         assert_eq!(chat_json(json!({"messages": msg(), "stop": ["a", "b"]})).unwrap().stop.len(), 2);
         assert!(chat_json(json!({"messages": msg(), "stop": ["a", "b", "c", "d", "e"]})).is_err());
         assert!(chat_json(json!({"messages": msg(), "stop": [""]})).is_err());

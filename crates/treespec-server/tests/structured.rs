@@ -114,7 +114,7 @@ async fn json_object_and_bad_schemas() {
     let (s, body) =
         common::post_chat(&app, person_request(json!({"tools": tools, "tool_choice": "required"}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
-    assert!(body.contains("\"param\":\"tools\""), "{body}");
+    assert!(body.contains("\"param\":\"tools[0].function.parameters\""), "{body}");
 }
 
 fn weather_request(extra: Value) -> Value {
@@ -178,5 +178,71 @@ async fn forced_tool_calls_whole_and_streamed() {
         assert_eq!(streamed, call["function"]["arguments"].as_str().unwrap(), "{sse}");
         assert!(chunks.iter().all(|c| c["choices"][0]["delta"].get("content").is_none_or(Value::is_null)));
         assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    }
+}
+
+/// Hostile schemas on the real backend (issue #29): a 400 naming the field before anything is
+/// sent, streamed or not (never a 200 and an error event, never a 500), with no parser internals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_schemas_are_400s_before_the_response_starts() {
+    let Some(app) = app() else { return };
+    let rf = |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+    let cycle =
+        json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}});
+    let self_tool = json!([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}},
+        {"type": "function", "function": {"name": "g"}}]);
+    for (extra, param) in [
+        (json!({"response_format": rf(json!({"$ref": "#"}))}), "response_format"),
+        (json!({"response_format": rf(cycle)}), "response_format"),
+        (json!({"tools": self_tool, "tool_choice": "required"}), "tools[0].function.parameters"),
+    ] {
+        for stream in [false, true] {
+            let mut body = person_request(extra.clone());
+            body["stream"] = json!(stream);
+            let (s, text) = common::post_chat(&app, body).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST, "{extra} stream {stream}: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["error"]["param"], param, "{text}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(
+                !m.contains("NoExtensionBias") && !m.contains("Too many items") && !m.contains('\n'),
+                "{m}"
+            );
+        }
+    }
+}
+
+/// A tool whose parameters use a local `$ref` (`#/$defs/city`) works as it does in
+/// `response_format`: the call follows the parameters schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_parameters_with_local_refs_work() {
+    let Some(app) = app() else { return };
+    let params = json!({"type": "object", "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"],
+        "additionalProperties": false, "$defs": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": params}}]);
+    for stream in [false, true] {
+        let body = weather_request(json!({"tools": tools, "stream": stream}));
+        let (s, text) = common::post_chat(&app, body).await;
+        assert_eq!(s, StatusCode::OK, "{text}");
+        let arguments: String = if stream {
+            let chunks = common::sse_chunks(&text);
+            chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+                .flatten()
+                .filter_map(|p| p["function"]["arguments"].as_str())
+                .collect()
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather",
+                "{text}"
+            );
+            v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string()
+        };
+        let args: Value =
+            serde_json::from_str(&arguments).unwrap_or_else(|e| panic!("{e}: {arguments}: {text}"));
+        assert_eq!(args.as_object().unwrap().len(), 1, "{args}");
+        assert!(["Paris", "Oslo"].contains(&args["city"].as_str().unwrap()), "{args}");
     }
 }
