@@ -23,7 +23,7 @@ fn app() -> Option<Router> {
         let p = common::model_path()?;
         let options = LoadOptions { threads: 1, ctx_size: 1024, ..LoadOptions::default() };
         let runtime = ModelRuntime::load(ModelPaths::new(p.clone(), Some(p)), options).unwrap();
-        let config = LlamaConfig { runtime: Arc::new(runtime), method: Method::Chain { k: 3 } };
+        let config = LlamaConfig::new(Arc::new(runtime), Method::Chain { k: 3 });
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(EnginePool::llama(config, 1, 16, metrics.clone()).unwrap());
         Some(router(pool, metrics, ServerConfig::default()))
