@@ -69,7 +69,8 @@ impl ApiKeys {
                 (k, t)
             })
             .collect();
-        keys.dedup_by(|a, b| a.0 == b.0);
+        let mut seen = std::collections::HashSet::new();
+        keys.retain(|(k, _)| seen.insert(k.clone()));
         Self { keys, shared }
     }
 
