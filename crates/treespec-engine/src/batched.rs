@@ -436,6 +436,7 @@ fn record_proposal(
                 emitted: Vec::new(),
                 done: true,
                 logprobs: Vec::new(),
+                provenance: Vec::new(),
             });
             0
         }

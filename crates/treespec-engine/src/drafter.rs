@@ -11,6 +11,34 @@ use treespec_core::TokenId;
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
 
+/// How an emitted token was produced: accepted from a draft copied out of earlier text, from a
+/// draft model's draft, from the grammar's forced tokens, or sampled by the target itself (each
+/// step's bonus token, and every token of plain decoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provenance {
+    /// A model-free draft: copied from the prompt, the output or earlier requests.
+    Copied,
+    /// A draft model's draft.
+    Drafted,
+    /// Forced by the grammar (drafted for free).
+    Forced,
+    /// The target's own token.
+    Target,
+}
+
+impl Provenance {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provenance::Copied => "copied",
+            Provenance::Drafted => "drafted",
+            Provenance::Forced => "forced",
+            Provenance::Target => "target",
+        }
+    }
+}
+
 /// What a drafter knows when it proposes.
 #[derive(Debug, Clone, Copy)]
 pub struct ProposeContext<'a> {
@@ -72,6 +100,13 @@ pub struct Cuttable<'a> {
 pub trait Drafter: Send {
     /// Short method name (as on the command line).
     fn name(&self) -> &str;
+
+    /// Where the drafted nodes of the last proposal came from: copied from earlier text
+    /// ([`Provenance::Copied`]: suffix and lookup drafts) or drafted by a model (the default).
+    /// Shown per token to a client that asks (the server's chat page colours by it).
+    fn source(&self) -> Provenance {
+        Provenance::Drafted
+    }
 
     /// Start a new generation after `prompt` (the last prompt token is the first root). `seed`
     /// seeds the drafter's own random stream, never shared with the verifier.

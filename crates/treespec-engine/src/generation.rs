@@ -18,7 +18,7 @@ use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
 use crate::constraint::TokenConstraint;
-use crate::drafter::{Cuttable, Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::generate::{GenerateOutput, GenerateRequest};
 use crate::model::Logits;
@@ -79,6 +79,8 @@ pub struct StepOutcome {
     pub done: bool,
     /// The emitted tokens' log-probabilities, when asked for ([`Generation::with_logprobs`]).
     pub logprobs: Vec<TokenLogprob>,
+    /// How each emitted token was produced (same length as `emitted`).
+    pub provenance: Vec<Provenance>,
 }
 
 impl Generation {
@@ -260,6 +262,7 @@ impl Generation {
         self.stats.forced += forced as u64;
         self.stats.times.verify += t.elapsed();
 
+        let source = if forced > 0 { Provenance::Forced } else { drafter.source() };
         let t = Instant::now();
         learn(drafter, constraint, &tree, &outcome, forced > 0, &self.stop.eos)?;
         self.history.extend_from_slice(&outcome.tokens);
@@ -274,7 +277,11 @@ impl Generation {
         self.stats.times.overhead += t.elapsed();
         let mut logprobs = logprobs;
         logprobs.truncate(emitted.len());
-        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some(), logprobs })
+        let provenance = std::iter::repeat_n(source, outcome.accepted.len())
+            .chain(std::iter::once(Provenance::Target))
+            .take(emitted.len())
+            .collect();
+        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some(), logprobs, provenance })
     }
 
     /// End the generation: the drafter learns the text (prompt and emitted tokens).

@@ -22,7 +22,7 @@ pub mod text_stream;
 pub mod toy;
 
 pub use constraint::{DfaConstraint, TokenConstraint, WithoutForcing};
-pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext};
+pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext, Provenance};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
 pub use generate::{generate, generate_constrained, GenerateOutput, GenerateRequest};

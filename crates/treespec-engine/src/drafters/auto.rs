@@ -19,7 +19,7 @@ use treespec_core::TokenId;
 
 use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter};
 use crate::auto_budget::SharedCosts;
-use crate::drafter::{Cuttable, Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
 use crate::model::CausalLm;
@@ -89,6 +89,14 @@ impl<M: CausalLm> AutoDrafter<M> {
 impl<M: CausalLm> Drafter for AutoDrafter<M> {
     fn name(&self) -> &str {
         "auto"
+    }
+
+    /// The proposal the last step verified: the free one is a copy, the model's a draft.
+    fn source(&self) -> Provenance {
+        match self.choice {
+            Choice::Suffix | Choice::Plain => Provenance::Copied,
+            Choice::Model => Provenance::Drafted,
+        }
     }
 
     fn join_batch(&mut self) {

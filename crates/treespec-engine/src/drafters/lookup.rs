@@ -18,7 +18,7 @@ use treespec_core::tree::{Draw, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
-use crate::drafter::{Drafter, ProposeContext};
+use crate::drafter::{Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 
 /// Prompt-lookup knobs.
@@ -169,6 +169,10 @@ const TABLE_CONFIDENCE: f32 = 0.1;
 impl Drafter for LookupDrafter {
     fn name(&self) -> &str {
         "lookup"
+    }
+
+    fn source(&self) -> Provenance {
+        Provenance::Copied
     }
 
     /// Model-free and deterministic: the seed is unused.

@@ -36,7 +36,7 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use crate::auto_budget::{AutoBudget, SharedCosts};
-use crate::drafter::{Cuttable, Drafter, ProposeContext};
+use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, SuffixCounts};
 
@@ -448,6 +448,10 @@ impl SuffixDrafter {
 impl Drafter for SuffixDrafter {
     fn name(&self) -> &str {
         "suffix"
+    }
+
+    fn source(&self) -> Provenance {
+        Provenance::Copied
     }
 
     /// Model-free and deterministic: the seed is unused.
