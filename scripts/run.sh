@@ -9,9 +9,27 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# Every stage says what it does and how long it took; the whole run's time is estimated up front
+# from what is already done (a second run skips the build, the fetch and the cost curve).
+started=$SECONDS
+stage_n=0
+stage() {
+    stage_n=$((stage_n + 1))
+    printf '\n[run] %d/6 %s  (%d:%02d elapsed)\n' "$stage_n" "$*" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60))
+}
+estimate=3 # the runs themselves, minutes on 2 cores
+[[ -x target/release/treespec ]] || estimate=$((estimate + 12))
+[[ -f models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ]] || estimate=$((estimate + 2))
+cache_dir="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}"
+compgen -G "$cache_dir/costs/qwen2.5-coder-1.5b*" >/dev/null || estimate=$((estimate + 4))
+echo "[run] about $estimate minutes on a 2-core machine (build ~12, model fetch ~2, cost curve ~4 once; then cached)"
+
+stage "setting the machine up (cmake, clang; CPU flags for llama.cpp)"
 bash scripts/setup.sh
+stage "fetching the models (SmolLM2-135M for exactness, Qwen2.5-Coder-1.5B for speed)"
 bash scripts/fetch-models.sh smollm2
 bash scripts/fetch-models.sh qwen
+stage "building treespec (release; llama.cpp is compiled the first time)"
 cargo build --release -p treespec-cli
 
 target=models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
@@ -50,12 +68,13 @@ run() {
 print("%.1f %.2f %s" % (s["tokens_per_s"], s["mean_accepted"], ",".join(map(str, o["token_ids"]))))'
 }
 
-echo
-echo "=== 1. Editing code: plain decoding vs --method auto (median of 3 alternating runs) ==="
-# The first auto run measures this machine's cost curve (once, cached in ~/.cache/treespec).
-run "$target" --method auto >/dev/null
+stage "warming up: the first auto run measures this machine's cost curve (once, cached in $cache_dir)"
+# Its progress goes to the terminal; the generation itself is thrown away.
+"$bin" generate -m "$target" --chat -n 200 -f "$prompt_file" --method auto >/dev/null
+stage "editing code: plain decoding vs --method auto, 3 alternating runs of 200 tokens each"
 plain=() auto=()
-for _ in 1 2 3; do
+for i in 1 2 3; do
+    echo "[run]   round $i/3"
     plain+=("$(run "$target" --method plain | cut -d' ' -f1)")
     read -r tps acc _ < <(run "$target" --method auto)
     auto+=("$tps")
@@ -68,8 +87,7 @@ python3 -c "print(f'speed-up: {float(\"$a\") / float(\"$p\"):.2f}x (auto verifie
 echo
 "$bin" generate -m "$target" --chat -n 200 -f "$prompt_file" --method auto
 
-echo
-echo "=== 2. Exactness (--exact, SmolLM2-135M drafting for itself): greedy tokens equal plain decoding's ==="
+stage "exactness (--exact, SmolLM2-135M drafting for itself): greedy tokens equal plain decoding's"
 reference="$(run "$small" --exact --method plain | cut -d' ' -f3)"
 for method in suffix auto chain "dyspec --budget 8"; do
     # shellcheck disable=SC2086  # the method string carries its own knobs
@@ -77,3 +95,4 @@ for method in suffix auto chain "dyspec --budget 8"; do
     verdict=$([[ "$ids" == "$reference" ]] && echo "identical to plain" || echo "DIFFERS from plain")
     printf '%-18s %6s tok/s  %5s tokens/forward  %s\n' "$method" "$tps" "$acc" "$verdict"
 done
+printf "\n[run] done in %d:%02d\n" $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60))
