@@ -13,18 +13,35 @@
 //! the drafters over-draft. So a curve also carries that slope: [`CostCurve::ms_at`] adds
 //! `n · slope · (context − profiled context)` to T(n), and online observations are folded in
 //! with the same term taken out, so a long request's timings do not skew a short one's prices.
+//!
+//! Timings on a busy machine are fitted by [`fit`]; online refinement trusts a forward that ran
+//! faster than the estimate more than one that ran slower (interference only adds time), so a
+//! profile taken while the machine was busy washes out within a few forwards of each size used.
+//! A [`CurveTap`] collects the refinement of a curve and all its clones, for its owner to write
+//! back to the disk cache.
+
+pub mod fit;
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Weight of a new online observation in the running estimate of T(n). Small enough that one
-/// noisy forward (a page fault, another process) barely moves the curve, large enough that a
-/// machine that got slower is followed within a few dozen steps.
+/// Weight of a new online observation slower than the estimate in the running estimate of
+/// T(n). Small enough that one noisy forward (a page fault, another process) barely moves the
+/// curve, large enough that a machine that got slower is followed within a few dozen steps.
 const ONLINE_WEIGHT: f64 = 0.05;
 
+/// Weight of an observation faster than the estimate. A machine cannot run a forward faster
+/// than it can, so a fast forward is evidence that the estimate was too high (a profile taken
+/// while the machine was busy), and it is followed quickly: a 3× too high T(n) is within 10%
+/// after a dozen forwards of n rows. Well above the median of the timings, the estimate
+/// settles near their low quantile, like the profile's minimum of repeats.
+const FASTER_WEIGHT: f64 = 0.3;
+
 /// T(n) in milliseconds for n = 1..=`max_n`, beyond which it is extrapolated linearly.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostCurve {
     /// `ms[n - 1]` = T(n) on a cache of `profiled_context` committed tokens.
     ms: Vec<f64>,
@@ -34,6 +51,45 @@ pub struct CostCurve {
     /// Committed tokens under the profiled forwards.
     #[serde(default)]
     profiled_context: usize,
+    /// Where observations are also folded (see [`CostCurve::tapped`]); shared by clones.
+    #[serde(skip)]
+    tap: Option<Arc<CurveTap>>,
+}
+
+/// Curves are equal when their times are: a tap is not part of the value.
+impl PartialEq for CostCurve {
+    fn eq(&self, other: &Self) -> bool {
+        self.ms == other.ms
+            && self.row_ms_per_context_token == other.row_ms_per_context_token
+            && self.profiled_context == other.profiled_context
+    }
+}
+
+/// The refinement of a curve by every observation folded into it or any of its clones, in one
+/// place: a cost-aware drafter refines its own copy of the curve, and the copies of concurrent
+/// requests and methods diverge, but the process that measured the curve wants one refined
+/// curve to write back to its cache. See [`CostCurve::tapped`].
+#[derive(Debug)]
+pub struct CurveTap {
+    state: Mutex<(CostCurve, u64)>,
+}
+
+impl CurveTap {
+    /// The curve refined by every observation so far.
+    pub fn curve(&self) -> CostCurve {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0.clone()
+    }
+
+    /// Observations folded in so far.
+    pub fn observations(&self) -> u64 {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1
+    }
+
+    fn fold(&self, n: usize, ms: f64) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0.observe(n, ms);
+        state.1 += 1;
+    }
 }
 
 impl CostCurve {
@@ -60,7 +116,27 @@ impl CostCurve {
             }
         }
         ms.push(pts.last().map(|p| p.1).unwrap_or(1.0));
-        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0 })
+        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0, tap: None })
+    }
+
+    /// This curve with a tap: every later observation of it or of any of its clones is also
+    /// folded into the returned [`CurveTap`]'s own copy (which starts as this curve). Curves
+    /// derived from it ([`CostCurve::at_context`]) are not tapped.
+    pub fn tapped(mut self) -> (Self, Arc<CurveTap>) {
+        self.tap = None;
+        let tap = Arc::new(CurveTap { state: Mutex::new((self.clone(), 0)) });
+        self.tap = Some(tap.clone());
+        (self, tap)
+    }
+
+    /// The times `(n, T(n))` of every size 1..=[`CostCurve::max_n`] (what a cache stores).
+    pub fn points(&self) -> Vec<(usize, f64)> {
+        self.ms.iter().enumerate().map(|(i, t)| (i + 1, *t)).collect()
+    }
+
+    /// The profiled context (committed tokens under the profiled forwards).
+    pub fn profiled_context(&self) -> usize {
+        self.profiled_context
     }
 
     /// This curve, measured on `profiled_context` committed tokens, with the cost of context:
@@ -102,6 +178,7 @@ impl CostCurve {
             ms,
             row_ms_per_context_token: self.row_ms_per_context_token,
             profiled_context: context.max(self.profiled_context),
+            tap: None,
         }
     }
 
@@ -158,14 +235,28 @@ impl CostCurve {
         }
     }
 
-    /// Fold one timed forward of `n` tokens into the estimate (exponentially weighted). Sizes
-    /// beyond the measured range are ignored: one observation is not a curve.
+    /// Fold one timed forward of `n` tokens into the estimate (exponentially weighted, faster
+    /// when the forward ran faster than the estimate: [`FASTER_WEIGHT`]). A lowered T(n) also
+    /// caps the smaller sizes of its 4-row step ([`fit::STEP`]): within a step more rows never
+    /// cost less, so an estimate above T(n) there was too high as well. Sizes beyond the
+    /// measured range are ignored: one observation is not a curve.
     pub fn observe(&mut self, n: usize, ms: f64) {
         if n == 0 || n > self.ms.len() || !(ms.is_finite() && ms > 0.0) {
             return;
         }
-        let t = &mut self.ms[n - 1];
-        *t += ONLINE_WEIGHT * (ms - *t);
+        let t = self.ms[n - 1];
+        let weight = if ms < t { FASTER_WEIGHT } else { ONLINE_WEIGHT };
+        let new = t + weight * (ms - t);
+        self.ms[n - 1] = new;
+        if new < t {
+            let start = (fit::step_of(n) * fit::STEP).max(1);
+            for m in start..n {
+                self.ms[m - 1] = self.ms[m - 1].min(new);
+            }
+        }
+        if let Some(tap) = &self.tap {
+            tap.fold(n, ms);
+        }
     }
 }
 
@@ -222,6 +313,48 @@ mod tests {
         c.observe(1, f64::INFINITY);
         assert_eq!(c.max_n(), 2);
         assert_eq!(c.ms(1), 40.0);
+    }
+
+    #[test]
+    fn a_profile_taken_on_a_busy_machine_washes_out_quickly_and_noise_does_not_lift_it() {
+        // The quiet truth: 16 ms + 3.5 ms a row. The prior: measured busy, 3× too high.
+        let truth = |n: usize| 16.0 + 3.5 * n as f64;
+        let pts: Vec<(usize, f64)> = (1..=16).map(|n| (n, 3.0 * truth(n))).collect();
+        let mut c = CostCurve::from_points(&pts).unwrap();
+        for _ in 0..12 {
+            c.observe(8, truth(8));
+        }
+        assert!(c.ms(8) < truth(8) * 1.1, "{}", c.ms(8));
+        // The smaller sizes of 8's step (none: 8 starts it) and of its own step are capped.
+        for _ in 0..12 {
+            c.observe(11, truth(11));
+        }
+        assert!((9..=11).all(|n| c.ms(n) < truth(11) * 1.1), "{:?}", c.points());
+        assert_eq!(c.ms(12), 3.0 * truth(12), "other steps keep their prior until timed");
+        // Occasional slow forwards (another process) barely move a settled estimate: one in
+        // five forwards 3× slow lifts T(8) by less than 15% of the truth.
+        for i in 0..200 {
+            c.observe(8, if i % 5 == 0 { 3.0 * truth(8) } else { truth(8) });
+        }
+        assert!(c.ms(8) < truth(8) * 1.15, "{}", c.ms(8));
+    }
+
+    #[test]
+    fn a_tap_collects_the_observations_of_every_clone() {
+        let (c, tap) = CostCurve::linear(10.0, 10.0, 8).unwrap().tapped();
+        let (mut a, mut b) = (c.clone(), c.clone());
+        a.observe(4, 30.0);
+        b.observe_at(2, 20.0, 0);
+        let far = c.at_context(100);
+        let mut far2 = far.clone();
+        far2.observe(3, 1.0);
+        assert_eq!(tap.observations(), 2, "derived curves are not tapped");
+        let mut expect = CostCurve::linear(10.0, 10.0, 8).unwrap();
+        expect.observe(4, 30.0);
+        expect.observe(2, 20.0);
+        assert_eq!(tap.curve(), expect);
+        assert_eq!(a, a.clone().tapped().0, "a tap is not part of the value");
+        assert_eq!(c.points()[..2], [(1, 20.0), (2, 30.0)]);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Timing a model's forwards: the start-up profile behind `treespec profile` and the measured cost
 //! curves (`treespec costs`) that the cost-aware drafters in [`crate::auto_budget`] decide on.
 
+use std::cell::Cell;
 use std::time::Instant;
 
+use treespec_core::cost::fit::{agree, fit_samples, Fitted};
 use treespec_core::cost::CostCurve;
 
 use crate::error::{EngineError, Result};
@@ -37,7 +39,7 @@ const MIN_CONTEXT_SPAN: usize = 256;
 const CONTEXT_SIZES: &[usize] = &[1, 4, 8, 16];
 
 /// What a profile times: one forward of `n` new tokens (a chain) for each `n` in `sizes`, on top
-/// of `prefix` committed tokens, `repeat` times each.
+/// of `prefix` committed tokens, `repeat` times each (in rounds over all sizes).
 #[derive(Debug, Clone, Copy)]
 pub struct ProfileSpec<'a> {
     /// Batch sizes.
@@ -61,80 +63,412 @@ pub struct TimedSize {
     pub min_ms: f64,
 }
 
-/// Time forwards as `spec` says (after a warm-up of the smallest and largest size, whose first
-/// decodes allocate buffers). The model's cache is left empty.
+/// The only way a profile reads time: one timed forward of `n` rows. [`LmTimer`] runs them on
+/// a [`CausalLm`]; tests put a synthetic machine (spikes, a busy neighbour) behind it.
+pub trait ForwardTimer {
+    /// Milliseconds one forward of `n` rows took.
+    fn time_ms(&mut self, n: usize) -> Result<f64>;
+}
+
+/// Times chain forwards on a model, on top of a committed prefix (after a warm-up of the
+/// smallest and largest size, whose first decodes allocate buffers). Call [`LmTimer::finish`]
+/// to leave the model's cache empty.
+pub struct LmTimer<'a> {
+    lm: &'a mut dyn CausalLm,
+    tail: Vec<u32>,
+    last_only: bool,
+}
+
+impl<'a> LmTimer<'a> {
+    /// Prefill `prefix` tokens and warm up for batches of up to `max_n` rows.
+    pub fn new(lm: &'a mut dyn CausalLm, prefix: usize, max_n: usize, last_only: bool) -> Result<Self> {
+        if max_n == 0 {
+            return Err(EngineError::InvalidRequest("a cost profile needs batch sizes ≥ 1".into()));
+        }
+        if prefix + max_n >= lm.context_size() {
+            return Err(EngineError::InvalidRequest(format!(
+                "a cost profile up to {max_n} tokens on {prefix} committed ones needs a context above {}",
+                prefix + max_n
+            )));
+        }
+        let vocab = lm.vocab_size() as u32;
+        // Ordinary ids spread over the vocabulary; their values do not change the cost.
+        let mut tokens: Vec<u32> = (0..(prefix + max_n) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let tail = tokens.split_off(prefix);
+        lm.truncate(0)?;
+        lm.prefill(&tokens)?;
+        let mut timer = Self { lm, tail, last_only };
+        for n in [1, max_n] {
+            timer.time_ms(n)?;
+        }
+        Ok(timer)
+    }
+
+    /// Empty the model's cache.
+    pub fn finish(self) -> Result<()> {
+        self.lm.truncate(0)
+    }
+}
+
+impl ForwardTimer for LmTimer<'_> {
+    fn time_ms(&mut self, n: usize) -> Result<f64> {
+        let tokens = self.tail.get(..n).ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "{n} rows exceed the {} the timer was made for",
+                self.tail.len()
+            ))
+        })?;
+        let batch = TreeBatch::chain(tokens, None, 0, self.last_only);
+        let t = Instant::now();
+        self.lm.forward(&batch)?;
+        let ms = (t.elapsed().as_secs_f64() * 1e3).max(1e-6);
+        self.lm.commit(&[])?;
+        Ok(ms)
+    }
+}
+
+/// Time forwards as `spec` says, in `spec.repeat` rounds over all sizes (so a burst of load
+/// slows one round of a few sizes, not every repeat of one size). The model's cache is left
+/// empty.
 pub fn time_forwards(lm: &mut dyn CausalLm, spec: ProfileSpec) -> Result<Vec<TimedSize>> {
+    check_sizes(spec.sizes, spec.repeat)?;
     let max_n = spec.sizes.iter().copied().max().unwrap_or(0);
-    if spec.sizes.is_empty() || spec.repeat == 0 || spec.sizes.contains(&0) {
+    let mut timer = LmTimer::new(lm, spec.prefix, max_n, spec.last_only)?;
+    let opts = MeasureOptions { rounds: spec.repeat, extra_rounds: 0, ..MeasureOptions::default() };
+    let timed = time_rounds(&mut timer, spec.sizes, &opts, &mut |_| {})?;
+    timer.finish()?;
+    Ok(timed
+        .samples
+        .into_iter()
+        .map(|(n, mut times)| {
+            times.sort_by(f64::total_cmp);
+            TimedSize { n, median_ms: times[times.len() / 2], min_ms: times[0] }
+        })
+        .collect())
+}
+
+fn check_sizes(sizes: &[usize], rounds: usize) -> Result<()> {
+    if sizes.is_empty() || rounds == 0 || sizes.contains(&0) {
         return Err(EngineError::InvalidRequest(
             "a cost profile needs batch sizes ≥ 1 and repeat ≥ 1".into(),
         ));
     }
-    if spec.prefix + max_n >= lm.context_size() {
-        return Err(EngineError::InvalidRequest(format!(
-            "a cost profile up to {max_n} tokens on {} committed ones needs a context above {}",
-            spec.prefix,
-            spec.prefix + max_n
-        )));
-    }
-    let vocab = lm.vocab_size() as u32;
-    // Ordinary ids spread over the vocabulary; their values do not change the cost.
-    let tokens: Vec<u32> = (0..(spec.prefix + max_n) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    let (head, tail) = tokens.split_at(spec.prefix);
-    lm.truncate(0)?;
-    lm.prefill(head)?;
-    let chain = |n: usize| TreeBatch::chain(&tail[..n], None, 0, spec.last_only);
-    for n in [1, max_n] {
-        lm.forward(&chain(n))?;
-        lm.commit(&[])?;
-    }
-    let mut out = Vec::with_capacity(spec.sizes.len());
-    for &n in spec.sizes {
-        let mut times = Vec::with_capacity(spec.repeat);
-        for _ in 0..spec.repeat {
-            let batch = chain(n);
-            let t = Instant::now();
-            lm.forward(&batch)?;
-            times.push((t.elapsed().as_secs_f64() * 1e3).max(1e-6));
-            lm.commit(&[])?;
-        }
-        times.sort_by(f64::total_cmp);
-        out.push(TimedSize { n, median_ms: times[times.len() / 2], min_ms: times[0] });
-    }
-    lm.truncate(0)?;
-    Ok(out)
+    Ok(())
 }
 
-/// The verify-batch cost curve (logits on every row) of a model: the median time of `repeat`
-/// forwards for each size in `sizes`, on a short committed prefix, with the cost of context
-/// (see [`CostCurve::row_surcharge`]) fitted from the sizes in [`CONTEXT_SIZES`] timed again
-/// on a cache of [`CONTEXT_PREFIX`] tokens — 0 when the context is too small to measure it.
-pub fn measure_curve(lm: &mut dyn CausalLm, sizes: &[usize], repeat: usize) -> Result<CostCurve> {
-    let spec = ProfileSpec { sizes, repeat, prefix: PROFILE_PREFIX, last_only: false };
-    let short = time_forwards(lm, spec)?;
-    let points: Vec<(usize, f64)> = short.iter().map(|t| (t.n, t.median_ms)).collect();
-    let curve = CostCurve::from_points(&points)?;
-    let again: Vec<usize> = CONTEXT_SIZES.iter().copied().filter(|n| sizes.contains(n)).collect();
-    let largest = again.iter().copied().max().unwrap_or(0);
-    let long = CONTEXT_PREFIX.min(lm.context_size().saturating_sub(largest + 1));
-    if again.is_empty() || long < PROFILE_PREFIX + MIN_CONTEXT_SPAN {
-        return Ok(curve.with_context_cost(0.0, PROFILE_PREFIX)?);
+/// How a cost curve is measured on a machine that may be busy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasureOptions {
+    /// Rounds over every size (each round times each size once; alternate rounds run the sizes
+    /// in reverse order, so a slow drift does not bias one end of the curve).
+    pub rounds: usize,
+    /// At most this many extra rounds over the sizes whose repeats disagree or whose time the
+    /// fit judged a spike.
+    pub extra_rounds: usize,
+    /// The two fastest repeats of a size must agree within this fraction.
+    pub agree: f64,
+    /// Threads the model computes with: a 1-minute load average above this + 0.5 means other
+    /// processes compete for the cores.
+    pub threads: usize,
+}
+
+impl Default for MeasureOptions {
+    fn default() -> Self {
+        Self { rounds: 3, extra_rounds: 4, agree: 0.05, threads: 1 }
     }
-    let spec = ProfileSpec { sizes: &again, repeat, prefix: long, last_only: false };
-    let slope = context_slope(&short, &time_forwards(lm, spec)?, long - PROFILE_PREFIX);
-    Ok(curve.with_context_cost(slope, PROFILE_PREFIX)?)
+}
+
+/// Where a measurement stands, for a progress display.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Forwards timed so far, weighted by their rows (plus [`OVERHEAD_ROWS`] each): a forward of
+    /// 64 rows takes about 30 of 1 row, so this is what an ETA should extrapolate.
+    pub work_done: usize,
+    /// The same for every forward planned so far (it grows when extra rounds are needed).
+    pub work_total: usize,
+    /// Sizes timed in the current round.
+    pub sizes_done: usize,
+    /// Sizes in the current round.
+    pub sizes: usize,
+    /// The current round (1-based); rounds beyond [`MeasureOptions::rounds`] are extra ones.
+    pub round: usize,
+    /// Rounds planned so far.
+    pub rounds: usize,
+    /// Which part of the profile: "short cache" or "long cache".
+    pub phase: &'static str,
+}
+
+/// What a forward costs beyond its rows, in rows, for [`Progress`]'s work units.
+pub const OVERHEAD_ROWS: usize = 4;
+
+/// Signs that the machine was busy while a curve was measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Interference {
+    /// Threads the model computed with.
+    pub threads: usize,
+    /// The highest 1-minute load average seen (None where the platform does not report it).
+    pub load: Option<f64>,
+    /// Sizes whose two fastest repeats still disagreed after every extra round.
+    pub unsettled: Vec<usize>,
+    /// Sizes whose time the fit still judged a spike after every extra round.
+    pub spikes: Vec<usize>,
+    /// Extra rounds run.
+    pub extra_rounds: usize,
+}
+
+impl Interference {
+    /// Whether the load average says other processes competed for the cores.
+    pub fn loaded(&self) -> bool {
+        self.load.is_some_and(|l| l > self.threads as f64 + 0.5)
+    }
+
+    /// Whether the measurement is suspect: the machine was loaded, or some sizes never settled.
+    pub fn noisy(&self) -> bool {
+        self.loaded() || !self.unsettled.is_empty() || !self.spikes.is_empty()
+    }
+
+    /// One line for a warning ("" when not noisy).
+    pub fn describe(&self) -> String {
+        let mut why = Vec::new();
+        if self.loaded() {
+            let load = self.load.unwrap_or(0.0);
+            why.push(format!("load average {load:.1} with {} threads of ours", self.threads));
+        }
+        if !self.unsettled.is_empty() {
+            why.push(format!("repeats disagree at n = {:?}", self.unsettled));
+        }
+        if !self.spikes.is_empty() {
+            why.push(format!("spikes at n = {:?}", self.spikes));
+        }
+        why.join("; ")
+    }
+
+    fn merge(&mut self, other: Interference) {
+        self.load = match (self.load, other.load) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.unsettled.extend(other.unsettled);
+        self.spikes.extend(other.spikes);
+        self.extra_rounds += other.extra_rounds;
+    }
+}
+
+/// The 1-minute load average (Linux: /proc/loadavg; None elsewhere).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Every repeat of every size, and the signs of interference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    /// `(n, repeats in ms)` in the order of `sizes`.
+    pub samples: Vec<(usize, Vec<f64>)>,
+    /// Signs of interference.
+    pub interference: Interference,
+}
+
+impl Timed {
+    /// The fitted points (see [`treespec_core::cost::fit`]).
+    pub fn fitted(&self) -> Fitted {
+        fit_samples(&self.samples)
+    }
+}
+
+/// Time every size in `opts.rounds` interleaved rounds, then re-time the sizes whose two
+/// fastest repeats disagree by more than `opts.agree`, or whose time the fit judges a spike, in
+/// up to `opts.extra_rounds` further rounds; the load average is read before and after each
+/// round. `progress` hears of every forward.
+pub fn time_rounds(
+    timer: &mut dyn ForwardTimer,
+    sizes: &[usize],
+    opts: &MeasureOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Timed> {
+    time_rounds_in(timer, sizes, opts, "short cache", &mut |_| {}, progress)
+}
+
+fn time_rounds_in(
+    timer: &mut dyn ForwardTimer,
+    sizes: &[usize],
+    opts: &MeasureOptions,
+    phase: &'static str,
+    plan: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Timed> {
+    check_sizes(sizes, opts.rounds)?;
+    let work = |ns: &[usize]| ns.iter().map(|n| n + OVERHEAD_ROWS).sum::<usize>();
+    let mut samples: Vec<(usize, Vec<f64>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
+    let mut noise = Interference { threads: opts.threads, load: load_average(), ..Interference::default() };
+    let mut p = Progress {
+        work_done: 0,
+        work_total: work(sizes) * opts.rounds,
+        sizes_done: 0,
+        sizes: sizes.len(),
+        round: 0,
+        rounds: opts.rounds,
+        phase,
+    };
+    plan(p.work_total);
+    let mut round = |which: &[usize], p: &mut Progress, samples: &mut Vec<(usize, Vec<f64>)>| -> Result<()> {
+        p.round += 1;
+        p.sizes = which.len();
+        p.sizes_done = 0;
+        let reverse = p.round.is_multiple_of(2);
+        for k in 0..which.len() {
+            let n = which[if reverse { which.len() - 1 - k } else { k }];
+            let ms = timer.time_ms(n)?;
+            if let Some(s) = samples.iter_mut().find(|s| s.0 == n) {
+                s.1.push(ms);
+            }
+            p.work_done += n + OVERHEAD_ROWS;
+            p.sizes_done += 1;
+            progress(p);
+        }
+        Ok(())
+    };
+    for _ in 0..opts.rounds {
+        round(sizes, &mut p, &mut samples)?;
+        noise.merge(Interference { load: load_average(), ..Interference::default() });
+    }
+    let unsettled = |samples: &[(usize, Vec<f64>)]| -> Vec<usize> {
+        let spikes = fit_samples(samples).spikes;
+        samples.iter().filter(|(n, s)| !agree(s, opts.agree) || spikes.contains(n)).map(|(n, _)| *n).collect()
+    };
+    let mut redo = if opts.rounds >= 2 { unsettled(&samples) } else { Vec::new() };
+    while !redo.is_empty() && noise.extra_rounds < opts.extra_rounds {
+        noise.extra_rounds += 1;
+        p.rounds += 1;
+        p.work_total += work(&redo);
+        plan(work(&redo));
+        round(&redo, &mut p, &mut samples)?;
+        noise.merge(Interference { load: load_average(), ..Interference::default() });
+        redo = unsettled(&samples);
+    }
+    let spikes = fit_samples(&samples).spikes;
+    noise.spikes = redo.iter().copied().filter(|n| spikes.contains(n)).collect();
+    noise.unsettled = redo.into_iter().filter(|n| !noise.spikes.contains(n)).collect();
+    Ok(Timed { samples, interference: noise })
+}
+
+/// A measured cost curve and how much to trust it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// The fitted curve, with its context cost.
+    pub curve: CostCurve,
+    /// Signs that the machine was busy while it was measured.
+    pub interference: Interference,
+}
+
+/// The verify-batch cost curve (logits on every row) of a model, measured so that a busy
+/// machine cannot poison it: the sizes are timed in interleaved rounds, each size's fastest
+/// repeat is kept, sizes whose repeats disagree or whose time does not fit the shape a batched
+/// matmul allows are timed again (see [`time_rounds`]), and the points are fitted by
+/// [`treespec_core::cost::fit`]. The cost of context (see [`CostCurve::row_surcharge`]) is
+/// fitted from the sizes in [`CONTEXT_SIZES`] timed again on a cache of [`CONTEXT_PREFIX`]
+/// tokens — 0 when the context is too small to measure it. `progress` hears of every forward.
+pub fn measure_curve(
+    lm: &mut dyn CausalLm,
+    sizes: &[usize],
+    opts: &MeasureOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Measured> {
+    check_sizes(sizes, opts.rounds)?;
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let again: Vec<usize> = CONTEXT_SIZES.iter().copied().filter(|n| sizes.contains(n)).collect();
+    let long_largest = again.iter().copied().max().unwrap_or(0);
+    let long = CONTEXT_PREFIX.min(lm.context_size().saturating_sub(long_largest + 1));
+    let with_long = !again.is_empty() && long >= PROFILE_PREFIX + MIN_CONTEXT_SPAN;
+    // The long-cache phase is planned from the start, so the first ETA covers both phases.
+    let long_work =
+        if with_long { again.iter().map(|n| n + OVERHEAD_ROWS).sum::<usize>() * opts.rounds } else { 0 };
+    let planned = Cell::new(long_work);
+    let done = Cell::new(0);
+    let plan = &mut |w: usize| planned.set(planned.get() + w);
+    let mut report = |p: &Progress| {
+        progress(&Progress { work_done: done.get() + p.work_done, work_total: planned.get(), ..*p });
+    };
+    let mut timer = LmTimer::new(lm, PROFILE_PREFIX, largest, false)?;
+    let short = time_rounds_in(&mut timer, sizes, opts, "short cache", plan, &mut report);
+    timer.finish()?;
+    let short = short?;
+    let fitted = short.fitted();
+    let curve = CostCurve::from_points(&fitted.points)?;
+    let mut interference = short.interference;
+    if !with_long {
+        return Ok(Measured { curve: curve.with_context_cost(0.0, PROFILE_PREFIX)?, interference });
+    }
+    // What the long phase planned ahead is re-planned by it.
+    planned.set(planned.get() - long_work);
+    done.set(short.samples.iter().map(|(n, s)| (n + OVERHEAD_ROWS) * s.len()).sum::<usize>());
+    let mut timer = LmTimer::new(lm, long, long_largest, false)?;
+    let long_timed = time_rounds_in(&mut timer, &again, opts, "long cache", plan, &mut report);
+    timer.finish()?;
+    let long_timed = long_timed?;
+    let long_points = long_timed.fitted().points;
+    interference.merge(long_timed.interference);
+    let slope = context_slope(&fitted.points, &long_points, long - PROFILE_PREFIX);
+    Ok(Measured { curve: curve.with_context_cost(slope, PROFILE_PREFIX)?, interference })
+}
+
+/// How a cached curve compares with this machine now: per size, the cached T(n) and the time
+/// measured now (fastest of interleaved repeats).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurveCheck {
+    /// `(n, cached ms, measured ms)`.
+    pub rows: Vec<(usize, f64, f64)>,
+    /// Signs that the machine was busy during the check.
+    pub interference: Interference,
+}
+
+impl CurveCheck {
+    /// The measured/cached ratio farthest from 1.
+    pub fn worst_ratio(&self) -> f64 {
+        self.rows
+            .iter()
+            .map(|r| r.2 / r.1)
+            .max_by(|a, b| (a - 1.0).abs().total_cmp(&(b - 1.0).abs()))
+            .unwrap_or(1.0)
+    }
+
+    /// Whether every size measured within `tolerance` (a fraction) of the cached curve.
+    pub fn matches(&self, tolerance: f64) -> bool {
+        (self.worst_ratio() - 1.0).abs() <= tolerance
+    }
+}
+
+/// Sizes `treespec profile --check` times again: both sides of the first steps and dips, and
+/// the far end.
+pub const CHECK_SIZES: &[usize] = &[1, 2, 4, 8, 15, 16, 31, 32, 64];
+
+/// Time the [`CHECK_SIZES`] up to the curve's largest size on the profile's cache and compare
+/// with `curve`.
+pub fn check_curve(
+    lm: &mut dyn CausalLm,
+    curve: &CostCurve,
+    opts: &MeasureOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<CurveCheck> {
+    let sizes: Vec<usize> = CHECK_SIZES.iter().copied().filter(|&n| n <= curve.max_n()).collect();
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let mut timer = LmTimer::new(lm, curve.profiled_context().max(1), largest, false)?;
+    let timed = time_rounds(&mut timer, &sizes, opts, progress);
+    timer.finish()?;
+    let timed = timed?;
+    let rows = timed.fitted().points.iter().map(|&(n, ms)| (n, curve.ms(n), ms)).collect();
+    Ok(CurveCheck { rows, interference: timed.interference })
 }
 
 /// The extra ms per row per committed token that best explains (least squares through the
 /// origin) how much slower each size of `long` ran than the same size of `short`, on a cache
 /// `span` tokens longer: `T_long(n) − T_short(n) ≈ n · span · slope`. Never negative (a timing
 /// that came out faster on the longer cache is noise, not a discount).
-pub fn context_slope(short: &[TimedSize], long: &[TimedSize], span: usize) -> f64 {
+pub fn context_slope(short: &[(usize, f64)], long: &[(usize, f64)], span: usize) -> f64 {
     let (mut num, mut den) = (0.0, 0.0);
-    for l in long {
-        if let Some(s) = short.iter().find(|s| s.n == l.n) {
-            let x = (l.n * span) as f64;
-            num += x * (l.median_ms - s.median_ms);
+    for &(n, long_ms) in long {
+        if let Some(&(_, short_ms)) = short.iter().find(|s| s.0 == n) {
+            let x = (n * span) as f64;
+            num += x * (long_ms - short_ms);
             den += x * x;
         }
     }
@@ -152,12 +486,19 @@ mod tests {
     #[test]
     fn measures_a_curve_on_a_model() {
         let mut lm = crate::toy::ToyLm::new(crate::toy::ToyModel::new(8, 1, 1), 256);
-        let c = measure_curve(&mut lm, &[1, 2, 4], 3).unwrap();
+        let opts = MeasureOptions::default();
+        let c = measure_curve(&mut lm, &[1, 2, 4], &opts, &mut |_| {}).unwrap().curve;
         assert_eq!(c.max_n(), 4);
         assert!(c.ms(3) > 0.0);
         assert_eq!(lm.committed_len(), 0);
-        assert!(measure_curve(&mut lm, &[1, 300], 1).is_err(), "past the context");
-        assert!(measure_curve(&mut lm, &[], 1).is_err());
+        assert!(measure_curve(&mut lm, &[1, 300], &opts, &mut |_| {}).is_err(), "past the context");
+        assert!(measure_curve(&mut lm, &[], &opts, &mut |_| {}).is_err());
+        let zero = MeasureOptions { rounds: 0, ..MeasureOptions::default() };
+        assert!(measure_curve(&mut lm, &[1], &zero, &mut |_| {}).is_err());
+        // The check times the check sizes the curve covers, on the profile's cache.
+        let check = check_curve(&mut lm, &c, &opts, &mut |_| {}).unwrap();
+        assert_eq!(check.rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2, 4]);
+        assert_eq!(lm.committed_len(), 0);
         // 256 tokens of context leave no room for a long cache: no context cost.
         assert_eq!(c.row_ms_per_context_token(), 0.0);
     }
@@ -178,8 +519,8 @@ mod tests {
         }
     }
 
-    fn timed(points: &[(usize, f64)]) -> Vec<TimedSize> {
-        points.iter().map(|&(n, ms)| TimedSize { n, median_ms: ms, min_ms: ms }).collect()
+    fn timed(points: &[(usize, f64)]) -> Vec<(usize, f64)> {
+        points.to_vec()
     }
 
     #[test]
@@ -201,7 +542,17 @@ mod tests {
     #[test]
     fn a_context_long_enough_measures_the_context_cost() {
         let mut lm = crate::toy::ToyLm::new(crate::toy::ToyModel::new(8, 1, 1), 2048);
-        let c = measure_curve(&mut lm, &[1, 2, 4], 1).unwrap();
+        let opts = MeasureOptions { rounds: 1, ..MeasureOptions::default() };
+        let mut seen = Vec::new();
+        let c = measure_curve(&mut lm, &[1, 2, 4], &opts, &mut |p| seen.push(*p)).unwrap().curve;
+        // Progress covers both caches, ends at its total and never runs backwards.
+        let last = seen.last().unwrap();
+        assert_eq!(
+            (last.phase, last.work_done, last.work_total),
+            ("long cache", last.work_total, last.work_total)
+        );
+        assert!(seen.iter().any(|p| p.phase == "short cache"));
+        assert!(seen.windows(2).all(|w| w[0].work_done < w[1].work_done));
         // The toy model's cost hardly grows with its cache; the slope is measured and ≥ 0.
         assert!(c.row_ms_per_context_token().is_finite() && c.row_ms_per_context_token() >= 0.0);
         assert_eq!(c.row_surcharge(64), 0.0, "no surcharge up to the profiled cache");

@@ -37,10 +37,23 @@ pub struct ProfileArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Instead of a table: whether the cost curve cached for this model, thread count and
+    /// kernel mode (what `--budget auto` and `--method auto` price rows on) still matches this
+    /// machine. A few sizes are timed again (fastest of interleaved repeats) and compared per
+    /// size; the exit code is nonzero when one differs by more than `--tolerance` or nothing is
+    /// cached.
+    #[arg(long)]
+    pub check: bool,
+    /// Largest measured/cached deviation `--check` accepts (a fraction).
+    #[arg(long, default_value_t = 0.15)]
+    pub tolerance: f64,
 }
 
 /// Run `profile`.
 pub fn run(args: ProfileArgs) -> Result<()> {
+    if args.check {
+        return check(&args);
+    }
     let mut sizes: Vec<usize> =
         if args.sizes.is_empty() { (1..=args.max_n).collect() } else { args.sizes.clone() };
     sizes.sort_unstable();
@@ -89,4 +102,67 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         println!("{:>4} {:>9.2} {:>9.2} {:>10.2} {:>9.2}", p.n, ms, p.min_ms, ms / p.n as f64, ms / t1);
     }
     Ok(())
+}
+
+/// `treespec profile --check`.
+fn check(args: &ProfileArgs) -> Result<()> {
+    if !(args.tolerance.is_finite() && args.tolerance >= 0.0) {
+        bail!("--tolerance must be a fraction ≥ 0");
+    }
+    let paths = ModelPaths::new(args.models.model.clone(), None);
+    let runtime = ModelRuntime::load(paths, args.models.runtime.load_options())?;
+    let threads = runtime.options().threads;
+    let Some((file, check)) = runtime.check_cost_curve()? else {
+        bail!(
+            "no cost curve is cached for {} with {threads} threads (the first `--budget auto` or \
+             `--method auto` run measures one)",
+            args.models.model.display()
+        );
+    };
+    let matches = check.matches(args.tolerance);
+    let busy = check.interference.noisy();
+    if args.json {
+        let rows: Vec<_> = check
+            .rows
+            .iter()
+            .map(|&(n, cached, now)| json!({"n": n, "cached_ms": cached, "measured_ms": now, "ratio": now / cached}))
+            .collect();
+        println!(
+            "{}",
+            json!({"cache": file, "threads": threads, "matches": matches, "tolerance": args.tolerance,
+                   "worst_ratio": check.worst_ratio(), "busy": check.interference.describe(), "rows": rows})
+        );
+    } else {
+        println!("cached cost curve {} ({threads} threads)", file.display());
+        println!("{:>4} {:>10} {:>10} {:>7}", "n", "cached ms", "now ms", "ratio");
+        for &(n, cached, now) in &check.rows {
+            let flag = if (now / cached - 1.0).abs() > args.tolerance { "  ←" } else { "" };
+            println!("{n:>4} {cached:>10.2} {now:>10.2} {:>7.3}{flag}", now / cached);
+        }
+        if busy {
+            println!(
+                "the machine is busy now ({}): a mismatch may be the load",
+                check.interference.describe()
+            );
+        }
+    }
+    let worst = check.worst_ratio();
+    if matches {
+        if args.json {
+            return Ok(());
+        }
+        println!("verdict: matches (every size within {:.0}%, worst ×{worst:.3})", args.tolerance * 100.0);
+        Ok(())
+    } else {
+        let advice = if worst > 1.0 {
+            "this machine is slower now than the cache says"
+        } else {
+            "this machine is faster now than the cache says"
+        };
+        bail!(
+            "verdict: mismatch (worst ×{worst:.3}, tolerance {:.0}%): {advice}; `--reprofile` on a quiet \
+             machine measures the curve again",
+            args.tolerance * 100.0
+        )
+    }
 }

@@ -5,26 +5,45 @@
 //!
 //! Disk cache: `$TREESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/treespec`, else `~/.cache/treespec`;
 //! one JSON file per (file name, size, modification time, threads, fast|exact). Delete it, or pass
-//! `--reprofile`, after changing the machine's load or the build.
+//! `--reprofile`, after changing the build; `treespec profile --check` says whether it still
+//! matches the machine.
+//!
+//! A curve measured while the machine was busy (see [`treespec_engine::profile::measure_curve`])
+//! is cached marked noisy, with a warning then and at every later read, rather than not at
+//! all: re-measuring at every start on a machine that stays busy would cost minutes each time
+//! and come out no better. Every run refines the curves it uses from the forwards it times
+//! (faster forwards count more, see [`CostCurve::observe`]) and writes the refined curve back
+//! (when the runtime is dropped, and every [`SAVE_EVERY`] observations when a method asks for
+//! the curves), so a noisy curve washes out over the runs that use it.
 
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Instant, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use treespec_core::cost::CostCurve;
+use treespec_core::cost::{CostCurve, CurveTap};
 use treespec_engine::auto_budget::CostModel;
-use treespec_engine::profile::{measure_curve, PROFILE_SIZES};
+use treespec_engine::profile::{
+    check_curve, measure_curve, CurveCheck, MeasureOptions, Progress, PROFILE_SIZES,
+};
 
 use super::models::{ModelPair, ModelPaths};
 use crate::load::LlamaModel;
 
-/// Timed repetitions per batch size of a start-up profile (the median is kept).
-const REPEAT: usize = 3;
+/// Interleaved rounds over every batch size of a start-up profile (the fastest repeat is kept;
+/// sizes whose repeats disagree get up to [`EXTRA_ROUNDS`] more).
+const ROUNDS: usize = 3;
+/// See [`ROUNDS`].
+const EXTRA_ROUNDS: usize = 4;
 /// Bump when the profile's meaning changes, so stale caches are not read (4: every size of the
-/// 4-row steps, see [`PROFILE_SIZES`]).
-const FORMAT: u32 = 4;
+/// 4-row steps, see [`PROFILE_SIZES`]; 5: fastest of interleaved repeats, fitted, marked noisy,
+/// refined online and written back).
+const FORMAT: u32 = 5;
+/// Observations after which a refined curve is written back when a method asks for the curves.
+const SAVE_EVERY: u64 = 256;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct CachedCurve {
@@ -33,6 +52,12 @@ struct CachedCurve {
     threads: usize,
     exact: bool,
     curve: CostCurve,
+    /// Measured while the machine was busy: why (empty when it was quiet).
+    #[serde(default)]
+    noisy: String,
+    /// Timed forwards folded into the curve since it was measured, over all runs.
+    #[serde(default)]
+    observations: u64,
 }
 
 /// The default cache folder (see the module documentation); None when no variable names one.
@@ -47,11 +72,52 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// A curve held in memory, and whether this process measured it (a `--reprofile` request is
-/// satisfied by a curve measured here, not by one read from the disk cache).
+/// satisfied by a curve measured here, not by one read from the disk cache); its tap collects
+/// what the drafters refine, to be written back to `file`.
 #[derive(Debug, Clone)]
 struct Held {
     curve: CostCurve,
     measured: bool,
+    tap: Arc<CurveTap>,
+    file: Option<PathBuf>,
+    stored: Stored,
+}
+
+/// What the cache file says besides the curve, and how many of the tap's observations it holds.
+#[derive(Debug, Clone, Default)]
+struct Stored {
+    model: String,
+    threads: usize,
+    exact: bool,
+    noisy: String,
+    /// Observations of earlier runs.
+    observations: u64,
+    /// Of this run's observations, how many were written back.
+    saved: u64,
+}
+
+impl Held {
+    /// Write the refined curve back if at least `min_new` observations arrived since the last
+    /// write.
+    fn save_refined(&mut self, min_new: u64) {
+        let seen = self.tap.observations();
+        let Some(file) = &self.file else { return };
+        if seen == 0 || seen < self.stored.saved + min_new.max(1) {
+            return;
+        }
+        let s = &self.stored;
+        let cached = CachedCurve {
+            format: FORMAT,
+            model: s.model.clone(),
+            threads: s.threads,
+            exact: s.exact,
+            curve: self.tap.curve(),
+            noisy: s.noisy.clone(),
+            observations: s.observations + seen,
+        };
+        write_cached(file, &cached);
+        self.stored.saved = seen;
+    }
 }
 
 /// The runtime's curves: computed on first need. A mutex rather than a `OnceLock`, because
@@ -69,6 +135,24 @@ impl CostCache {
         Self { dir, held: Mutex::new([None, None]) }
     }
 
+    /// Re-time a few sizes of the target's cached curve and compare (`treespec profile
+    /// --check`): the cache file and the comparison, or None when nothing is cached.
+    pub(crate) fn check(&self, path: &Path, model: &LlamaModel) -> Result<Option<(PathBuf, CurveCheck)>> {
+        let Some(file) = self.file(path, model) else { return Ok(None) };
+        let Some(cached) = read_cached(&file) else { return Ok(None) };
+        let opts = MeasureOptions {
+            rounds: 3,
+            extra_rounds: 2,
+            threads: model.options().threads,
+            ..Default::default()
+        };
+        let mut lm = model.new_lm()?;
+        let bar = Bar::new("checking this machine against the cached cost curve");
+        let check = check_curve(&mut lm, &cached.curve, &opts, &mut |p| bar.update(p));
+        bar.finish();
+        Ok(Some((file, check?)))
+    }
+
     /// The cost model for `pair`: the target's curve, and the draft's when `with_draft` and there
     /// is a draft (a draft sharing the target's weights shares its curve). `reprofile` measures
     /// anew instead of reading the disk cache, once per runtime.
@@ -80,6 +164,9 @@ impl CostCache {
         reprofile: bool,
     ) -> Result<CostModel> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        for h in held.iter_mut().flatten() {
+            h.save_refined(SAVE_EVERY);
+        }
         let [target_slot, draft_slot] = &mut *held;
         let target = self.curve(target_slot, &paths.model, &pair.target, reprofile)?;
         let draft = match (with_draft, pair.draft(), &paths.draft) {
@@ -91,11 +178,17 @@ impl CostCache {
     }
 
     /// Whether [`CostCache::cost_model`] would answer without measuring: every curve it needs is
-    /// held or readable from the disk cache.
+    /// held or readable from the disk cache (and no measurement is under way). Never waits.
     pub(crate) fn has_curves(&self, pair: &ModelPair, paths: &ModelPaths, with_draft: bool) -> bool {
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        // A curve being measured right now holds the lock for minutes: not known yet, and the
+        // caller (a server starting up) must not wait for it.
+        let held = match self.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let known = |slot: &Option<Held>, path: &Path, model: &LlamaModel| {
-            slot.is_some() || self.file(path, model).as_deref().and_then(read_cached).is_some()
+            slot.is_some() || self.file(path, model).as_deref().and_then(read_cached_quietly).is_some()
         };
         let target = known(&held[0], &paths.model, &pair.target);
         let draft = match (with_draft, pair.draft(), &paths.draft) {
@@ -116,19 +209,42 @@ impl CostCache {
         if let Some(h) = slot.as_ref().filter(|h| h.measured || !reprofile) {
             return Ok(h.curve.clone());
         }
+        if let Some(h) = slot.as_mut() {
+            h.save_refined(1);
+        }
         let file = self.file(path, model);
         let read = file.as_deref().filter(|_| !reprofile).and_then(read_cached);
-        let held = match read {
-            Some(curve) => Held { curve, measured: false },
-            None => {
-                let curve = measure(path, model)?;
-                if let Some(f) = &file {
-                    write_cached(f, path, model, &curve);
+        let (cached, measured) = match read {
+            Some(c) => {
+                if !c.noisy.is_empty() {
+                    eprintln!(
+                        "[treespec] warning: the cached cost curve of {} was measured while the machine was \
+                         busy ({}); it is refined by every run, `treespec profile --check` compares it \
+                         with the machine now, `--reprofile` measures it again",
+                        path.display(),
+                        c.noisy
+                    );
                 }
-                Held { curve, measured: true }
+                (c, false)
+            }
+            None => {
+                let c = measure(path, model, file.as_deref())?;
+                if let Some(f) = &file {
+                    write_cached(f, &c);
+                }
+                (c, true)
             }
         };
-        Ok(slot.insert(held).curve.clone())
+        let (curve, tap) = cached.curve.tapped();
+        let stored = Stored {
+            model: cached.model,
+            threads: cached.threads,
+            exact: cached.exact,
+            noisy: cached.noisy,
+            observations: cached.observations,
+            saved: 0,
+        };
+        Ok(slot.insert(Held { curve, measured, tap, file, stored }).curve.clone())
     }
 
     /// The cache file of `model` loaded from `path`.
@@ -149,32 +265,94 @@ impl CostCache {
     }
 }
 
-/// A cached curve, if `file` holds a readable one of this format.
-fn read_cached(file: &Path) -> Option<CostCurve> {
-    let text = std::fs::read_to_string(file).ok()?;
-    match serde_json::from_str::<CachedCurve>(&text) {
-        Ok(c) if c.format == FORMAT => Some(c.curve),
-        _ => {
-            eprintln!("[treespec] ignoring unreadable cost cache {}", file.display());
-            None
+/// Write the curves refined by this runtime's drafters back to the cache.
+impl Drop for CostCache {
+    fn drop(&mut self) {
+        let held = self.held.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for h in held.iter_mut().flatten() {
+            h.save_refined(1);
         }
     }
 }
 
-/// Profile `model` on a fresh context.
-fn measure(path: &Path, model: &LlamaModel) -> Result<CostCurve> {
+/// A cached curve, if `file` holds a readable one of this format (a warning when it holds
+/// something else).
+fn read_cached(file: &Path) -> Option<CachedCurve> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let read = parse_cached(&text);
+    if read.is_none() {
+        eprintln!("[treespec] ignoring unreadable cost cache {}", file.display());
+    }
+    read
+}
+
+/// [`read_cached`] without the warning.
+fn read_cached_quietly(file: &Path) -> Option<CachedCurve> {
+    parse_cached(&std::fs::read_to_string(file).ok()?)
+}
+
+fn parse_cached(text: &str) -> Option<CachedCurve> {
+    serde_json::from_str::<CachedCurve>(text).ok().filter(|c| c.format == FORMAT)
+}
+
+/// The progress of a measurement on stderr: a bar with an ETA on a terminal, nothing
+/// otherwise (the callers print a line at the start and the end).
+struct Bar(Option<ProgressBar>);
+
+impl Bar {
+    fn new(what: &str) -> Self {
+        if !std::io::stderr().is_terminal() {
+            return Self(None);
+        }
+        let bar = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
+        let style =
+            ProgressStyle::with_template(&format!("[treespec] {what}, {{msg}}, ~{{eta}} left {{wide_bar}}"))
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.enable_steady_tick(Duration::from_millis(500));
+        Self(Some(bar))
+    }
+
+    fn update(&self, p: &Progress) {
+        if let Some(bar) = &self.0 {
+            bar.set_length(p.work_total as u64);
+            bar.set_position(p.work_done as u64);
+            let extra = if p.round > p.rounds.min(ROUNDS) { " (again: repeats disagreed)" } else { "" };
+            bar.set_message(format!(
+                "{}/{} batch sizes, round {}/{} on the {}{extra}",
+                p.sizes_done, p.sizes, p.round, p.rounds, p.phase
+            ));
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Profile `model` on a fresh context (what will be cached in `file`).
+fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<CachedCurve> {
+    let threads = model.options().threads;
+    let into = file.map_or_else(|| "not cached".to_string(), |f| format!("cached in {}", f.display()));
     eprintln!(
-        "[treespec] measuring the cost curve T(n) of {} ({} threads; once, then cached)…",
+        "[treespec] measuring this machine's cost curve T(n) for {} ({threads} threads, {} batch \
+         sizes; once, then {into})…",
         path.display(),
-        model.options().threads
+        PROFILE_SIZES.len()
     );
     let t = Instant::now();
     let mut lm = model.new_lm()?;
-    let curve = measure_curve(&mut lm, PROFILE_SIZES, REPEAT)
-        .with_context(|| format!("profiling {}", path.display()))?;
+    let opts = MeasureOptions { rounds: ROUNDS, extra_rounds: EXTRA_ROUNDS, threads, ..Default::default() };
+    let bar = Bar::new("measuring this machine's cost curve");
+    let measured = measure_curve(&mut lm, PROFILE_SIZES, &opts, &mut |p| bar.update(p));
+    bar.finish();
+    let measured = measured.with_context(|| format!("profiling {}", path.display()))?;
+    let curve = measured.curve;
     eprintln!(
         "[treespec]   T(1) = {:.1} ms, T(4) = {:.1} ms, T(8) = {:.1} ms, T(16) = {:.1} ms, \
-         +{:.1} ms a row per 1,000 committed tokens ({:.1} s)",
+         +{:.1} ms a row per 1,000 committed tokens ({:.1} s; {into})",
         curve.ms(1),
         curve.ms(4),
         curve.ms(8),
@@ -182,23 +360,46 @@ fn measure(path: &Path, model: &LlamaModel) -> Result<CostCurve> {
         curve.row_ms_per_context_token() * 1e3,
         t.elapsed().as_secs_f64()
     );
-    Ok(curve)
-}
-
-/// Write `curve` to `file`; a failure only warns (the next run profiles again).
-fn write_cached(file: &Path, path: &Path, model: &LlamaModel, curve: &CostCurve) {
-    let cached = CachedCurve {
+    let noisy = if measured.interference.noisy() { measured.interference.describe() } else { String::new() };
+    if !noisy.is_empty() {
+        eprintln!(
+            "[treespec] warning: the machine was busy while the cost curve was measured ({noisy}); \
+             it is cached marked noisy and refined by every run; `--reprofile` on a quiet machine \
+             measures it again"
+        );
+    }
+    let o = model.options();
+    Ok(CachedCurve {
         format: FORMAT,
         model: path.display().to_string(),
-        threads: model.options().threads,
-        exact: model.options().exact,
-        curve: curve.clone(),
-    };
-    let written = file
-        .parent()
-        .map(std::fs::create_dir_all)
-        .transpose()
-        .and_then(|_| std::fs::write(file, serde_json::to_string_pretty(&cached).unwrap_or_default()));
+        threads: o.threads,
+        exact: o.exact,
+        curve,
+        noisy,
+        observations: 0,
+    })
+}
+
+/// Write `cached` to `file` atomically (a unique temporary file in the same folder, synced,
+/// renamed over it); a failure only warns (the next run profiles again).
+fn write_cached(file: &Path, cached: &CachedCurve) {
+    let written = (|| -> std::io::Result<()> {
+        let dir = file.parent().ok_or_else(|| std::io::Error::other("no parent folder"))?;
+        std::fs::create_dir_all(dir)?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let nanos = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(serde_json::to_string_pretty(cached).unwrap_or_default().as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, file)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    })();
     if let Err(e) = written {
         eprintln!("[treespec] could not cache the cost curve in {}: {e}", file.display());
     }

@@ -173,6 +173,13 @@ impl ModelRuntime {
         self.costs.cost_model(&self.pair, &self.paths, with_draft, reprofile)
     }
 
+    /// Re-time a few sizes of the target's cached cost curve on this machine now and compare
+    /// (`treespec profile --check`): the cache file and the comparison, or None when no curve
+    /// is cached for this model, thread count and kernel mode.
+    pub fn check_cost_curve(&self) -> Result<Option<(PathBuf, treespec_engine::profile::CurveCheck)>> {
+        self.costs.check(&self.paths.model, &self.pair.target)
+    }
+
     /// Whether [`ModelRuntime::cost_model`] would answer at once (from memory or the disk cache)
     /// rather than measure this machine first (minutes on a small CPU).
     pub fn has_cost_curves(&self, with_draft: bool) -> bool {

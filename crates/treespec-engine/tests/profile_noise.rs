@@ -1,0 +1,149 @@
+//! The cost-curve measurement on a synthetic machine whose timings are disturbed: spikes in
+//! single forwards, bursts of load, a neighbour that never stops. The measured curve must come
+//! out within 5% of the clean one at every size, the kernels' real drops must survive, and
+//! the measurement must say when it could not get a clean curve.
+
+use treespec_core::cost::CostCurve;
+use treespec_engine::profile::{time_rounds, ForwardTimer, MeasureOptions, Timed, PROFILE_SIZES};
+use treespec_engine::Result;
+
+/// The repacked kernels' shape (the 1.5B target on 2 AMD cores): 46 ms per 4 rows, 16 per
+/// remainder row, 20 ms less at multiples of 16.
+fn clean(n: usize) -> f64 {
+    12.0 + 46.0 * (n / 4) as f64 + 16.0 * (n % 4) as f64 - if n.is_multiple_of(16) { 20.0 } else { 0.0 }
+}
+
+/// A deterministic xorshift generator in [0, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A machine with a synthetic clock: each forward takes its clean time plus up to 0.5%
+/// jitter, times `slow` when another process takes the cores: with probability `spike_p` in
+/// one forward, and for the whole of each burst (`bursts`: start and end on the clock, ms).
+struct Machine {
+    rng: Rng,
+    clock: f64,
+    spike_p: f64,
+    spike: f64,
+    bursts: Vec<(f64, f64)>,
+    burst: f64,
+    calls: Vec<usize>,
+}
+
+impl Machine {
+    fn new(seed: u64, spike_p: f64) -> Self {
+        Self {
+            rng: Rng(seed),
+            clock: 0.0,
+            spike_p,
+            spike: 1.0,
+            bursts: Vec::new(),
+            burst: 1.0,
+            calls: Vec::new(),
+        }
+    }
+}
+
+impl ForwardTimer for Machine {
+    fn time_ms(&mut self, n: usize) -> Result<f64> {
+        self.calls.push(n);
+        let mut ms = clean(n) * (1.0 + 0.005 * self.rng.next());
+        if self.rng.next() < self.spike_p {
+            ms *= self.spike + 20.0 * self.rng.next();
+        }
+        if self.bursts.iter().any(|&(a, b)| (a..b).contains(&self.clock)) {
+            ms *= self.burst;
+        }
+        self.clock += ms;
+        Ok(ms)
+    }
+}
+
+fn curve(timed: &Timed) -> CostCurve {
+    CostCurve::from_points(&timed.fitted().points).unwrap()
+}
+
+fn assert_within(c: &CostCurve, tolerance: f64) {
+    for n in 1..=64 {
+        let ratio = c.ms(n) / clean(n);
+        assert!(
+            (ratio - 1.0).abs() <= tolerance,
+            "T({n}) = {:.1} ms, clean {:.1} (×{ratio:.3})",
+            c.ms(n),
+            clean(n)
+        );
+    }
+    // The real drops survive.
+    for (before, dip) in [(3, 4), (15, 16), (31, 32), (47, 48), (63, 64)] {
+        assert!(c.ms(dip) < c.ms(before), "the drop from T({before}) to T({dip}) was smoothed away");
+    }
+}
+
+#[test]
+fn spikes_and_bursts_do_not_reach_the_curve() {
+    let opts = MeasureOptions { threads: 2, ..MeasureOptions::default() };
+    for seed in 1..=20u64 {
+        // One forward in five slowed 1.5–21.5×, and two bursts of 4× load, each about as
+        // long as a fifth of a round.
+        let mut m = Machine::new(seed * 7919, 0.2);
+        m.spike = 1.5;
+        m.bursts = vec![(3_000.0, 8_000.0), (20_000.0, 25_000.0)];
+        m.burst = 4.0;
+        let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
+        assert_within(&curve(&timed), 0.05);
+        let i = &timed.interference;
+        assert!(i.unsettled.is_empty() && i.spikes.is_empty(), "seed {seed}: {i:?}");
+        assert!(i.extra_rounds <= opts.extra_rounds);
+    }
+}
+
+#[test]
+fn the_rounds_interleave_the_sizes_and_extra_rounds_time_only_the_doubtful_ones() {
+    let mut m = Machine::new(3, 0.0);
+    let opts = MeasureOptions::default();
+    let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
+    let k = PROFILE_SIZES.len();
+    // Quiet: exactly the planned rounds, each over every size, alternating direction.
+    assert_eq!(m.calls.len(), 3 * k);
+    assert_eq!(m.calls[..k], *PROFILE_SIZES);
+    assert!(m.calls[k..2 * k].iter().eq(PROFILE_SIZES.iter().rev()));
+    assert_eq!(timed.interference.extra_rounds, 0);
+    assert_within(&curve(&timed), 0.01);
+    // Load around the turn from the first round to the second slows two repeats of the
+    // largest sizes (the second round runs backwards): only those sizes are timed again.
+    let round: f64 = PROFILE_SIZES.iter().map(|&n| clean(n)).sum();
+    let mut m = Machine::new(5, 0.0);
+    m.bursts = vec![(round - 1500.0, round + 4000.0)];
+    m.burst = 3.0;
+    let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
+    assert!(timed.interference.extra_rounds >= 1);
+    let extra = &m.calls[3 * k..];
+    assert!(!extra.is_empty() && extra.len() < k, "{extra:?}");
+    assert_within(&curve(&timed), 0.05);
+}
+
+#[test]
+fn a_machine_that_stays_noisy_is_reported_after_a_bounded_number_of_extra_rounds() {
+    // Every other forward slowed 1.2–21×: the two fastest repeats of most sizes keep
+    // disagreeing in the first rounds; the extra rounds are bounded.
+    let mut m = Machine::new(11, 0.9);
+    m.spike = 1.2;
+    let opts = MeasureOptions { extra_rounds: 2, ..MeasureOptions::default() };
+    let mut last = None;
+    let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |p| last = Some(*p)).unwrap();
+    let i = &timed.interference;
+    assert_eq!(i.extra_rounds, 2);
+    assert!(i.noisy(), "{i:?}");
+    assert!(!i.describe().is_empty());
+    assert!(m.calls.len() <= 5 * PROFILE_SIZES.len());
+    let p = last.unwrap();
+    assert_eq!((p.round, p.rounds, p.work_done), (5, 5, p.work_total));
+}
