@@ -52,6 +52,13 @@ impl TextStream {
         self.emit(end)
     }
 
+    /// The stop string the text ended at, once one matched (the first of the request's that
+    /// starts where the text was cut).
+    pub fn stopped_by(&self) -> Option<&str> {
+        let rest = &self.scanner.bytes()[self.scanner.cut_at?..];
+        self.stops.iter().map(String::as_str).find(|s| rest.starts_with(s.as_bytes()))
+    }
+
     fn emit(&mut self, end: usize) -> String {
         let text = String::from_utf8_lossy(&self.scanner.bytes()[self.sent..end]).into_owned();
         self.sent = end;
@@ -125,5 +132,16 @@ mod tests {
         assert_eq!(rest, "");
         let (taken, rest) = run(&[b"no stop here"], &["END"]);
         assert_eq!(taken.concat() + &rest, "no stop here");
+    }
+
+    #[test]
+    fn the_stop_string_that_matched_is_known() {
+        let stops = ["END".to_string(), "\n\n".to_string()];
+        let mut s = TextStream::new(&stops);
+        s.push(b"one\n");
+        assert_eq!(s.stopped_by(), None);
+        s.push(b"\nEND");
+        assert_eq!(s.stopped_by(), Some("\n\n"));
+        assert_eq!(s.finish(), "one");
     }
 }

@@ -23,9 +23,11 @@ use treespec_engine::{
 use treespec_engine::registry::FixedContext;
 
 use crate::error::ApiError;
+use crate::llama_api::ModelText;
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
+use crate::toy_lanes::ToyText;
 use crate::validate::{check_lengths, JobSpec, Limits, PromptInput};
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
@@ -63,6 +65,8 @@ pub struct Finished {
     pub method: String,
     /// The engine's statistics of the generation (forwards, acceptance, timings).
     pub stats: DecodeStats,
+    /// The stop string that ended it, if one did (llama-server's `stopping_word`).
+    pub stopping_word: Option<String>,
 }
 
 /// What a finished run reports to the metrics.
@@ -97,6 +101,11 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn submit(&self, job: Job) -> Result<(), ApiError>;
     /// Jobs waiting for a worker.
     fn queue_depth(&self) -> usize;
+    /// The model's tokenizer and chat template, for llama-server's `/tokenize`, `/detokenize`,
+    /// `/apply-template` and `/props` (see [`crate::llama_api`]).
+    fn model_text(&self) -> Arc<dyn ModelText>;
+    /// Requests decoded at once (llama-server's slots).
+    fn slots(&self) -> usize;
 }
 
 /// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the
@@ -181,22 +190,32 @@ pub struct EnginePool {
     capacity: usize,
     model_id: String,
     limits: Limits,
+    text: Arc<dyn ModelText>,
+    workers: usize,
 }
 
 impl EnginePool {
-    /// A pool whose queue holds at most `queue` waiting jobs; returns the receiving end for the
-    /// worker threads to [`JobQueue::serve`].
-    pub fn new(queue: usize, model_id: String, limits: Limits, metrics: Arc<Metrics>) -> (Self, JobQueue) {
+    /// A pool whose queue holds at most `queue` waiting jobs for `workers` workers on the model
+    /// `text` tokenizes; returns the receiving end for the worker threads to [`JobQueue::serve`].
+    pub fn new(
+        queue: usize,
+        model_id: String,
+        limits: Limits,
+        text: Arc<dyn ModelText>,
+        workers: usize,
+        metrics: Arc<Metrics>,
+    ) -> (Self, JobQueue) {
         let (tx, rx) = sync_channel(queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let q = JobQueue { rx: Arc::new(Mutex::new(rx)), depth: depth.clone(), metrics };
-        (Self { tx, depth, capacity: queue, model_id, limits }, q)
+        (Self { tx, depth, capacity: queue, model_id, limits, text, workers }, q)
     }
 
     /// A pool of `workers` toy workers, for tests and demos.
     pub fn toy(config: ToyConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
         let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
-        let (pool, q) = Self::new(queue, "toy".into(), limits, metrics);
+        let text = Arc::new(ToyText { vocab: config.vocab });
+        let (pool, q) = Self::new(queue, "toy".into(), limits, text, workers.max(1), metrics);
         let methods = ToyWorker::methods(config.method.clone());
         for _ in 0..workers.max(1) {
             let (q, config, methods) = (q.clone(), config.clone(), methods.clone());
@@ -230,6 +249,12 @@ impl GenerationBackend for EnginePool {
     }
     fn queue_depth(&self) -> usize {
         self.depth.load(Ordering::SeqCst)
+    }
+    fn model_text(&self) -> Arc<dyn ModelText> {
+        self.text.clone()
+    }
+    fn slots(&self) -> usize {
+        self.workers
     }
 }
 
@@ -288,7 +313,7 @@ pub fn run_generation(
     if !rest.is_empty() && !emit(Event::Text(rest)) {
         return Err(RunError::Cancelled(method.to_string()));
     }
-    emit(Event::Done(finished(&out, method, prompt_tokens)));
+    emit(Event::Done(finished(&out, method, prompt_tokens, &text)));
     Ok(RunSummary { method: method.to_string(), prompt_tokens, stats: out.stats })
 }
 
@@ -305,8 +330,8 @@ pub fn engine_error(e: EngineError) -> RunError {
     }
 }
 
-/// The `Done` event of a finished generation.
-pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize) -> Finished {
+/// The `Done` event of a finished generation whose text went through `text`.
+pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, text: &TextStream) -> Finished {
     let finish_reason = match out.finish_reason {
         treespec_engine::FinishReason::Length => "length",
         _ => "stop",
@@ -317,6 +342,7 @@ pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize) -> Fin
         completion_tokens: out.tokens.len(),
         method: method.to_string(),
         stats: out.stats.clone(),
+        stopping_word: text.stopped_by().map(String::from),
     }
 }
 
@@ -380,10 +406,11 @@ impl ToyWorker {
     }
 
     /// The toy "chat template": `role: content` lines, then `assistant:` (it renders no tools:
-    /// their note goes in front).
+    /// their note goes in front). Tokens read as their letters.
     pub fn render(spec: &JobSpec) -> String {
         match &spec.prompt {
             PromptInput::Text(t) => t.clone(),
+            PromptInput::Tokens(t) => t.iter().map(|&t| char::from(Letters.token_bytes(t)[0])).collect(),
             PromptInput::Chat(msgs) => {
                 let msgs = match &spec.tools {
                     Some(t) => t.messages(msgs),
@@ -398,8 +425,9 @@ impl ToyWorker {
 }
 
 impl ToyWorker {
-    /// A request's toy prompt: its rendering, byte by byte onto the vocabulary. Structured output
-    /// is refused: the toys have no vocabulary to compile a grammar against.
+    /// A request's toy prompt: its rendering, byte by byte onto the vocabulary (tokens as they
+    /// are, checked against it). Structured output is refused: the toys have no vocabulary to
+    /// compile a grammar against.
     pub fn prompt(config: &ToyConfig, spec: &JobSpec) -> Result<Vec<TokenId>, ApiError> {
         if spec.output.grammar().is_some() {
             return Err(ApiError::invalid(
@@ -407,8 +435,10 @@ impl ToyWorker {
                 "structured output needs a model vocabulary and the toy backend has none",
             ));
         }
-        let vocab = config.vocab.min(26) as u32;
-        Ok(Self::render(spec).bytes().map(|b| b as u32 % vocab).collect())
+        match &spec.prompt {
+            PromptInput::Tokens(t) => ToyText::check(config.vocab, t).map(|()| t.clone()),
+            _ => Ok(ToyText::tokens(config.vocab, &Self::render(spec))),
+        }
     }
 }
 

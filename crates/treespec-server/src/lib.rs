@@ -22,6 +22,7 @@ pub mod engine_thread;
 pub mod error;
 pub mod histories;
 pub mod llama;
+pub mod llama_api;
 pub mod llama_lanes;
 pub mod methods;
 pub mod metrics;
@@ -74,12 +75,14 @@ impl Default for ServerConfig {
 /// tell its acceptance, which tells what earlier requests of its tenant sent).
 pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config: ServerConfig) -> Router {
     let keys = Arc::new(config.api_keys);
+    metrics.set_model_name(&backend.model_id());
     let state = AppState { backend, metrics, keys, started: routes::unix_now() };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
+        .merge(llama_api::routes())
         .route_layer(auth());
     let mut watch =
         Router::new().route("/metrics", get(routes::metrics)).route("/openapi.json", get(openapi::openapi));

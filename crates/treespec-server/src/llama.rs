@@ -14,6 +14,7 @@ use treespec_text::ChatMessage;
 
 use crate::engine_thread::{run_generation, EnginePool, Event, RunError, RunSummary, Worker};
 use crate::error::ApiError;
+use crate::llama_api::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
@@ -52,10 +53,9 @@ pub fn prompt_tokens(
     prompt: &PromptInput,
     tools: Option<&ToolsPrompt>,
 ) -> std::result::Result<Vec<TokenId>, ApiError> {
-    let chat = |msgs: &[crate::validate::Message]| -> Vec<ChatMessage> {
-        msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
-    };
+    let chat = chat_messages;
     let tokens = match (prompt, tools) {
+        (PromptInput::Tokens(t), _) => return check_tokens(runtime, t).map(|()| t.clone()),
         (PromptInput::Text(t), _) => runtime.prompt_tokens(Prompt::Text(t)),
         (PromptInput::Chat(msgs), None) => runtime.prompt_tokens(Prompt::Messages(&chat(msgs))),
         (PromptInput::Chat(msgs), Some(tools)) => {
@@ -73,6 +73,22 @@ pub fn prompt_tokens(
         }
         (e, _) => ApiError::internal(e.to_string()),
     })
+}
+
+/// Validated messages as the chat template takes them.
+fn chat_messages(msgs: &[crate::validate::Message]) -> Vec<ChatMessage> {
+    msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
+}
+
+/// Tokens a client sent must be in the vocabulary (llama.cpp aborts on any other id).
+pub fn check_tokens(runtime: &ModelRuntime, tokens: &[TokenId]) -> std::result::Result<(), ApiError> {
+    let vocab = runtime.target().vocab_size();
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => {
+            Err(ApiError::invalid("prompt", format!("token {t} is outside the vocabulary of {vocab} tokens")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// One worker's contexts.
@@ -181,7 +197,8 @@ impl EnginePool {
         let limits =
             Limits { context: models.options().ctx_size, has_draft: models.has_draft(), ..Limits::default() };
         let id = model_id(&models.paths().model);
-        let (pool, q) = EnginePool::new(queue, id, limits, metrics);
+        let text = Arc::new(LlamaText(models.clone()));
+        let (pool, q) = EnginePool::new(queue, id, limits, text, workers.max(1), metrics);
         // Requests' methods resolve on the same runtime: fingerprint and curves on first need.
         let vocab = Arc::new(OnceLock::new());
         // Make every worker's contexts before answering anything, so a failure shows at start.
@@ -213,4 +230,55 @@ impl EnginePool {
 /// The id served for a model file: its file stem.
 pub fn model_id(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+/// The loaded target's tokenizer and chat template, for llama-server's endpoints.
+#[derive(Debug, Clone)]
+pub struct LlamaText(pub Arc<ModelRuntime>);
+
+impl ModelText for LlamaText {
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> std::result::Result<Vec<TokenId>, ApiError> {
+        self.0.target().tokenize(text, add_special, parse_special).map_err(|e| match e {
+            EngineError::InvalidRequest(m) => ApiError::invalid("content", m),
+            e => ApiError::internal(format!("tokenizing: {e}")),
+        })
+    }
+
+    fn piece(&self, token: TokenId) -> std::result::Result<Vec<u8>, ApiError> {
+        check_tokens(&self.0, &[token]).map_err(|e| ApiError { param: Some("tokens".into()), ..e })?;
+        self.0.target().token_to_bytes(token, true).map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    fn apply_template(&self, spec: &JobSpec) -> std::result::Result<String, ApiError> {
+        let PromptInput::Chat(msgs) = &spec.prompt else {
+            return Err(ApiError::invalid("messages", "a chat template renders messages"));
+        };
+        let refused = |e: treespec_text::TemplateError| {
+            ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
+        };
+        let template = self.0.chat_template().map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        let chat = chat_messages;
+        // The tools as `prompt_tokens` hands them to the template.
+        match &spec.tools {
+            Some(t) if template.renders_tools() => {
+                template.render_with_tools(&chat(msgs), true, Some(&t.declared)).map_err(refused)
+            }
+            Some(t) => template.render(&chat(&t.messages(msgs)), true).map_err(refused),
+            None => template.render(&chat(msgs), true).map_err(refused),
+        }
+    }
+
+    fn info(&self) -> ModelInfo {
+        let target = self.0.target();
+        ModelInfo {
+            path: self.0.paths().model.display().to_string(),
+            chat_template: target.chat_template(),
+            vocab_size: target.vocab_size(),
+        }
+    }
 }

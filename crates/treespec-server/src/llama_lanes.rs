@@ -12,7 +12,7 @@ use treespec_grammar::Vocabulary;
 use treespec_llama::{LlamaBatchLm, LlamaLm, ModelBytes, ModelRuntime};
 
 use crate::error::ApiError;
-use crate::llama::{constraint, model_id, prompt_tokens, LlamaConfig};
+use crate::llama::{constraint, model_id, prompt_tokens, LlamaConfig, LlamaText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
@@ -125,7 +125,8 @@ impl BatchPool {
         }
         runtime.chat_template().context("compiling the model's chat template")?;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
-        let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits);
+        let text = Arc::new(LlamaText(runtime.clone()));
+        let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits, text);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
             move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {

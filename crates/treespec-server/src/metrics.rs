@@ -6,6 +6,7 @@
 //! `rate(treespec_completion_tokens_total[5m]) / rate(treespec_generation_seconds_total[5m])`.
 
 mod histogram;
+mod spec_decode;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -16,6 +17,7 @@ use treespec_core::stats::DecodeStats;
 use treespec_engine::shared_draft::DraftCounters;
 
 pub use histogram::Histogram;
+pub use spec_decode::SpecDecode;
 
 /// Per-method generation totals.
 #[derive(Debug, Clone)]
@@ -78,6 +80,10 @@ struct Inner {
     forward_seconds: f64,
     /// The shared draft model's forwards.
     draft: DraftCounters,
+    /// vLLM's and llama-server's speculative-decoding counters.
+    spec: SpecDecode,
+    /// The served model's id (vLLM's `model_name` label).
+    model_name: String,
 }
 
 impl Default for Inner {
@@ -96,6 +102,8 @@ impl Default for Inner {
             step_seconds: 0.0,
             forward_seconds: 0.0,
             draft: DraftCounters::default(),
+            spec: SpecDecode::default(),
+            model_name: String::new(),
         }
     }
 }
@@ -161,6 +169,16 @@ impl Metrics {
         self.with(|m| m.in_flight += delta);
     }
 
+    /// Generations running now.
+    pub fn generations_in_flight(&self) -> usize {
+        self.with(|m| m.in_flight.max(0) as usize)
+    }
+
+    /// The served model's id, for the labels that carry it.
+    pub fn set_model_name(&self, name: &str) {
+        self.with(|m| m.model_name = name.to_string());
+    }
+
     /// A finished generation.
     pub fn generation(&self, method: &str, prompt_tokens: usize, stats: &DecodeStats) {
         self.with(|m| {
@@ -185,6 +203,7 @@ impl Metrics {
                 acc.0 += d.reached;
                 acc.1 += d.accepted;
             }
+            m.spec.record(stats);
         });
     }
 
@@ -218,6 +237,7 @@ impl Metrics {
             render_requests(&mut s, m, queue_depth);
             render_methods(&mut s, m);
             render_histograms(&mut s, m);
+            m.spec.render(&mut s, &m.model_name);
             s
         })
     }
@@ -507,7 +527,12 @@ mod tests {
         let all = samples(&text);
         for (name, _, _) in &all {
             let base = name.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
-            assert!(declared.contains_key(name) || declared.contains_key(base), "undeclared {name}");
+            // A counter family may be named without its samples' `_total` (as vLLM's are).
+            let counter = declared.get(name.trim_end_matches("_total")).is_some_and(|k| k == "counter");
+            assert!(
+                declared.contains_key(name) || declared.contains_key(base) || counter,
+                "undeclared {name}"
+            );
         }
         for h in hists {
             let buckets: Vec<_> = all.iter().filter(|(n, ..)| *n == format!("{h}_bucket")).collect();

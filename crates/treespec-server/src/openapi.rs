@@ -9,6 +9,10 @@ use serde::Serialize;
 use utoipa::{IntoResponses, OpenApi, ToSchema};
 
 use crate::api::*;
+use crate::llama_api::{
+    AppliedTemplate, DetokenizeRequest, Detokenized, LlamaCompletion, LlamaCompletionRequest, Props, Slot,
+    TokenizeRequest, Tokenized,
+};
 
 /// `{"error": {...}}`: every error answer.
 #[derive(Debug, Serialize, ToSchema)]
@@ -42,7 +46,8 @@ pub struct Health {
     pub queue_depth: u64,
 }
 
-/// The error answers of both generation endpoints.
+/// The error answers of the endpoints that take a request body (503: the generation queue is
+/// full).
 #[derive(IntoResponses)]
 enum GenerationErrors {
     /// Invalid request.
@@ -91,6 +96,46 @@ fn completions_doc() {}
     ))]
 fn models_doc() {}
 
+#[utoipa::path(post, path = "/completion", tag = "llama-server",
+    request_body = LlamaCompletionRequest,
+    responses(
+        (status = 200, description = "llama-server's completion (also at `/completions`), or with `stream` server-sent events of `LlamaChunk`s ending with a `LlamaCompletion` (`stop: true`)",
+            content((LlamaCompletion = "application/json"), (String = "text/event-stream"))),
+        GenerationErrors,
+    ))]
+fn llama_completion_doc() {}
+
+#[utoipa::path(post, path = "/tokenize", tag = "llama-server",
+    request_body = TokenizeRequest,
+    responses((status = 200, description = "The tokens (ids, or with `with_pieces` ids and pieces)", body = Tokenized), GenerationErrors))]
+fn tokenize_doc() {}
+
+#[utoipa::path(post, path = "/detokenize", tag = "llama-server",
+    request_body = DetokenizeRequest,
+    responses((status = 200, description = "The tokens' text", body = Detokenized), GenerationErrors))]
+fn detokenize_doc() {}
+
+#[utoipa::path(post, path = "/apply-template", tag = "llama-server",
+    request_body = ChatCompletionRequest,
+    responses((status = 200, description = "The messages through the chat template", body = AppliedTemplate), GenerationErrors))]
+fn apply_template_doc() {}
+
+#[utoipa::path(get, path = "/props", tag = "llama-server",
+    responses(
+        (status = 200, description = "The server's properties", body = Props),
+        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
+        (status = 405, description = "Method not allowed", body = ErrorBody),
+    ))]
+fn props_doc() {}
+
+#[utoipa::path(get, path = "/slots", tag = "llama-server",
+    responses(
+        (status = 200, description = "One entry per slot", body = Vec<Slot>),
+        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
+        (status = 405, description = "Method not allowed", body = ErrorBody),
+    ))]
+fn slots_doc() {}
+
 #[utoipa::path(get, path = "/health", tag = "server",
     responses(
         (status = 200, description = "Up", body = Health),
@@ -116,7 +161,20 @@ fn openapi_doc() {}
 #[derive(OpenApi)]
 #[openapi(
     info(title = "treespec", description = "OpenAI-compatible server that decodes speculatively"),
-    paths(chat_completions_doc, completions_doc, models_doc, health_doc, metrics_doc, openapi_doc)
+    paths(
+        chat_completions_doc,
+        completions_doc,
+        models_doc,
+        llama_completion_doc,
+        tokenize_doc,
+        detokenize_doc,
+        apply_template_doc,
+        props_doc,
+        slots_doc,
+        health_doc,
+        metrics_doc,
+        openapi_doc
+    )
 )]
 pub struct ApiDoc;
 

@@ -133,7 +133,10 @@ pub async fn auth(State(s): State<AppState>, mut req: Request, next: Next) -> Re
 }
 
 /// The body as bytes, with limit and content-type errors in OpenAI form.
-fn body_bytes(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
     validate::check_content_type(headers)?;
     body.map_err(|r| {
         let status = r.status();
@@ -232,7 +235,7 @@ struct Whole {
 }
 
 /// How often a non-streamed answer to a closed connection writes a space.
-const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+pub(crate) const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Whole {
     /// Take the next event: `Some` with the response when the generation ended.
@@ -596,6 +599,7 @@ mod tests {
             completion_tokens: 5,
             method: "plain".into(),
             stats: DecodeStats::default(),
+            stopping_word: None,
         })
     }
 

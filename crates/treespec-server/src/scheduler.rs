@@ -23,6 +23,7 @@ use treespec_engine::{TextStream, TokenBytes, TokenConstraint, TokenLogprob};
 use crate::api::{LogprobEntry, TopLogprob};
 use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::error::ApiError;
+use crate::llama_api::ModelText;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::validate::{check_lengths, JobSpec, Limits};
@@ -80,14 +81,24 @@ pub struct BatchPool {
     capacity: usize,
     model_id: String,
     limits: Limits,
+    text: Arc<dyn ModelText>,
+    parallel: usize,
 }
 
 impl BatchPool {
-    /// A pool whose scheduler will read from the returned receiver (run it with [`Scheduler`]).
-    pub fn new(config: SchedulerConfig, model_id: String, limits: Limits) -> (Self, Inbox) {
+    /// A pool whose scheduler will read from the returned receiver (run it with [`Scheduler`]),
+    /// on the model `text` tokenizes.
+    pub fn new(
+        config: SchedulerConfig,
+        model_id: String,
+        limits: Limits,
+        text: Arc<dyn ModelText>,
+    ) -> (Self, Inbox) {
         let (tx, rx) = channel();
         let depth = Arc::new(AtomicUsize::new(0));
-        (Self { tx, depth: depth.clone(), capacity: config.queue, model_id, limits }, Inbox { rx, depth })
+        let (capacity, parallel) = (config.queue, config.parallel);
+        let pool = Self { tx, depth: depth.clone(), capacity, model_id, limits, text, parallel };
+        (pool, Inbox { rx, depth })
     }
 }
 
@@ -116,6 +127,12 @@ impl GenerationBackend for BatchPool {
     }
     fn queue_depth(&self) -> usize {
         self.depth.load(Ordering::SeqCst)
+    }
+    fn model_text(&self) -> Arc<dyn ModelText> {
+        self.text.clone()
+    }
+    fn slots(&self) -> usize {
+        self.parallel
     }
 }
 
@@ -319,7 +336,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                     return;
                 }
                 self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
-                let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens)));
+                let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, &s.text)));
             }
             Err(RunError::Cancelled(_)) => {
                 lane.generation.cancel(lane.drafter.as_mut());

@@ -29,6 +29,8 @@ pub enum PromptInput {
     Chat(Vec<Message>),
     /// Raw text.
     Text(String),
+    /// Tokens, as they are (llama-server's `/completion`, which tokenizes its prompts itself).
+    Tokens(Vec<treespec_core::TokenId>),
 }
 
 /// A validated generation request, independent of the model.

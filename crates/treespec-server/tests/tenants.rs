@@ -16,12 +16,10 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
+use common::send;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 use treespec_engine::drafters::SuffixConfig;
 use treespec_engine::Method;
 use treespec_server::{router, ApiKeys, BatchPool, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
@@ -49,24 +47,6 @@ fn motto(codename: &str) -> Value {
         "max_tokens": 48,
         "temperature": 0,
     })
-}
-
-async fn send(app: &Router, key: Option<&str>, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut req = match &body {
-        Some(b) => Request::post(path)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(b.to_string()))
-            .unwrap(),
-        None => Request::get(path).body(Body::empty()).unwrap(),
-    };
-    if let Some(k) = key {
-        req.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {k}").parse().unwrap());
-    }
-    let r = app.clone().oneshot(req).await.unwrap();
-    let status = r.status();
-    let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
 /// Target forwards a request for `codename` with `key` took.

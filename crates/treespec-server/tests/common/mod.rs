@@ -36,6 +36,26 @@ pub async fn post_chat(app: &Router, body: Value) -> (StatusCode, String) {
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
+/// Send `body` (POST) or nothing (GET) to `path` with `key` as the bearer token; the status and
+/// the body (JSON, or the raw text as a string).
+pub async fn send(app: &Router, key: Option<&str>, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let mut req = match &body {
+        Some(b) => Request::post(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(b.to_string()))
+            .unwrap(),
+        None => Request::get(path).body(Body::empty()).unwrap(),
+    };
+    if let Some(k) = key {
+        req.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {k}").parse().unwrap());
+    }
+    let r = app.clone().oneshot(req).await.unwrap();
+    let status = r.status();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
 /// The JSON chunks of an SSE body (without `[DONE]`, which must end it).
 pub fn sse_chunks(body: &str) -> Vec<Value> {
     let data: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();

@@ -1,0 +1,923 @@
+//! llama-server's own endpoints, so that clients written for llama.cpp's server work unchanged:
+//! `POST /completion` (also `/completions`), `POST /tokenize`, `POST /detokenize`,
+//! `POST /apply-template`, `GET /props` and `GET /slots`, with llama-server's field names and
+//! shapes (its `tools/server/README.md`). Errors are OpenAI error objects, as llama-server's are.
+//!
+//! `/completion` is translated onto the `/v1/completions` checks ([`validate::completion`]), so
+//! sampling, stop strings and limits are validated exactly as there; what differs is
+//! llama-server's: its sampling defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05),
+//! `n_predict` (-1: until the context is full), a random seed unless one is given, `top_k: 0`
+//! for "off", and the prompt, which is tokenized here as llama-server does it (a string, token
+//! ids, or both mixed; special-token text parsed, BOS as the tokenizer config says). The answer
+//! carries llama-server's fields and treespec's statistics under `treespec`, as the OpenAI routes
+//! do. What the model side must provide beyond generation is [`ModelText`].
+
+use std::collections::hash_map::RandomState;
+use std::convert::Infallible;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use futures_util::stream::{self, Stream};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use treespec_core::TokenId;
+use utoipa::ToSchema;
+
+use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, TreespecStats};
+use crate::engine_thread::{Event, Finished, Job};
+use crate::error::ApiError;
+use crate::metrics::RequestTimer;
+use crate::routes::{body_bytes, AppState, Arrived, PROBE_EVERY};
+use crate::serve::PeerClosed;
+use crate::tenant::Tenant;
+use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
+
+/// What llama-server's endpoints need from the model besides generation: its tokenizer and chat
+/// template. Tokenizing may take a while on a long text: callers run it off the async threads.
+pub trait ModelText: Send + Sync + 'static {
+    /// Tokenize `text`: `add_special` adds BOS (as the tokenizer config asks), `parse_special`
+    /// turns special-token text (`<|im_start|>`) into its token.
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<TokenId>, ApiError>;
+    /// A token's bytes, special tokens as their text; a token outside the vocabulary is a 400
+    /// naming `tokens`.
+    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError>;
+    /// A validated chat request's messages (and tools) through the chat template, ending where
+    /// the reply starts: the text a chat request's prompt is.
+    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError>;
+    /// The model file, its chat template and vocabulary size.
+    fn info(&self) -> ModelInfo;
+}
+
+/// What `/props` says about the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The model file (`model_path`).
+    pub path: String,
+    /// The chat template's source, if the model has one.
+    pub chat_template: Option<String>,
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+}
+
+/// The routes (behind the same API keys as `/v1/*`).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/completion", post(completion))
+        .route("/completions", post(completion))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
+}
+
+// ---------------------------------------------------------------- wire types
+
+/// `POST /completion`: llama-server's native completion. Sampling fields (`temperature`,
+/// `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`, `stop`, `stream`, `treespec`, …) are
+/// those of `/v1/completions`, with llama-server's defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub struct LlamaCompletionRequest {
+    /// A string, a list of token ids, or a list mixing strings and ids (one prompt).
+    pub prompt: Value,
+    /// Most new tokens: -1 (default) until the context is full; 0 only tokenizes the prompt.
+    pub n_predict: Option<Value>,
+    /// Accepted: a tenant's cached prefixes are always reused.
+    pub cache_prompt: Option<Value>,
+    /// -1 (any) or a slot below `total_slots`; requests take whichever slot is free.
+    pub id_slot: Option<Value>,
+    /// Dynamic temperature (only 0).
+    pub dynatemp_range: Option<Value>,
+    /// Top-n-sigma sampling (only off: -1).
+    pub top_n_sigma: Option<Value>,
+    /// Raw token ids in the answer (only false).
+    pub return_tokens: Option<Value>,
+    /// Per-request LoRA adapters (none loaded: only an empty list).
+    pub lora: Option<Value>,
+    /// Everything else, as in `/v1/completions`.
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// The sampling settings a completion ran with (llama-server's `generation_settings`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct GenerationSettings {
+    /// The context size.
+    pub n_ctx: usize,
+    /// The model id.
+    pub model: String,
+    /// Most new tokens (-1: until the context is full).
+    pub n_predict: i64,
+    /// The seed used (drawn at random when the request gave none or -1).
+    pub seed: u64,
+    /// Temperature (0: greedy).
+    pub temperature: f32,
+    /// Top-k (0: off).
+    pub top_k: usize,
+    /// Nucleus threshold.
+    pub top_p: f32,
+    /// Min-p threshold.
+    pub min_p: f32,
+    /// Repetition penalty (1: off).
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over (-1: all).
+    pub repeat_last_n: i64,
+    /// Presence penalty.
+    pub presence_penalty: f32,
+    /// Frequency penalty.
+    pub frequency_penalty: f32,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Same as `n_predict`.
+    pub max_tokens: i64,
+    /// Streamed.
+    pub stream: bool,
+    /// Always 0 (token probabilities are not served here).
+    pub n_probs: u32,
+    /// Always false.
+    pub ignore_eos: bool,
+    /// The treespec method asked for (null: the server's default).
+    #[serde(rename = "treespec.method")]
+    pub method: Option<String>,
+}
+
+/// Prompt and generation timings, in llama-server's form.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, ToSchema)]
+pub struct Timings {
+    /// Prompt tokens.
+    pub prompt_n: usize,
+    /// Milliseconds reading the prompt.
+    pub prompt_ms: f64,
+    /// Per prompt token.
+    pub prompt_per_token_ms: f64,
+    /// Prompt tokens a second.
+    pub prompt_per_second: f64,
+    /// Generated tokens.
+    pub predicted_n: usize,
+    /// Milliseconds generating.
+    pub predicted_ms: f64,
+    /// Per generated token.
+    pub predicted_per_token_ms: f64,
+    /// Generated tokens a second.
+    pub predicted_per_second: f64,
+}
+
+/// The answer of `/completion`, and the last chunk of a streamed one (`stop: true`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LlamaCompletion {
+    /// Always 0.
+    pub index: u32,
+    /// The text (empty in the last streamed chunk: the text came before it).
+    pub content: String,
+    /// True: the completion is over.
+    pub stop: bool,
+    /// The model id.
+    pub model: String,
+    /// Tokens generated.
+    pub tokens_predicted: usize,
+    /// Prompt tokens.
+    pub tokens_evaluated: usize,
+    /// What it ran with.
+    pub generation_settings: GenerationSettings,
+    /// The generation reached the end of the context.
+    pub truncated: bool,
+    /// `eos` (end-of-generation token), `word` (a stop string) or `limit` (`n_predict` or the
+    /// context).
+    pub stop_type: &'static str,
+    /// The stop string that ended it, or "".
+    pub stopping_word: String,
+    /// Timings.
+    pub timings: Timings,
+    /// treespec's decoding statistics (absent when nothing was generated: `n_predict: 0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub treespec: Option<TreespecStats>,
+}
+
+/// A streamed chunk of text (`data: {"index": 0, "content": …, "stop": false}`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LlamaChunk {
+    /// Always 0.
+    pub index: u32,
+    /// New text.
+    pub content: String,
+    /// Always false (the last chunk is a [`LlamaCompletion`]).
+    pub stop: bool,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub struct TokenizeRequest {
+    /// The text.
+    pub content: Option<String>,
+    /// Add BOS as the tokenizer config says (default false).
+    pub add_special: bool,
+    /// Read special-token text as the special token (default true).
+    pub parse_special: bool,
+    /// Answer `{"id", "piece"}` objects instead of ids (default false).
+    pub with_pieces: bool,
+}
+
+impl Default for TokenizeRequest {
+    fn default() -> Self {
+        Self { content: None, add_special: false, parse_special: true, with_pieces: false }
+    }
+}
+
+/// A token's piece: its text, or its bytes when they are not valid UTF-8 on their own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Piece {
+    /// Valid UTF-8.
+    Text(String),
+    /// A partial character.
+    Bytes(Vec<u8>),
+}
+
+/// One token of a `/tokenize` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum TokenizedToken {
+    /// The id (without `with_pieces`).
+    Id(TokenId),
+    /// The id and its piece (`with_pieces: true`).
+    WithPiece {
+        /// The id.
+        id: TokenId,
+        /// Its text or bytes.
+        piece: Piece,
+    },
+}
+
+/// The answer of `/tokenize`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Tokenized {
+    /// The tokens.
+    pub tokens: Vec<TokenizedToken>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(default)]
+pub struct DetokenizeRequest {
+    /// Token ids.
+    pub tokens: Vec<Value>,
+}
+
+/// The answer of `/detokenize`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Detokenized {
+    /// The tokens' pieces, concatenated (special tokens as their text).
+    pub content: String,
+}
+
+/// The answer of `/apply-template`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppliedTemplate {
+    /// The messages as the chat template renders them, up to where the reply starts.
+    pub prompt: String,
+}
+
+/// One slot (a request decoded at once) in `/slots` and `/props`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Slot {
+    /// Its number.
+    pub id: usize,
+    /// Always -1 (tasks are not numbered).
+    pub id_task: i64,
+    /// Context a request may use (every slot shares the server's cells).
+    pub n_ctx: usize,
+    /// Always true: every request decodes speculatively.
+    pub speculative: bool,
+    /// Busy: the first `n` slots are, while `n` requests decode (slots are interchangeable).
+    pub is_processing: bool,
+}
+
+/// `default_generation_settings` of `/props`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DefaultSettings {
+    /// A slot's fields.
+    #[serde(flatten)]
+    pub slot: Slot,
+    /// What `/completion` runs with when a request sets nothing (the seed shown is llama-server's
+    /// "random", 4294967295).
+    pub params: GenerationSettings,
+}
+
+/// Modalities the model takes.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Modalities {
+    /// Always false.
+    pub vision: bool,
+    /// Always false.
+    pub audio: bool,
+}
+
+/// The answer of `GET /props`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Props {
+    /// `/completion`'s defaults.
+    pub default_generation_settings: DefaultSettings,
+    /// Requests decoded at once (`--parallel`, or the workers of `--scheduler fifo`).
+    pub total_slots: usize,
+    /// The model file.
+    pub model_path: String,
+    /// The model's chat template ("" without one).
+    pub chat_template: String,
+    /// Text only.
+    pub modalities: Modalities,
+    /// `treespec <version>`.
+    pub build_info: String,
+    /// Always false.
+    pub is_sleeping: bool,
+}
+
+// ---------------------------------------------------------------- /completion
+
+/// The seed llama-server shows for "random".
+const RANDOM_SEED: u64 = u32::MAX as u64;
+
+/// A random seed in llama-server's range (below its "random" marker).
+fn random_seed() -> u64 {
+    RandomState::new().build_hasher().finish() % RANDOM_SEED
+}
+
+/// A whole number, or None when absent or null.
+fn integer(v: &Option<Value>, param: &'static str) -> Result<Option<i64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(param, format!("`{param}` must be a whole number, got {v}"))),
+    }
+}
+
+/// llama-server's fields that would change the result: only their neutral values.
+fn refuse_unsupported(req: &LlamaCompletionRequest) -> Result<(), ApiError> {
+    let set = |v: &Option<Value>, neutral: &dyn Fn(&Value) -> bool| {
+        v.as_ref().is_some_and(|v| !v.is_null() && !neutral(v))
+    };
+    let checks: [(&'static str, bool, &str); 4] = [
+        ("dynatemp_range", set(&req.dynatemp_range, &|v| v.as_f64() == Some(0.0)), "only 0"),
+        ("top_n_sigma", set(&req.top_n_sigma, &|v| v.as_f64().is_some_and(|x| x <= 0.0)), "only -1 (off)"),
+        ("return_tokens", set(&req.return_tokens, &|v| v == &Value::Bool(false)), "only false"),
+        ("lora", set(&req.lora, &|v| v.as_array().is_some_and(Vec::is_empty)), "no adapters are loaded"),
+    ];
+    match checks.iter().find(|(_, bad, _)| *bad) {
+        Some((param, _, why)) => {
+            Err(ApiError::invalid(*param, format!("`{param}` is not supported ({why})"))
+                .with_code("unsupported_parameter"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// A `/completion` request as the `/v1/completions` checks take it: llama-server's defaults
+/// and spellings translated. Returns the validated request (its prompt still to be tokenized),
+/// `n_predict` as asked (0: tokenize only) and the seed.
+fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Result<(JobSpec, i64), ApiError> {
+    refuse_unsupported(&req)?;
+    match integer(&req.id_slot, "id_slot")? {
+        None | Some(-1) => {}
+        Some(k) if (0..slots as i64).contains(&k) => {}
+        Some(k) => return Err(ApiError::invalid("id_slot", format!("no slot {k}: there are {slots}"))),
+    }
+    if req.cache_prompt.as_ref().is_some_and(|v| !v.is_null() && !v.is_boolean()) {
+        return Err(ApiError::invalid("cache_prompt", "`cache_prompt` must be true or false"));
+    }
+    let mut c = req.common;
+    // `n_predict` (or `max_tokens`, which llama-server also reads); any negative: no limit.
+    let n_predict = match integer(&req.n_predict, "n_predict")? {
+        Some(n) => n,
+        None => c.max_tokens.unwrap_or(-1),
+    };
+    c.max_tokens = (n_predict > 0).then_some(n_predict);
+    c.max_completion_tokens = None;
+    c.temperature = c.temperature.or(Some(0.8));
+    c.top_p = c.top_p.or(Some(0.95));
+    c.min_p = c.min_p.or(Some(Value::from(0.05)));
+    c.top_k = match integer(&c.top_k, "top_k")? {
+        None => Some(Value::from(40)),
+        // llama-server's 0 (or less): off.
+        Some(k) if k <= 0 => None,
+        Some(k) => Some(Value::from(k)),
+    };
+    let seed = match c.seed {
+        None | Some(-1) => random_seed(),
+        Some(s) if s < 0 => {
+            return Err(ApiError::invalid("seed", format!("seed must be ≥ 0 or -1, got {s}")))
+        }
+        Some(s) => s as u64,
+    };
+    c.seed = Some(seed as i64);
+    // The prompt is tokenized by the handler (llama-server's rules); the checks see a stand-in.
+    let stand_in = CompletionRequest { prompt: Value::String("prompt".into()), common: c };
+    let spec = validate::completion(stand_in, limits)?;
+    Ok((spec, n_predict))
+}
+
+/// One piece of a prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PromptPiece {
+    Text(String),
+    Token(TokenId),
+}
+
+/// llama-server's prompt shapes for ONE prompt: a string, token ids, or both mixed (a list of
+/// several strings, nested lists and multimodal objects are several prompts or media: refused).
+fn prompt_pieces(prompt: &Value) -> Result<Vec<PromptPiece>, ApiError> {
+    let bad = |m: &str| ApiError::invalid("prompt", m.to_string());
+    let pieces = match prompt {
+        Value::String(s) => vec![PromptPiece::Text(s.clone())],
+        Value::Array(items) if items.len() > 1 && items.iter().all(Value::is_string) => {
+            return Err(bad("only one prompt per request is supported"))
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(PromptPiece::Text(s.clone())),
+                Value::Number(n) => n
+                    .as_u64()
+                    .and_then(|t| TokenId::try_from(t).ok())
+                    .map(PromptPiece::Token)
+                    .ok_or_else(|| bad("token ids must be whole numbers ≥ 0")),
+                Value::Array(_) => Err(bad("only one prompt per request is supported")),
+                _ => Err(bad("`prompt` items must be strings or token ids")),
+            })
+            .collect::<Result<_, _>>()?,
+        Value::Object(_) => return Err(bad("multimodal prompts are not supported")),
+        Value::Null => return Err(bad("`prompt` is required")),
+        _ => return Err(bad("`prompt` must be a string or a list of token ids")),
+    };
+    if pieces.iter().all(|p| matches!(p, PromptPiece::Text(t) if t.is_empty())) {
+        return Err(bad("`prompt` must not be empty"));
+    }
+    Ok(pieces)
+}
+
+/// Tokenize a prompt as llama-server does: special-token text parsed, BOS (as the tokenizer
+/// config says) only when the prompt starts with text; ids checked against the vocabulary.
+async fn prompt_tokens(text: Arc<dyn ModelText>, pieces: Vec<PromptPiece>) -> Result<Vec<TokenId>, ApiError> {
+    blocking(move || {
+        let vocab = text.info().vocab_size;
+        let mut tokens = Vec::new();
+        for (i, piece) in pieces.iter().enumerate() {
+            match piece {
+                PromptPiece::Text(s) => tokens.extend(text.tokenize(s, i == 0, true)?),
+                PromptPiece::Token(t) if (*t as usize) < vocab => tokens.push(*t),
+                PromptPiece::Token(t) => {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        format!("token {t} is outside the vocabulary of {vocab} tokens"),
+                    ))
+                }
+            }
+        }
+        Ok(tokens)
+    })
+    .await
+}
+
+/// Run `f` on a blocking thread (tokenizers and templates), its panic a 500.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|_| Err(ApiError::internal("the tokenizer panicked")))
+}
+
+/// What every answer of one request repeats.
+struct Answer {
+    model: String,
+    settings: GenerationSettings,
+    n_ctx: usize,
+}
+
+impl Answer {
+    /// The whole answer (or the last streamed chunk) of a finished generation.
+    fn full(&self, content: String, f: &Finished, stats: Option<TreespecStats>) -> LlamaCompletion {
+        let stop_type = match (&f.stopping_word, f.finish_reason) {
+            (_, "length") => "limit",
+            (Some(_), _) => "word",
+            (None, _) => "eos",
+        };
+        LlamaCompletion {
+            index: 0,
+            content,
+            stop: true,
+            model: self.model.clone(),
+            tokens_predicted: f.completion_tokens,
+            tokens_evaluated: f.prompt_tokens,
+            generation_settings: self.settings.clone(),
+            truncated: f.finish_reason == "length" && f.prompt_tokens + f.completion_tokens >= self.n_ctx,
+            stop_type,
+            stopping_word: f.stopping_word.clone().unwrap_or_default(),
+            timings: timings(f),
+            treespec: stats,
+        }
+    }
+}
+
+/// treespec's statistics of a finished generation, as the OpenAI routes give them.
+fn treespec_stats(f: &Finished) -> TreespecStats {
+    TreespecStats {
+        method: f.method.clone(),
+        target_forwards: f.stats.target_forwards,
+        mean_accepted: f.stats.mean_accepted(),
+    }
+}
+
+/// llama-server's timings from the engine's: prompt time is the prefill, the rest generation.
+fn timings(f: &Finished) -> Timings {
+    let prefill = f.stats.times.prefill;
+    let rate = |n: usize, ms: f64| {
+        (if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 }, if n > 0 { ms / n as f64 } else { 0.0 })
+    };
+    let prompt_ms = prefill.as_secs_f64() * 1e3;
+    let predicted_ms = f.stats.wall.saturating_sub(prefill).as_secs_f64() * 1e3;
+    let (prompt_per_second, prompt_per_token_ms) = rate(f.prompt_tokens, prompt_ms);
+    let (predicted_per_second, predicted_per_token_ms) = rate(f.completion_tokens, predicted_ms);
+    Timings {
+        prompt_n: f.prompt_tokens,
+        prompt_ms,
+        prompt_per_token_ms,
+        prompt_per_second,
+        predicted_n: f.completion_tokens,
+        predicted_ms,
+        predicted_per_token_ms,
+        predicted_per_second,
+    }
+}
+
+/// The settings of a validated `/completion` request.
+fn settings(spec: &JobSpec, n_predict: i64, model: &str, n_ctx: usize) -> GenerationSettings {
+    let p = &spec.sampling;
+    let n_predict = n_predict.max(-1);
+    GenerationSettings {
+        n_ctx,
+        model: model.to_string(),
+        n_predict,
+        seed: spec.seed,
+        temperature: p.temperature,
+        top_k: p.top_k.unwrap_or(0),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repeat_penalty: p.repetition_penalty,
+        repeat_last_n: i64::try_from(p.penalty_last_n).unwrap_or(-1),
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        stop: spec.stop.clone(),
+        max_tokens: n_predict,
+        stream: spec.stream,
+        n_probs: 0,
+        ignore_eos: false,
+        method: spec.method.as_ref().map(|m| m.method.to_string()),
+    }
+}
+
+/// A JSON request body, with the OpenAI routes' checks (content type, size, shape).
+fn parse_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    validate::parse_json(&body_bytes(headers, body)?)
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// `POST /completion` (and `/completions`).
+pub async fn completion(
+    State(s): State<AppState>,
+    Extension(arrived): Extension<Arrived>,
+    Extension(tenant): Extension<Tenant>,
+    peer: Option<Extension<PeerClosed>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: LlamaCompletionRequest = parse_body(&headers, body)?;
+    let pieces = prompt_pieces(&req.prompt)?;
+    let limits = s.backend.limits();
+    let (mut spec, n_predict) = translate(req, &limits, s.backend.slots())?;
+    let tokens = prompt_tokens(s.backend.model_text(), pieces).await?;
+    let prompt_n = tokens.len();
+    let model = s.backend.model_id();
+    let answer =
+        Answer { settings: settings(&spec, n_predict, &model, limits.context), model, n_ctx: limits.context };
+    if n_predict == 0 {
+        // llama-server reads the prompt into the cache; here the prompt is only tokenized.
+        check_lengths(prompt_n, None, limits.context)
+            .map_err(|e| ApiError { param: Some("prompt".into()), ..e })?;
+        let f = Finished {
+            finish_reason: "length",
+            prompt_tokens: prompt_n,
+            completion_tokens: 0,
+            method: String::new(),
+            stats: Default::default(),
+            stopping_word: None,
+        };
+        let whole = answer.full(String::new(), &f, None);
+        if spec.stream {
+            let event = SseEvent::default().data(to_json(&whole));
+            return Ok(Sse::new(stream::iter([Ok::<_, Infallible>(event)])).into_response());
+        }
+        return Ok(Json(whole).into_response());
+    }
+    spec.prompt = PromptInput::Tokens(tokens);
+    let stream = spec.stream;
+    let (tx, mut rx) = unbounded_channel();
+    s.backend.submit(Job { spec, tenant, events: tx })?;
+    // Errors before any output are plain HTTP errors, also for streamed requests.
+    match rx.recv().await {
+        Some(Event::Started { .. }) => {}
+        Some(Event::Error(e)) => return Err(e),
+        _ => return Err(ApiError::internal("the model thread stopped")),
+    }
+    let timer = RequestTimer::new(s.metrics.clone(), arrived.0);
+    if stream {
+        return Ok(Sse::new(sse_events(rx, answer, timer)).into_response());
+    }
+    let mut whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>> = Box::pin(async move {
+        gather(&mut rx, timer)
+            .await
+            .map(|(text, f)| to_json(&answer.full(text, &f, Some(treespec_stats(&f)))))
+    });
+    let json = |body: String| ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    let Some(Extension(peer)) = peer else { return whole.await.map(json) };
+    tokio::select! {
+        answer = &mut whole => answer.map(json),
+        // The client closed its side: as the OpenAI routes do, spaces (JSON allows leading
+        // whitespace) go out while the answer is made, and a client gone fails the second write,
+        // which drops the receiver and so cancels the generation.
+        _ = peer.closed() => Ok(probe_while_waiting(whole)),
+    }
+}
+
+/// The text and the end of a generation.
+async fn gather(
+    rx: &mut UnboundedReceiver<Event>,
+    mut timer: RequestTimer,
+) -> Result<(String, Finished), ApiError> {
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => {
+                if !t.is_empty() {
+                    timer.text();
+                }
+                text.push_str(&t);
+            }
+            Some(Event::Done(f)) => {
+                timer.done();
+                return Ok((text, f));
+            }
+            Some(Event::Error(e)) => return Err(e),
+            // Started, log-probabilities, traces: not part of this answer.
+            Some(_) => {}
+            None => return Err(ApiError::internal("the generation ended without a result")),
+        }
+    }
+}
+
+/// A 200 whose body is a space every [`PROBE_EVERY`] until the answer, then the answer (an error
+/// that comes now is an error object in that body: the status is gone).
+fn probe_while_waiting(whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>>) -> Response {
+    let body = stream::unfold(Some(whole), |whole| async move {
+        let mut whole = whole?;
+        let chunk = match tokio::time::timeout(PROBE_EVERY, &mut whole).await {
+            Err(_) => return Some((Ok::<_, Infallible>(Bytes::from_static(b" ")), Some(whole))),
+            Ok(Ok(body)) => body,
+            Ok(Err(e)) => e.body().to_string(),
+        };
+        Some((Ok(Bytes::from(chunk)), None))
+    });
+    ([(header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(body)).into_response()
+}
+
+/// The streamed answer: `{"content", "stop": false}` chunks, then the whole answer's fields with
+/// `stop: true` (no `[DONE]`: llama-server sends none on this route). An error after the start is
+/// an error object in the stream. Dropping the stream (client gone) cancels the generation.
+fn sse_events(
+    rx: UnboundedReceiver<Event>,
+    answer: Answer,
+    timer: RequestTimer,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::unfold(Some((rx, answer, timer)), |state| async move {
+        let (mut rx, answer, mut timer) = state?;
+        let data = loop {
+            match rx.recv().await {
+                Some(Event::Text(t)) if !t.is_empty() => {
+                    timer.text();
+                    let chunk = to_json(&LlamaChunk { index: 0, content: t, stop: false });
+                    return Some((Ok(SseEvent::default().data(chunk)), Some((rx, answer, timer))));
+                }
+                Some(Event::Done(f)) => {
+                    timer.done();
+                    break to_json(&answer.full(String::new(), &f, Some(treespec_stats(&f))));
+                }
+                Some(Event::Error(e)) => break e.body().to_string(),
+                Some(_) => {}
+                None => break ApiError::internal("the generation ended without a result").body().to_string(),
+            }
+        };
+        Some((Ok(SseEvent::default().data(data)), None))
+    })
+}
+
+// ---------------------------------------------------------------- the other endpoints
+
+/// `POST /tokenize`.
+pub async fn tokenize(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Tokenized>, ApiError> {
+    let req: TokenizeRequest = parse_body(&headers, body)?;
+    let content = req.content.ok_or_else(|| ApiError::invalid("content", "`content` is required"))?;
+    let text = s.backend.model_text();
+    let tokens = blocking(move || {
+        let ids = text.tokenize(&content, req.add_special, req.parse_special)?;
+        if !req.with_pieces {
+            return Ok(ids.into_iter().map(TokenizedToken::Id).collect());
+        }
+        ids.into_iter()
+            .map(|id| {
+                let piece = match String::from_utf8(text.piece(id)?) {
+                    Ok(t) => Piece::Text(t),
+                    Err(e) => Piece::Bytes(e.into_bytes()),
+                };
+                Ok(TokenizedToken::WithPiece { id, piece })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()
+    })
+    .await?;
+    Ok(Json(Tokenized { tokens }))
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Detokenized>, ApiError> {
+    let req: DetokenizeRequest = parse_body(&headers, body)?;
+    let ids = req
+        .tokens
+        .iter()
+        .map(|v| v.as_u64().and_then(|t| TokenId::try_from(t).ok()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids"))?;
+    let text = s.backend.model_text();
+    let content = blocking(move || {
+        let mut bytes = Vec::new();
+        for id in ids {
+            bytes.extend(text.piece(id)?);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    })
+    .await?;
+    Ok(Json(Detokenized { content }))
+}
+
+/// `POST /apply-template`: `messages` (as `/v1/chat/completions` takes them, checked the same
+/// way, `tools` included) through the chat template.
+pub async fn apply_template(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AppliedTemplate>, ApiError> {
+    let req: ChatCompletionRequest = parse_body(&headers, body)?;
+    let spec = validate::chat(req, &s.backend.limits())?;
+    let text = s.backend.model_text();
+    let prompt = blocking(move || text.apply_template(&spec)).await?;
+    Ok(Json(AppliedTemplate { prompt }))
+}
+
+/// The slots: as many as requests decode at once, the first `busy` of them processing.
+fn slot_list(s: &AppState) -> Vec<Slot> {
+    let n_ctx = s.backend.limits().context;
+    let busy = s.metrics.generations_in_flight();
+    (0..s.backend.slots())
+        .map(|id| Slot { id, id_task: -1, n_ctx, speculative: true, is_processing: id < busy })
+        .collect()
+}
+
+/// `GET /slots`.
+pub async fn slots(State(s): State<AppState>) -> Json<Vec<Slot>> {
+    Json(slot_list(&s))
+}
+
+/// `GET /props`.
+pub async fn props(State(s): State<AppState>) -> Result<Json<Props>, ApiError> {
+    let limits = s.backend.limits();
+    let (defaults, n_predict) =
+        translate(LlamaCompletionRequest { prompt: Value::Null, ..Default::default() }, &limits, 1)?;
+    let mut params = settings(&defaults, n_predict, &s.backend.model_id(), limits.context);
+    params.seed = RANDOM_SEED;
+    let slot = Slot { id: 0, id_task: -1, n_ctx: limits.context, speculative: true, is_processing: false };
+    let info = s.backend.model_text().info();
+    Ok(Json(Props {
+        default_generation_settings: DefaultSettings { slot, params },
+        total_slots: s.backend.slots(),
+        model_path: info.path,
+        chat_template: info.chat_template.unwrap_or_default(),
+        modalities: Modalities { vision: false, audio: false },
+        build_info: format!("treespec {}", env!("CARGO_PKG_VERSION")),
+        is_sleeping: false,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn req(v: Value) -> LlamaCompletionRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn limits() -> Limits {
+        Limits { context: 128, has_draft: true, max_stop: 4 }
+    }
+
+    #[test]
+    fn llama_server_defaults_and_spellings() {
+        let (spec, n) = translate(req(json!({"prompt": "x"})), &limits(), 2).unwrap();
+        let p = &spec.sampling;
+        assert_eq!((n, spec.max_tokens), (-1, None));
+        assert_eq!((p.temperature, p.top_k, p.top_p, p.min_p), (0.8, Some(40), 0.95, 0.05));
+        assert!(spec.seed < RANDOM_SEED);
+        let (spec, n) = translate(
+            req(json!({"prompt": "x", "n_predict": 7, "top_k": 0, "temperature": 0, "seed": 5, "stop": ["\n"]})),
+            &limits(),
+            2,
+        )
+        .unwrap();
+        assert_eq!((n, spec.max_tokens, spec.sampling.top_k, spec.seed), (7, Some(7), None, 5));
+        assert_eq!(spec.stop, vec!["\n"]);
+        // `max_tokens` stands in for a missing `n_predict`; `n_predict` wins when both are given.
+        assert_eq!(translate(req(json!({"max_tokens": 9})), &limits(), 1).unwrap().0.max_tokens, Some(9));
+        let both = json!({"max_tokens": 9, "n_predict": 3});
+        assert_eq!(translate(req(both), &limits(), 1).unwrap().0.max_tokens, Some(3));
+        assert_eq!(translate(req(json!({"n_predict": 0})), &limits(), 1).unwrap().1, 0);
+    }
+
+    #[test]
+    fn the_v1_checks_apply() {
+        for (body, param) in [
+            (json!({"n_predict": 500}), "max_tokens"),
+            (json!({"temperature": 3}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"n_probs": 3}), "n_probs"),
+            (json!({"id_slot": 2}), "id_slot"),
+            (json!({"id_slot": "a"}), "id_slot"),
+            (json!({"n_predict": 1.5}), "n_predict"),
+            (json!({"seed": -2}), "seed"),
+            (json!({"cache_prompt": 3}), "cache_prompt"),
+            (json!({"dynatemp_range": 0.5}), "dynatemp_range"),
+            (json!({"treespec": {"method": "magic"}}), "treespec"),
+        ] {
+            let e = translate(req(body.clone()), &limits(), 2).unwrap_err();
+            assert!(e.param.as_deref().is_some_and(|p| p.starts_with(param)), "{body}: {e:?}");
+        }
+        for ok in [json!({"id_slot": -1}), json!({"id_slot": 1, "cache_prompt": true, "dynatemp_range": 0})] {
+            translate(req(ok), &limits(), 2).unwrap();
+        }
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        use PromptPiece::{Text, Token};
+        assert_eq!(prompt_pieces(&json!("ab")).unwrap(), [Text("ab".into())]);
+        assert_eq!(prompt_pieces(&json!([1, 2])).unwrap(), [Token(1), Token(2)]);
+        assert_eq!(prompt_pieces(&json!([3, "b", 4])).unwrap(), [Token(3), Text("b".into()), Token(4)]);
+        assert_eq!(prompt_pieces(&json!(["ab"])).unwrap(), [Text("ab".into())]);
+        for bad in [
+            json!(""),
+            json!([]),
+            json!(["a", "b"]),
+            json!([[1, 2], [3]]),
+            json!([-1]),
+            json!([1.5]),
+            json!({"prompt_string": "a"}),
+            Value::Null,
+            json!(7),
+        ] {
+            assert_eq!(prompt_pieces(&bad).unwrap_err().param.as_deref(), Some("prompt"), "{bad}");
+        }
+    }
+}
