@@ -330,6 +330,39 @@ pub struct ChatCompletionChunk {
     /// Only in the usage chunk (`stream_options.include_usage`); null otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// treespec's extension, only for a request sent with the header `X-Treespec-Trace: 1`: how
+    /// each piece of the chunk's text was produced, and the request's statistics at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub treespec: Option<ChunkTrace>,
+}
+
+/// How a streamed chunk's text was produced (the `X-Treespec-Trace: 1` extension).
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct ChunkTrace {
+    /// The chunk's text in runs of one provenance, in order: their texts concatenate to the
+    /// delta's `content`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<TextSpan>,
+    /// In the finish chunk: what decoded the request and how many tokens each forward gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<TreespecStats>,
+    /// In the finish chunk: this server's plain decoding rate (1000 / T(1) on its measured cost
+    /// curve), when the curve is known — the speed-up of the request is its rate over this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_tokens_per_second: Option<f64>,
+}
+
+/// A run of text whose tokens were produced the same way.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TextSpan {
+    /// `copied` (a model-free draft from earlier text), `drafted` (a draft model's), `forced` (the
+    /// grammar's), or `target` (the target's own token).
+    #[schema(value_type = String)]
+    pub by: treespec_engine::Provenance,
+    /// The text.
+    pub text: String,
+    /// Tokens behind it (a token whose text was held back counts where its text comes out).
+    pub tokens: usize,
 }
 
 /// One choice of a text completion (streamed or not).

@@ -46,6 +46,9 @@ pub enum Event {
     /// Log-probabilities of the tokens of one step (only when the request asked for them; sent
     /// before that step's text).
     Logprobs(Vec<crate::api::LogprobEntry>),
+    /// How the text of the step's coming `Text` was produced, in runs (batch scheduler only; sent
+    /// just before that text).
+    Trace(Vec<crate::api::TextSpan>),
     /// Finished.
     Done(Finished),
     /// Failed; nothing more follows.
@@ -106,6 +109,11 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn model_text(&self) -> Arc<dyn ModelText>;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;
+    /// The plain decoding rate of this server's target (1000 / T(1) on the measured cost curve),
+    /// when known.
+    fn plain_tokens_per_second(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the

@@ -93,6 +93,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .merge(v1)
         .merge(watch)
         .route("/health", get(routes::health))
+        .route("/", get(routes::chat_page))
         .fallback(routes::not_found)
         // After every route: a known path with the wrong method gets an OpenAI error body too.
         .method_not_allowed_fallback(routes::method_not_allowed)

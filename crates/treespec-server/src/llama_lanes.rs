@@ -128,6 +128,7 @@ impl BatchPool {
         let text = Arc::new(LlamaText(runtime.clone()));
         let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits, text);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let runtime_for_rate = runtime.clone();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
             move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {
                 Ok(lanes) => {
@@ -140,6 +141,18 @@ impl BatchPool {
             },
         )?;
         ready_rx.recv().context("the scheduler thread died while starting")??;
-        Ok(pool)
+        // 1000 / T(1) once the target's curve is known (read once, then kept); never measured
+        // here, and never waited for while it is being measured.
+        let known = Arc::new(OnceLock::new());
+        let rate = move || {
+            if let Some(r) = known.get() {
+                return Some(*r);
+            }
+            let curve =
+                runtime_for_rate.has_cost_curves(false).then(|| runtime_for_rate.cost_model(false, false));
+            let rate = 1000.0 / curve?.ok()?.target.ms(1);
+            Some(*known.get_or_init(|| rate))
+        };
+        Ok(pool.with_plain_rate(Arc::new(rate)))
     }
 }

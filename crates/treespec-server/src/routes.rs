@@ -74,6 +74,12 @@ pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
     Json(v)
 }
 
+/// `GET /`: a chat page (one self-contained file in the binary: no build, no network) that
+/// streams each answer coloured by how every token was produced (the trace extension).
+pub async fn chat_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("chat.html"))
+}
+
 /// `GET /metrics`.
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let text = s.metrics.render(s.backend.queue_depth());
@@ -161,7 +167,13 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::chat(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0) }, Kind::Chat, arrived).await
+    respond(
+        s,
+        Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: wants_trace(&headers) },
+        Kind::Chat,
+        arrived,
+    )
+    .await
 }
 
 /// `POST /v1/completions`.
@@ -175,7 +187,8 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let spec = validate::completion(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0) }, Kind::Completion, arrived).await
+    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: false }, Kind::Completion, arrived)
+        .await
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,10 +202,17 @@ struct Submitted {
     spec: JobSpec,
     tenant: Tenant,
     peer: Option<PeerClosed>,
+    /// `X-Treespec-Trace: 1`: stream provenance and statistics.
+    trace: bool,
+}
+
+/// Whether the request asks for the trace extension of streamed chunks.
+fn wants_trace(headers: &HeaderMap) -> bool {
+    headers.get("x-treespec-trace").is_some_and(|v| v.as_bytes() == b"1")
 }
 
 async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
-    let Submitted { spec, tenant, peer } = job;
+    let Submitted { spec, tenant, peer, trace } = job;
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let auto_tools = spec.output.auto_tools().map(<[String]>::to_vec);
     let (tx, mut rx) = unbounded_channel();
@@ -206,8 +226,17 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
     };
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
     let timer = RequestTimer::new(s.metrics.clone(), arrived.0);
-    let meta =
-        Meta { id, created: now(), model: s.backend.model_id(), kind, include_usage, tool_call, auto_tools };
+    let meta = Meta {
+        id,
+        created: now(),
+        model: s.backend.model_id(),
+        kind,
+        include_usage,
+        tool_call,
+        auto_tools,
+        trace: trace && kind == Kind::Chat,
+        plain_rate: s.backend.plain_tokens_per_second(),
+    };
     if stream {
         let events = sse_events(rx, meta, timer);
         return Ok(Sse::new(events).into_response());
@@ -256,7 +285,7 @@ impl Whole {
                 return Some(Ok(self.meta.full(text, &f, self.logprobs.take())));
             }
             Some(Event::Error(e)) => return Some(Err(e)),
-            Some(Event::Started { .. }) => {}
+            Some(Event::Started { .. }) | Some(Event::Trace(_)) => {}
             None => return Some(Err(ApiError::internal("the generation ended without a result"))),
         }
         None
@@ -303,6 +332,10 @@ struct Meta {
     tool_call: bool,
     /// The answer may be a call of these tools (`tool_choice: "auto"`).
     auto_tools: Option<Vec<String>>,
+    /// Stream each chunk's provenance and the statistics (`X-Treespec-Trace: 1`, chat only).
+    trace: bool,
+    /// The server's plain decoding rate, for the trace's finish chunk.
+    plain_rate: Option<f64>,
 }
 
 /// The tool-call reader of a response whose answer is a call.
@@ -342,13 +375,7 @@ fn chat_message(
 impl Meta {
     fn full(&self, text: String, f: &Finished, logprobs: Option<ChoiceLogprobs>) -> serde_json::Value {
         let usage = Usage::new(f.prompt_tokens, f.completion_tokens);
-        let stats = TreespecStats {
-            method: f.method.clone(),
-            target_forwards: f.stats.target_forwards,
-            // The engine's own figure: tokens emitted per target forward (stop-string trimming
-            // and end-of-text tokens do not change what each forward produced).
-            mean_accepted: f.stats.mean_accepted(),
-        };
+        let stats = TreespecStats::of(f);
         match self.kind {
             Kind::Chat => {
                 let (message, finish_reason) =
@@ -394,12 +421,24 @@ impl Meta {
                 finish_reason: None,
             }],
             usage: None,
+            treespec: None,
         });
         SseEvent::default().data(value.to_string())
     }
 
     /// One streamed chunk: a delta and/or finish reason, or (with `usage`) the usage chunk.
     fn chunk(&self, delta: Delta, finish: Option<&'static str>, usage: Option<Usage>) -> SseEvent {
+        self.traced(delta, finish, usage, None)
+    }
+
+    /// [`Meta::chunk`] with the trace extension (chat chunks only carry it).
+    fn traced(
+        &self,
+        delta: Delta,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+        trace: Option<ChunkTrace>,
+    ) -> SseEvent {
         let value = match self.kind {
             Kind::Chat => to_json(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -412,6 +451,7 @@ impl Meta {
                     vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }]
                 },
                 usage,
+                treespec: trace,
             }),
             Kind::Completion => to_json(&CompletionResponse {
                 id: self.id.clone(),
@@ -433,6 +473,18 @@ impl Meta {
             }),
         };
         SseEvent::default().data(value.to_string())
+    }
+}
+
+impl TreespecStats {
+    fn of(f: &Finished) -> Self {
+        TreespecStats {
+            method: f.method.clone(),
+            target_forwards: f.stats.target_forwards,
+            // The engine's own figure: tokens emitted per target forward (stop-string trimming
+            // and end-of-text tokens do not change what each forward produced).
+            mean_accepted: f.stats.mean_accepted(),
+        }
     }
 }
 
@@ -462,20 +514,28 @@ fn sse_events(
     let call = call_text(meta.tool_call);
     // A free answer that may be a call is held back while it still may be (`tool_choice: auto`).
     let held = meta.auto_tools.as_ref().map(|_| String::new());
-    let state = (rx, (meta, timer, held), call, Phase::First);
-    stream::unfold(state, |(mut rx, (meta, mut timer, mut held), mut call, phase)| async move {
+    // The provenance of the coming text (traced requests).
+    let spans: Vec<TextSpan> = Vec::new();
+    let state = (rx, (meta, timer, held, spans), call, Phase::First);
+    stream::unfold(state, |(mut rx, (meta, mut timer, mut held, mut spans), mut call, phase)| async move {
         match phase {
             Phase::First if meta.kind == Kind::Chat => {
                 let content = (!meta.tool_call).then(String::new);
                 let e =
                     meta.chunk(Delta { role: Some("assistant"), content, ..Delta::default() }, None, None);
-                Some((vec![e], (rx, (meta, timer, held), call, Phase::Streaming)))
+                Some((vec![e], (rx, (meta, timer, held, spans), call, Phase::Streaming)))
             }
             Phase::First | Phase::Streaming => {
                 let out = loop {
                     match rx.recv().await {
                         Some(Event::Text(t)) if t.is_empty() => continue,
                         Some(Event::Logprobs(l)) => break vec![meta.logprobs_chunk(l)],
+                        Some(Event::Trace(s)) => {
+                            if meta.trace {
+                                spans = s;
+                            }
+                            continue;
+                        }
                         Some(Event::Text(t)) => {
                             timer.text();
                             let t = match held.as_mut() {
@@ -489,6 +549,15 @@ fn sse_events(
                                 None => t,
                             };
                             match call.as_mut() {
+                                // Spans describe the step's text as it came (a held answer's
+                                // text is not a step's).
+                                None if meta.trace && meta.auto_tools.is_none() => {
+                                    let trace = ChunkTrace {
+                                        spans: std::mem::take(&mut spans),
+                                        ..Default::default()
+                                    };
+                                    break vec![meta.traced(text_delta(t), None, None, Some(trace))];
+                                }
                                 None => break vec![meta.chunk(text_delta(t), None, None)],
                                 Some(c) => {
                                     let pieces = c.push(&t);
@@ -531,7 +600,7 @@ fn sse_events(
                 // Only the end (finish or error, then `[DONE]`) comes as more than one event.
                 let done = out.len() > 1;
                 let next = if done { Phase::Finished } else { Phase::Streaming };
-                Some((out, (rx, (meta, timer, held), call, next)))
+                Some((out, (rx, (meta, timer, held, spans), call, next)))
             }
             Phase::Finished => None,
         }
@@ -562,7 +631,12 @@ fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> 
             None => {}
         }
     }
-    out.push(meta.chunk(Delta::default(), Some(finish), None));
+    let trace = meta.trace.then(|| ChunkTrace {
+        spans: Vec::new(),
+        stats: Some(TreespecStats::of(f)),
+        plain_tokens_per_second: meta.plain_rate,
+    });
+    out.push(meta.traced(Delta::default(), Some(finish), None, trace));
     if meta.include_usage {
         out.push(meta.chunk(Delta::default(), None, Some(Usage::new(f.prompt_tokens, f.completion_tokens))));
     }
@@ -589,6 +663,8 @@ mod tests {
             include_usage: false,
             tool_call: false,
             auto_tools: auto.then(|| vec!["get_weather".to_string()]),
+            trace: false,
+            plain_rate: None,
         }
     }
 

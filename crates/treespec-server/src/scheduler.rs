@@ -18,9 +18,9 @@ use treespec_core::TokenId;
 use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
 use treespec_engine::SharedDraft;
 use treespec_engine::{Drafter, GenerateRequest, Generation, StopConditions};
-use treespec_engine::{TextStream, TokenBytes, TokenConstraint, TokenLogprob};
+use treespec_engine::{Provenance, TextStream, TokenBytes, TokenConstraint, TokenLogprob};
 
-use crate::api::{LogprobEntry, TopLogprob};
+use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::error::ApiError;
 use crate::llama_api::ModelText;
@@ -74,6 +74,9 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Where a pool reads its target's plain decoding rate (tokens a second) from, when known.
+pub type PlainRate = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
+
 /// The HTTP layer's handle on a scheduler thread.
 pub struct BatchPool {
     tx: Sender<Job>,
@@ -81,6 +84,7 @@ pub struct BatchPool {
     capacity: usize,
     model_id: String,
     limits: Limits,
+    plain_rate: Option<PlainRate>,
     text: Arc<dyn ModelText>,
     parallel: usize,
 }
@@ -97,8 +101,16 @@ impl BatchPool {
         let (tx, rx) = channel();
         let depth = Arc::new(AtomicUsize::new(0));
         let (capacity, parallel) = (config.queue, config.parallel);
-        let pool = Self { tx, depth: depth.clone(), capacity, model_id, limits, text, parallel };
+        let pool =
+            Self { tx, depth: depth.clone(), capacity, model_id, limits, plain_rate: None, text, parallel };
         (pool, Inbox { rx, depth })
+    }
+
+    /// The target's plain decoding rate (tokens a second), for traced responses: asked at the end
+    /// of each, so a curve measured after the start counts.
+    pub fn with_plain_rate(mut self, rate: PlainRate) -> Self {
+        self.plain_rate = Some(rate);
+        self
     }
 }
 
@@ -127,6 +139,9 @@ impl GenerationBackend for BatchPool {
     }
     fn queue_depth(&self) -> usize {
         self.depth.load(Ordering::SeqCst)
+    }
+    fn plain_tokens_per_second(&self) -> Option<f64> {
+        self.plain_rate.as_ref().and_then(|r| r()).filter(|r| r.is_finite() && *r > 0.0)
     }
     fn model_text(&self) -> Arc<dyn ModelText> {
         self.text.clone()
@@ -390,10 +405,11 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                         let _ = self.served[k].events.send(Event::Logprobs(entries));
                     }
                     let s = &mut self.served[k];
-                    for &t in &o.emitted {
-                        s.text.push(&self.models.bytes().token_bytes(t));
+                    let spans = traced_text(&mut s.text, &o.emitted, &o.provenance, self.models.bytes());
+                    let chunk: String = spans.iter().map(|s| s.text.as_str()).collect();
+                    if !chunk.is_empty() {
+                        let _ = s.events.send(Event::Trace(spans));
                     }
-                    let chunk = s.text.take();
                     let gone = !chunk.is_empty() && s.events.send(Event::Text(chunk)).is_err();
                     if gone {
                         self.retire(k, Err(RunError::Cancelled(String::new())));
@@ -404,6 +420,39 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             }
         }
     }
+}
+
+/// Push a step's tokens into `text` run by run of one provenance, taking out what each run
+/// releases (text held back for a stop string or a split character goes out with a later run, and
+/// is credited to it).
+fn traced_text(
+    text: &mut TextStream,
+    tokens: &[TokenId],
+    provenance: &[Provenance],
+    bytes: &dyn TokenBytes,
+) -> Vec<TextSpan> {
+    let by_of = |i: usize| provenance.get(i).copied().unwrap_or(Provenance::Target);
+    let mut spans: Vec<TextSpan> = Vec::new();
+    let (mut i, mut unreleased) = (0, 0);
+    while i < tokens.len() {
+        let by = by_of(i);
+        let end = (i..tokens.len()).find(|&j| by_of(j) != by).unwrap_or(tokens.len());
+        for &t in &tokens[i..end] {
+            text.push(&bytes.token_bytes(t));
+        }
+        unreleased += end - i;
+        let released = text.take();
+        match spans.last_mut() {
+            _ if released.is_empty() => {}
+            Some(last) if last.by == by => {
+                last.text.push_str(&released);
+                last.tokens += std::mem::take(&mut unreleased);
+            }
+            _ => spans.push(TextSpan { by, text: released, tokens: std::mem::take(&mut unreleased) }),
+        }
+        i = end;
+    }
+    spans
 }
 
 /// The wire form of a step's log-probabilities.

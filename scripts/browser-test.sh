@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The chat page in a real browser: headless Chromium (Debian's package) driven by playwright-core
+# (npm, pinned) against `treespec serve` on SmolLM2. Checks that the answer is coloured by how
+# each token was produced and that tokens/s and tokens per forward are shown; saves a
+# screenshot (docs/chat-page.png by default).
+# Usage: scripts/browser-test.sh [SCREENSHOT]   (needs target/release/treespec and the model)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHOT=${1:-docs/chat-page.png}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=bench-out/browser
+mkdir -p "$OUT"
+if ! command -v chromium >/dev/null; then
+    echo "[browser] installing Debian's chromium"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+fi
+if [ ! -d "$OUT/node_modules/playwright-core" ]; then
+    echo "[browser] installing playwright-core"
+    (cd "$OUT" && npm init -y >/dev/null && npm install --silent playwright-core@1.64.1)
+fi
+cp scripts/browser/chat-page.mjs "$OUT/"
+target/release/treespec serve -m "$MODEL" --method suffix --port 0 -t 2 -c 4096 2> "$OUT/server.log" &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true' EXIT
+URL=
+for _ in $(seq 600); do
+    URL=$(grep -o 'listening on http://[^ ]*' "$OUT/server.log" | head -1 | sed 's/listening on //' || true)
+    [ -n "$URL" ] && break
+    kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
+    sleep 0.1
+done
+[ -n "$URL" ] || { echo "server did not start"; cat "$OUT/server.log"; exit 1; }
+echo "[browser] server at $URL"
+# The speed-up over plain needs this machine's cost curve: wait while the server measures it.
+for _ in $(seq 600); do
+    curl -sf "$URL/health" | grep -q '"cost_curve":"ready"' && break
+    sleep 1
+done
+curl -sf "$URL/health"; echo
+PROMPT='Add a docstring to this function and return the whole function:
+
+def merge_intervals(intervals):
+    if not intervals:
+        return []
+    intervals = sorted(intervals, key=lambda pair: pair[0])
+    merged = [list(intervals[0])]
+    for start, end in intervals[1:]:
+        last = merged[-1]
+        if start <= last[1]:
+            last[1] = max(last[1], end)
+        else:
+            merged.append([start, end])
+    return merged'
+node "$OUT/chat-page.mjs" "$URL/" "$SHOT" "$PROMPT" | tee "$OUT/result.json"
+echo "[browser] PASS; screenshot in $SHOT"
