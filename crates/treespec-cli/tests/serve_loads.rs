@@ -88,13 +88,19 @@ fn serve_loads_each_model_file_once() {
 
 /// One chat request over a plain TCP connection (HTTP/1.1, `Connection: close`); the response.
 fn chat(addr: &str, content: &str) -> String {
+    chat_with(addr, content, serde_json::json!({}))
+}
+
+/// [`chat`] with `extra` fields in the body.
+fn chat_with(addr: &str, content: &str, extra: serde_json::Value) -> String {
     use std::io::{Read, Write};
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 16,
         "temperature": 0
-    })
-    .to_string();
+    });
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let body = body.to_string();
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(LIMIT)).unwrap();
     let head = format!(
@@ -152,5 +158,33 @@ fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
         LIMIT,
     );
     assert!(run.exited_cleanly() && run.code == Some(0), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Issue #29 row 4: a `--method plain` server with `--suffix-history` still saves the history a
+/// request asking for `suffix` added, at SIGTERM.
+#[test]
+fn a_plain_server_saves_what_suffix_requests_added() {
+    let Some(model) = model() else { return };
+    let dir = scratch("serve-plain-history");
+    let history = dir.join("history.bin");
+    let (m, h) = (model.to_str().unwrap(), history.to_str().unwrap());
+    let args = ["serve", "-m", m, "--method", "plain", "--suffix-history", h, "--port", "0", "-t", "1"];
+    let mut child =
+        command(&args).args(["--ctx", "1024"]).env("TREESPEC_CACHE_DIR", dir.join("cache")).spawn().unwrap();
+    let (log, lines) = until_listening(&mut child);
+    let addr =
+        log.split("listening on http://").nth(1).map(str::trim).expect("the server listens").to_owned();
+    let method = serde_json::json!({"treespec": {"method": "suffix", "budget": 8}});
+    let answer = chat_with(&addr, "Repeat after me: the quick brown fox.", method);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let killed =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = lines.collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("saved the suffix history")), "{rest:?}");
+    assert!(std::fs::metadata(&history).unwrap().len() > 0);
     std::fs::remove_dir_all(dir).unwrap();
 }
