@@ -55,6 +55,7 @@ fn serve_log(model: &Path, draft: &Path, dir: &Path) -> String {
     let mut child = command(&args)
         .args([history.to_str().unwrap(), "--port", "0", "-t", "1", "--ctx", "512"])
         .env("TREESPEC_CACHE_DIR", dir.join("cache"))
+        .env_remove("TREESPEC_COSTS")
         .spawn()
         .unwrap();
     let (log, _) = until_listening(&mut child);
@@ -86,12 +87,8 @@ fn serve_loads_each_model_file_once() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// One chat request over a plain TCP connection (HTTP/1.1, `Connection: close`); the response.
-fn chat(addr: &str, content: &str) -> String {
-    chat_with(addr, content, serde_json::json!({}))
-}
-
-/// [`chat`] with `extra` fields in the body.
+/// One chat request over a plain TCP connection (HTTP/1.1, `Connection: close`), with `extra`
+/// fields in the body; the response.
 fn chat_with(addr: &str, content: &str, extra: serde_json::Value) -> String {
     use std::io::{Read, Write};
     let mut body = serde_json::json!({
@@ -115,22 +112,23 @@ fn chat_with(addr: &str, content: &str, extra: serde_json::Value) -> String {
     out
 }
 
-#[test]
-fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
-    let Some(model) = model() else { return };
-    let dir = scratch("serve-history");
-    let history = dir.join("history.bin");
-    let (m, h) = (model.to_str().unwrap(), history.to_str().unwrap());
-    let args = ["serve", "-m", m, "--method", "suffix", "--suffix-history", h, "--port", "0", "-t", "1"];
-    let mut child =
-        command(&args).args(["--ctx", "1024"]).env("TREESPEC_CACHE_DIR", dir.join("cache")).spawn().unwrap();
+/// Start `treespec serve` on SmolLM2 with `flags` (a fresh cost cache in `dir`, measured in the
+/// background), send one chat request (`extra` fields added), then SIGTERM it as a service
+/// manager does: it must exit cleanly and say it saved the suffix history.
+fn serve_ask_and_stop(dir: &Path, flags: &[&str], content: &str, extra: serde_json::Value) {
+    let model = model().expect("the model");
+    let args = ["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "1", "--ctx", "1024"];
+    let mut child = command(&args)
+        .args(flags)
+        .env("TREESPEC_CACHE_DIR", dir.join("cache"))
+        .env_remove("TREESPEC_COSTS")
+        .spawn()
+        .unwrap();
     let (log, lines) = until_listening(&mut child);
     let addr =
         log.split("listening on http://").nth(1).map(str::trim).expect("the server listens").to_owned();
-    let answer = chat(&addr, "Repeat after me: the quick brown fox jumps over the lazy dog.");
+    let answer = chat_with(&addr, content, extra);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-
-    // SIGTERM, as a service manager stops it: a clean exit that saves what requests added.
     let killed =
         std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(killed.success());
@@ -138,6 +136,16 @@ fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}: {rest:?}");
     assert!(rest.iter().any(|l| l.contains("saved the suffix history")), "{rest:?}");
+}
+
+#[test]
+fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
+    let Some(model) = model() else { return };
+    let dir = scratch("serve-history");
+    let history = dir.join("history.bin");
+    let (m, h) = (model.to_str().unwrap(), history.to_str().unwrap());
+    let request = "Repeat after me: the quick brown fox jumps over the lazy dog.";
+    serve_ask_and_stop(&dir, &["--method", "suffix", "--suffix-history", h], request, serde_json::json!({}));
     assert!(std::fs::metadata(&history).unwrap().len() > 0);
 
     // The CLI loads the server's history (a malformed or foreign file would be an error).
@@ -165,26 +173,19 @@ fn serve_saves_the_suffix_history_at_shutdown_and_generate_drafts_from_it() {
 /// request asking for `suffix` added, at SIGTERM.
 #[test]
 fn a_plain_server_saves_what_suffix_requests_added() {
-    let Some(model) = model() else { return };
+    if model().is_none() {
+        return;
+    }
     let dir = scratch("serve-plain-history");
     let history = dir.join("history.bin");
-    let (m, h) = (model.to_str().unwrap(), history.to_str().unwrap());
-    let args = ["serve", "-m", m, "--method", "plain", "--suffix-history", h, "--port", "0", "-t", "1"];
-    let mut child =
-        command(&args).args(["--ctx", "1024"]).env("TREESPEC_CACHE_DIR", dir.join("cache")).spawn().unwrap();
-    let (log, lines) = until_listening(&mut child);
-    let addr =
-        log.split("listening on http://").nth(1).map(str::trim).expect("the server listens").to_owned();
+    let h = history.to_str().unwrap();
     let method = serde_json::json!({"treespec": {"method": "suffix", "budget": 8}});
-    let answer = chat_with(&addr, "Repeat after me: the quick brown fox.", method);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let killed =
-        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(killed.success());
-    let rest: Vec<String> = lines.collect();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{status:?}: {rest:?}");
-    assert!(rest.iter().any(|l| l.contains("saved the suffix history")), "{rest:?}");
+    serve_ask_and_stop(
+        &dir,
+        &["--method", "plain", "--suffix-history", h],
+        "Repeat after me: the quick brown fox.",
+        method,
+    );
     assert!(std::fs::metadata(&history).unwrap().len() > 0);
     std::fs::remove_dir_all(dir).unwrap();
 }

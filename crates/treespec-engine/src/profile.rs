@@ -159,8 +159,9 @@ fn check_sizes(sizes: &[usize], rounds: usize) -> Result<()> {
 /// How a cost curve is measured on a machine that may be busy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeasureOptions {
-    /// Rounds over every size (each round times each size once; alternate rounds run the sizes
-    /// in reverse order, so a slow drift does not bias one end of the curve).
+    /// Rounds over every size (each round times each size once: the first in order, the others
+    /// in a shuffled order of their own, so a slow drift does not bias one end of the curve and a
+    /// burst of load at the turn of two rounds never hits the same neighbours twice).
     pub rounds: usize,
     /// At most this many extra rounds over the sizes whose repeats disagree or whose time the
     /// fit judged a spike.
@@ -314,9 +315,7 @@ fn time_rounds_in(
         p.round += 1;
         p.sizes = which.len();
         p.sizes_done = 0;
-        let reverse = p.round.is_multiple_of(2);
-        for k in 0..which.len() {
-            let n = which[if reverse { which.len() - 1 - k } else { k }];
+        for n in round_order(which, p.round) {
             let ms = timer.time_ms(n)?;
             if let Some(s) = samples.iter_mut().find(|s| s.0 == n) {
                 s.1.push(ms);
@@ -349,6 +348,25 @@ fn time_rounds_in(
     noise.spikes = redo.iter().copied().filter(|n| spikes.contains(n)).collect();
     noise.unsettled = redo.into_iter().filter(|n| !noise.spikes.contains(n)).collect();
     Ok(Timed { samples, interference: noise })
+}
+
+/// The order of round `round` (1-based) over `sizes`: the first as given, every later one a
+/// shuffle of its own (Fisher–Yates on a fixed-seed generator, so a profile is reproducible).
+pub fn round_order(sizes: &[usize], round: usize) -> Vec<usize> {
+    let mut order = sizes.to_vec();
+    if round <= 1 {
+        return order;
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (round as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    for i in (1..order.len()).rev() {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        order.swap(i, (r % (i as u64 + 1)) as usize);
+    }
+    order
 }
 
 /// A measured cost curve and how much to trust it.

@@ -4,7 +4,9 @@
 //! the measurement must say when it could not get a clean curve.
 
 use treespec_core::cost::CostCurve;
-use treespec_engine::profile::{time_rounds, ForwardTimer, MeasureOptions, Timed, PROFILE_SIZES};
+use treespec_engine::profile::{
+    round_order, time_rounds, ForwardTimer, MeasureOptions, Timed, PROFILE_SIZES,
+};
 use treespec_engine::Result;
 
 /// The repacked kernels' shape (the 1.5B target on 2 AMD cores): 46 ms per 4 rows, 16 per
@@ -111,17 +113,25 @@ fn the_rounds_interleave_the_sizes_and_extra_rounds_time_only_the_doubtful_ones(
     let opts = MeasureOptions::default();
     let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
     let k = PROFILE_SIZES.len();
-    // Quiet: exactly the planned rounds, each over every size, alternating direction.
+    // Quiet: exactly the planned rounds, each over every size once, the later ones shuffled
+    // (each its own way, so no two sizes are neighbours in time in every round).
     assert_eq!(m.calls.len(), 3 * k);
     assert_eq!(m.calls[..k], *PROFILE_SIZES);
-    assert!(m.calls[k..2 * k].iter().eq(PROFILE_SIZES.iter().rev()));
+    for r in 1..3 {
+        let mut seen = m.calls[r * k..(r + 1) * k].to_vec();
+        assert_eq!(seen, round_order(PROFILE_SIZES, r + 1));
+        seen.sort_unstable();
+        assert_eq!(seen, PROFILE_SIZES, "round {r} times every size once");
+    }
+    assert_ne!(m.calls[k..2 * k], m.calls[2 * k..3 * k]);
+    assert_ne!(m.calls[k..2 * k], *PROFILE_SIZES);
     assert_eq!(timed.interference.extra_rounds, 0);
     assert_within(&curve(&timed), 0.01);
-    // Load around the turn from the first round to the second slows two repeats of the
-    // largest sizes (the second round runs backwards): only those sizes are timed again.
+    // Load through the whole second round and the first half of the third (3× slower) slows
+    // two repeats of the sizes the third round times first: only those are timed again.
     let round: f64 = PROFILE_SIZES.iter().map(|&n| clean(n)).sum();
     let mut m = Machine::new(5, 0.0);
-    m.bursts = vec![(round - 1500.0, round + 4000.0)];
+    m.bursts = vec![(round, round + 3.0 * round + 1.5 * round)];
     m.burst = 3.0;
     let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
     assert!(timed.interference.extra_rounds >= 1);

@@ -158,7 +158,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
-    let config = LlamaConfig { runtime, methods };
+    let config = LlamaConfig { runtime, methods: methods.clone() };
     let pool: Arc<dyn GenerationBackend> = match args.scheduler {
         SchedulerKind::Fifo => {
             Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)
@@ -201,7 +201,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::Ok(())
     })?;
     drop(saver);
-    report_saves(histories.save_changed())
+    report_saves(histories.save_changed())?;
+    if methods.is_measuring() {
+        // The curves are being measured on a thread of their own, inside llama.cpp: returning
+        // would run llama.cpp's static destructors under it (a crash at exit). Everything of ours
+        // is saved and the half-measured curve was never cached: leave at once.
+        eprintln!(
+            "treespec serve: stopped while measuring the cost curves (measured again at the next start)"
+        );
+        use std::io::Write;
+        let _ = std::io::stderr().flush();
+        // SAFETY: `_exit` ends the process without running destructors or atexit handlers; no
+        // state of ours is left unwritten (the histories were saved above, stdout is unused).
+        unsafe { libc::_exit(0) }
+    }
+    Ok(())
 }
 
 /// The server's methods. A cost-aware default whose curves this machine has not measured yet
