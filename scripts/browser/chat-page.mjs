@@ -39,6 +39,8 @@ try {
   if (!(counts["by-copied"] || counts["by-drafted"] || counts["by-forced"])) await fail("no drafted text coloured");
   if (!(parseFloat(numbers.rate) > 0)) await fail("tokens/s not shown");
   if (!(parseFloat(numbers.perForward) >= 1)) await fail("tokens per forward not shown");
+  // The picture: the first answer (the copy of the function), with the last turn's numbers.
+  await page.evaluate(() => { document.querySelectorAll(".assistant")[0].scrollIntoView(); });
   await page.screenshot({ path: screenshot, fullPage: false });
 } catch (e) {
   await fail(String(e));
