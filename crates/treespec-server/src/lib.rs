@@ -8,6 +8,14 @@
 //! [`llama_lanes`] and [`toy_lanes`] are its models) and by [`engine_thread`] (`--scheduler
 //! fifo`: a bounded FIFO queue in front of model-owning worker threads). [`api`] holds the wire
 //! types ([`openapi`] their OpenAPI description), [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
+//! [`llama_api`] answers llama-server's own routes (`/completion`, `/tokenize`, `/props`, …) on
+//! the same seam; `GET /` is a chat page (`chat.html`, embedded) that reads the trace extension
+//! of streamed chunks (each token's provenance).
+//!
+//! Sharing (issue #29, docs/SECURITY.md): each API key is a [`tenant`]; what a request teaches
+//! the server (the suffix history and prices in [`histories`], the methods' learned state in
+//! [`methods`], cached KV prefixes) stays its tenant's. [`serve`] is the accept loop; it lets a
+//! request see when its client has gone ([`serve::PeerClosed`]).
 //!
 //! Structured output (issue #14): `response_format` `json_object` / `json_schema` and forced
 //! tool calls (`tool_choice` `required` or a named function) decode under a grammar
