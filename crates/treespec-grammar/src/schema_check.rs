@@ -5,7 +5,11 @@
 //!   hundred `$ref`s (a flat request body) overflows a thread's stack. Refused beyond
 //!   [`MAX_DEPTH`] levels.
 //! - **Breadth**: compile time grows with the square of an object's optional properties (about
-//!   1.5 s for 5,000). Refused beyond [`MAX_PROPERTIES`] properties in one object or
+//!   1.5 s for 5,000), and while decoding, llguidance's Earley parser holds about four items per
+//!   optional property in one row, against a limit of 2,000 items a row: an object of 499
+//!   optional properties compiled, then failed at its first key, mid-answer (found by
+//!   `scripts/schema-fuzz.sh` on SmolLM2; 450 decoded). Refused beyond [`MAX_PROPERTIES`]
+//!   properties in one object or
 //!   [`MAX_BRANCHES`] branches in one `anyOf`/`oneOf`/`allOf`, and [`MAX_TOTAL`] of both in all.
 //! - **Recursion without end**: a `$ref` that only leads back to itself (`{"$ref": "#"}`, a
 //!   `$defs` cycle, a required property whose schema is the object itself) has no finite
@@ -23,8 +27,9 @@ use crate::GrammarError;
 
 /// Most nesting levels (each subschema and each `$ref` hop is one).
 pub const MAX_DEPTH: usize = 64;
-/// Most properties of one object schema.
-pub const MAX_PROPERTIES: usize = 1000;
+/// Most properties of one object schema (below the ~499 optional ones that overflow the
+/// parser's row limit while decoding, see the module docs).
+pub const MAX_PROPERTIES: usize = 400;
 /// Most branches of one `anyOf`, `oneOf` or `allOf`.
 pub const MAX_BRANCHES: usize = 1000;
 /// Most properties and branches in the whole schema.

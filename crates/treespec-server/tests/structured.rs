@@ -212,6 +212,24 @@ async fn hostile_schemas_are_400s_before_the_response_starts() {
     }
 }
 
+/// The widest object a schema may have decodes on the real vocabulary (499 optional properties
+/// compiled, then overflowed the parser's 2,000-item row at the first key: a 500 mid-answer,
+/// found by `scripts/schema-fuzz.sh`); one more property is a 400 before the response starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_widest_object_allowed_decodes_and_a_wider_one_is_refused() {
+    let Some(app) = app() else { return };
+    let wide = |n: usize| {
+        let props: serde_json::Map<String, Value> =
+            (0..n).map(|i| (format!("p{i}"), json!({"type": "string"}))).collect();
+        json!({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object", "properties": props}}})
+    };
+    let n = treespec_grammar::MAX_PROPERTIES;
+    let (s, text) = common::post_chat(&app, person_request(json!({"response_format": wide(n)}))).await;
+    assert_eq!(s, StatusCode::OK, "{text}");
+    let (s, text) = common::post_chat(&app, person_request(json!({"response_format": wide(n + 1)}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{text}");
+}
+
 /// A tool whose parameters use a local `$ref` (`#/$defs/city`) works as it does in
 /// `response_format`: the call follows the parameters schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
