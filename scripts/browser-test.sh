@@ -19,17 +19,8 @@ if [ ! -d "$OUT/node_modules/playwright-core" ]; then
     (cd "$OUT" && npm init -y >/dev/null && npm install --silent playwright-core@1.64.1)
 fi
 cp scripts/browser/chat-page.mjs "$OUT/"
-target/release/treespec serve -m "$MODEL" --method suffix --port 0 -t 2 -c 4096 2> "$OUT/server.log" &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-URL=
-for _ in $(seq 600); do
-    URL=$(grep -o 'listening on http://[^ ]*' "$OUT/server.log" | head -1 | sed 's/listening on //' || true)
-    [ -n "$URL" ] && break
-    kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
-    sleep 0.1
-done
-[ -n "$URL" ] || { echo "server did not start"; cat "$OUT/server.log"; exit 1; }
+source scripts/lib/server.sh
+start_server "$OUT/server.log" -m "$MODEL" --method suffix --port 0 -t 2 -c 4096
 echo "[browser] server at $URL"
 # The speed-up over plain needs this machine's cost curve: wait while the server measures it.
 for _ in $(seq 600); do

@@ -19,17 +19,8 @@ if ! "$VENV/bin/schemathesis" --version 2>/dev/null | grep -q "$VERSION"; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q "schemathesis==$VERSION"
 fi
-target/release/treespec serve -m "$MODEL" -md "$MODEL" --method chain --port 0 -t 2 2> "$OUT/server.log" &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-URL=
-for _ in $(seq 600); do
-    URL=$(grep -o 'listening on http://[^ ]*' "$OUT/server.log" | head -1 | sed 's/listening on //' || true)
-    [ -n "$URL" ] && break
-    kill -0 "$SERVER" 2>/dev/null || { cat "$OUT/server.log"; exit 1; }
-    sleep 0.1
-done
-[ -n "$URL" ] || { echo "server did not start"; cat "$OUT/server.log"; exit 1; }
+source scripts/lib/server.sh
+start_server "$OUT/server.log" -m "$MODEL" -md "$MODEL" --method chain --port 0 -t 2
 echo "server at $URL"
 # Generations are capped by the schema-fuzzed max_tokens only; keep the bound on examples small.
 # From inside $OUT so that schemathesis's .schemathesis/ cache lands there.
