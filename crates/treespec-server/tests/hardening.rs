@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::Shutdown;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,16 +116,8 @@ async fn half_closed_connections_are_answered() {
     let server = tokio::spawn(treespec_server::serve(listener, app(), async move {
         let _ = stop_rx.await;
     }));
-    let response = tokio::task::spawn_blocking(move || {
-        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
-        let mut s = common::raw_chat(addr, &body);
-        s.shutdown(Shutdown::Write).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    })
-    .await
-    .unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let response = tokio::task::spawn_blocking(move || common::half_closed_chat(addr, &body)).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
     assert!(response.contains("\"chat.completion\""), "{response}");
     // Graceful shutdown still ends the server.

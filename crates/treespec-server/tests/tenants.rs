@@ -11,8 +11,7 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -189,15 +188,8 @@ async fn an_abandoned_non_streamed_request_lets_go() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_closed_client_of_a_long_answer_still_gets_it() {
     let (addr, metrics, stop) = slow_socket_server().await;
-    let response = tokio::task::spawn_blocking(move || {
-        let mut s = raw_request(addr, 40);
-        s.shutdown(Shutdown::Write).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    })
-    .await
-    .unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40});
+    let response = tokio::task::spawn_blocking(move || common::half_closed_chat(addr, &body)).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
     // The body: spaces while it waited, then the answer (chunked: take the JSON out).
     let json_start = response.find("{\"").unwrap();

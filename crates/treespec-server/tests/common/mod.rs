@@ -79,3 +79,14 @@ pub fn raw_chat(addr: std::net::SocketAddr, body: &Value) -> std::net::TcpStream
     .unwrap();
     s
 }
+
+/// [`raw_chat`], then half-close the write side (as `curl`-like tools and some proxies do) and
+/// read the whole response.
+pub fn half_closed_chat(addr: std::net::SocketAddr, body: &Value) -> String {
+    use std::io::Read;
+    let mut s = raw_chat(addr, body);
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
