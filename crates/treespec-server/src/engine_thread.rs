@@ -90,6 +90,9 @@ pub struct Job {
     pub spec: JobSpec,
     /// Whose request it is (what it teaches the server stays the tenant's).
     pub tenant: Tenant,
+    /// Report how each step's text was produced ([`Event::Trace`]): only a client that asked
+    /// for it pays for the runs.
+    pub trace: bool,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
 }

@@ -640,7 +640,7 @@ pub async fn completion(
     spec.prompt = PromptInput::Tokens(tokens);
     let stream = spec.stream;
     let (tx, mut rx) = unbounded_channel();
-    s.backend.submit(Job { spec, tenant, events: tx })?;
+    s.backend.submit(Job { spec, tenant, trace: false, events: tx })?;
     // Errors before any output are plain HTTP errors, also for streamed requests.
     match rx.recv().await {
         Some(Event::Started { .. }) => {}

@@ -58,8 +58,7 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{n:x}{nanos:08x}")
 }
 
-/// `GET /health`.
-/// Ready at once: while this machine's cost curves are measured in the background it says so,
+/// `GET /health`: ready at once; while this machine's cost curves are measured in the background it says so,
 /// and which method serves meanwhile.
 pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
     let mut v =
@@ -216,7 +215,9 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let auto_tools = spec.output.auto_tools().map(<[String]>::to_vec);
     let (tx, mut rx) = unbounded_channel();
-    s.backend.submit(Job { spec, tenant, events: tx })?;
+    // The trace extension is a chat chunk's.
+    let trace = trace && kind == Kind::Chat;
+    s.backend.submit(Job { spec, tenant, trace, events: tx })?;
     // The first event tells whether the prompt was accepted: errors before any output are
     // plain HTTP errors, also for streaming requests.
     let _started = match rx.recv().await {
@@ -234,7 +235,7 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
         include_usage,
         tool_call,
         auto_tools,
-        trace: trace && kind == Kind::Chat,
+        trace,
         plain_rate: s.backend.plain_tokens_per_second(),
     };
     if stream {

@@ -159,6 +159,8 @@ struct Served {
     prompt_tokens: usize,
     /// Context the request reserved (prompt + most new tokens).
     reserved: usize,
+    /// The client asked how each step's text was produced.
+    trace: bool,
 }
 
 /// The scheduler loop over `models`.
@@ -313,6 +315,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             method: prepared.method,
             prompt_tokens,
             reserved: reserve,
+            trace: job.trace,
         });
         Ok(())
     }
@@ -405,11 +408,20 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                         let _ = self.served[k].events.send(Event::Logprobs(entries));
                     }
                     let s = &mut self.served[k];
-                    let spans = traced_text(&mut s.text, &o.emitted, &o.provenance, self.models.bytes());
-                    let chunk: String = spans.iter().map(|s| s.text.as_str()).collect();
-                    if !chunk.is_empty() {
-                        let _ = s.events.send(Event::Trace(spans));
-                    }
+                    let bytes = self.models.bytes();
+                    let chunk = if s.trace {
+                        let spans = traced_text(&mut s.text, &o.emitted, &o.provenance, bytes);
+                        let chunk: String = spans.iter().map(|s| s.text.as_str()).collect();
+                        if !chunk.is_empty() {
+                            let _ = s.events.send(Event::Trace(spans));
+                        }
+                        chunk
+                    } else {
+                        for &t in &o.emitted {
+                            s.text.push(&bytes.token_bytes(t));
+                        }
+                        s.text.take()
+                    };
                     let gone = !chunk.is_empty() && s.events.send(Event::Text(chunk)).is_err();
                     if gone {
                         self.retire(k, Err(RunError::Cancelled(String::new())));
