@@ -28,19 +28,8 @@ for _ in $(seq 600); do
     sleep 1
 done
 curl -sf "$URL/health"; echo
-PROMPT='Add a docstring to this function and return the whole function:
+PROMPT="Add a docstring to this function and return the whole function:
 
-def merge_intervals(intervals):
-    if not intervals:
-        return []
-    intervals = sorted(intervals, key=lambda pair: pair[0])
-    merged = [list(intervals[0])]
-    for start, end in intervals[1:]:
-        last = merged[-1]
-        if start <= last[1]:
-            last[1] = max(last[1], end)
-        else:
-            merged.append([start, end])
-    return merged'
+$(cat scripts/demo/merge_intervals.py)"
 node "$OUT/chat-page.mjs" "$URL/" "$SHOT" "$PROMPT" | tee "$OUT/result.json"
 echo "[browser] PASS; screenshot in $SHOT"

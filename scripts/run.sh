@@ -39,24 +39,12 @@ prompt_file=${1:-}
 if [[ -z "$prompt_file" ]]; then
     prompt_file="$(mktemp)"
     trap 'rm -f "$prompt_file"' EXIT
-    cat >"$prompt_file" <<'EOF'
-Add type hints to this Python function. Return the complete function.
-
-```python
-def merge_intervals(intervals):
-    if not intervals:
-        return []
-    intervals = sorted(intervals, key=lambda pair: pair[0])
-    merged = [list(intervals[0])]
-    for start, end in intervals[1:]:
-        last = merged[-1]
-        if start <= last[1]:
-            last[1] = max(last[1], end)
-        else:
-            merged.append([start, end])
-    return [tuple(pair) for pair in merged]
-```
-EOF
+    # The function (scripts/demo/, also the browser test's) in a code-edit request.
+    {
+        printf 'Add type hints to this Python function. Return the complete function.\n\n```python\n'
+        cat scripts/demo/merge_intervals.py
+        printf '```\n'
+    } >"$prompt_file"
 fi
 
 # One generation as JSON: "<tokens/s> <mean accepted> <token ids>" (MODEL first).
