@@ -7,13 +7,18 @@
 //! start (a file that cannot be read, or a directory that cannot be written, stops the start,
 //! not the shutdown) and saved whenever a request added to it: periodically and at shutdown,
 //! whichever method the server defaults to.
+//!
+//! Each tenant's learned prices travel with its history: loaded from the file's sibling
+//! `<file>.prices.json` ([`HistoryFile::prices_path`]; none yet, as beside a history saved by an
+//! older build, starts from the default pricing) and saved with the history, under its lock,
+//! whenever either changed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::{GlobalHistory, HistoryFile, DEFAULT_CAP_TOKENS};
+use treespec_core::suffix::{GlobalHistory, HistoryFile, SuffixPricing, DEFAULT_CAP_TOKENS};
 use treespec_engine::drafters::SuffixShared;
 
 use crate::tenant::Tenant;
@@ -24,6 +29,8 @@ struct Scope {
     file: Option<HistoryFile>,
     /// The history's additions when it was last saved (or loaded).
     saved: u64,
+    /// The prices' trials when they were last saved (or loaded).
+    saved_trials: u64,
 }
 
 /// Documents ever added to `h` (those held and those evicted): changes whenever a request adds.
@@ -54,6 +61,8 @@ pub struct Saved {
     pub path: PathBuf,
     /// Tokens in the history.
     pub tokens: usize,
+    /// Trials the learned prices saved with it have recorded.
+    pub trials: u64,
 }
 
 impl TenantHistories {
@@ -105,15 +114,20 @@ impl TenantHistories {
         use anyhow::Context;
         let Some((base, tokenizer)) = &self.files else {
             let history = GlobalHistory::new(self.cap)?;
-            return Ok(Scope { shared: SuffixShared::new(history), file: None, saved: 0 });
+            return Ok(Scope { shared: SuffixShared::new(history), file: None, saved: 0, saved_trials: 0 });
         };
         let path = Self::path_of(base, tenant);
         let file = HistoryFile::open(&path).with_context(|| format!("suffix history {}", path.display()))?;
         let history = file
             .load(*tokenizer, self.cap)
             .with_context(|| format!("loading the suffix history {}", path.display()))?;
-        let saved = additions(&history);
-        Ok(Scope { shared: SuffixShared::new(history), file: Some(file), saved })
+        let pricing = file
+            .load_pricing(*tokenizer)
+            .with_context(|| format!("loading the learned prices {}", file.prices_path().display()))?
+            .unwrap_or_else(SuffixPricing::new);
+        let (saved, saved_trials) = (additions(&history), pricing.total_trials());
+        let shared = SuffixShared::with_pricing(history, pricing);
+        Ok(Scope { shared, file: Some(file), saved, saved_trials })
     }
 
     /// `tenant`'s suffix state (a tenant first seen now starts empty, or from its file).
@@ -128,8 +142,9 @@ impl TenantHistories {
         Ok(shared)
     }
 
-    /// Save every history that changed since its last save; returns what was written. Every
-    /// history is tried even when one fails; the first failure is returned after.
+    /// Save every history whose text or learned prices changed since its last save, with its
+    /// prices; returns what was written. Every history is tried even when one fails; the first
+    /// failure is returned after.
     pub fn save_changed(&self) -> anyhow::Result<Vec<Saved>> {
         let Some((_, tokenizer)) = &self.files else { return Ok(Vec::new()) };
         let mut out = Vec::new();
@@ -137,16 +152,20 @@ impl TenantHistories {
         let mut scopes = self.lock();
         for scope in scopes.values_mut() {
             let Some(file) = &scope.file else { continue };
+            // A copy of the prices, taken before the history's read lock (never both held).
+            let pricing = scope.shared.pricing_snapshot();
+            let trials = pricing.total_trials();
             let history = scope.shared.history();
             let additions = additions(&history);
-            if additions == scope.saved {
+            if additions == scope.saved && trials == scope.saved_trials {
                 continue;
             }
-            match file.save(&history, *tokenizer) {
+            match file.save_with_pricing(&history, &pricing, *tokenizer) {
                 Ok(()) => {
-                    out.push(Saved { path: file.path().to_path_buf(), tokens: history.tokens() });
+                    out.push(Saved { path: file.path().to_path_buf(), tokens: history.tokens(), trials });
                     drop(history);
                     scope.saved = additions;
+                    scope.saved_trials = trials;
                 }
                 Err(e) => {
                     let e = anyhow::Error::new(e).context(format!("saving {}", file.path().display()));
@@ -158,5 +177,82 @@ impl TenantHistories {
             Some(e) => Err(e),
             None => Ok(out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use treespec_core::suffix::NodeFeatures;
+
+    const TOK: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("treespec-prices-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn learn(shared: &SuffixShared, trials: usize) {
+        let mut p = shared.pricing();
+        for i in 0..trials {
+            let f = NodeFeatures {
+                match_len: 4 + i % 30,
+                depth: 1 + i % 5,
+                share: 1.0,
+                support: 1,
+                global: false,
+            };
+            p.record(&f, i % 3 != 0);
+        }
+    }
+
+    #[test]
+    fn each_tenants_prices_are_saved_with_its_history_and_come_back() {
+        let dir = scratch("tenants");
+        let base = dir.join("h.bin");
+        let a = Tenant::of_key("alpha");
+        let histories = TenantHistories::in_files(&base, TOK, 1 << 16, [a]).unwrap();
+        let shared = histories.of(a).unwrap();
+        shared.add(1, &[3, 4, 5, 6]);
+        learn(&shared, 500);
+        let saved = histories.save_changed().unwrap();
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0].trials, 500);
+        let file = HistoryFile::open(TenantHistories::path_of(&base, a)).unwrap();
+        assert!(file.prices_path().exists(), "{}", file.prices_path().display());
+        assert!(histories.save_changed().unwrap().is_empty(), "nothing changed");
+        // Prices learned with no new text are saved too.
+        learn(&shared, 7);
+        assert_eq!(histories.save_changed().unwrap()[0].trials, 507);
+        // A restart gives A its prices back exactly; the shared tenant starts from the prior.
+        let again = TenantHistories::in_files(&base, TOK, 1 << 16, [a]).unwrap();
+        assert_eq!(again.of(a).unwrap().pricing_snapshot(), shared.pricing_snapshot());
+        assert_eq!(again.of(Tenant::SHARED).unwrap().pricing().total_trials(), 0);
+        // Prices for another tokenizer stop the start, naming the prices file.
+        let other = TokenizerId { fingerprint: 0x5eee, vocab: 26 };
+        std::fs::write(
+            file.prices_path(),
+            treespec_core::suffix::history_file::pricing_to_bytes(&shared.pricing_snapshot(), other),
+        )
+        .unwrap();
+        let e = TenantHistories::in_files(&base, TOK, 1 << 16, [a]).expect_err("another tokenizer's prices");
+        assert!(format!("{e:#}").contains(".prices.json"), "{e:#}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_history_saved_without_prices_starts_from_the_default_pricing() {
+        let dir = scratch("old");
+        let base = dir.join("h.bin");
+        let mut old = GlobalHistory::new(1 << 16).unwrap();
+        old.add(9, &[1, 2, 3]);
+        HistoryFile::open(&base).unwrap().save(&old, TOK).unwrap();
+        let histories = TenantHistories::in_files(&base, TOK, 1 << 16, []).unwrap();
+        let shared = histories.of(Tenant::SHARED).unwrap();
+        assert_eq!(shared.history().docs(), 1);
+        assert_eq!(shared.pricing_snapshot(), SuffixPricing::new());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,22 +1,37 @@
 //! `treespec generate`: one prompt, streamed to stdout, statistics to stderr (or one JSON object).
+//!
+//! **Learned prices.** A method that drafts from suffix matches (`suffix`, `auto`) starts from
+//! the prices the earlier runs learned rather than from the prior, and leaves what this run
+//! learned for the next ([`LearnedPrices`]): read from the file beside `--suffix-history` when
+//! that has prices, else from the learned-prices cache `<cache>/prices/<tokenizer>.json` (the
+//! cost curves' cache folder: `$TREESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/treespec`, else
+//! `~/.cache/treespec`; one file per tokenizer fingerprint and vocabulary size); written back to
+//! both after the run, atomically. `--no-learned-prices` (or `TREESPEC_NO_LEARNED_PRICES=1`)
+//! reads and writes no prices at all. A cache file that cannot be read or written is a warning
+//! (the run starts from the prior); prices beside `--suffix-history` are the history's, so a
+//! broken one is an error, as a broken history is.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use treespec_core::suffix::HistoryFile;
+use treespec_core::ngram::TokenizerId;
+use treespec_core::suffix::history_file::PricesFile;
+use treespec_core::suffix::{HistoryFile, SuffixPricing};
 use treespec_core::TokenId;
+use treespec_engine::drafters::SuffixShared;
 use treespec_engine::{
     generate_constrained, ExtraStats, GenerateOutput, GenerateRequest, StopConditions, TextStream,
     TokenBytes, TokenConstraint,
 };
 
-use treespec_llama::runtime::Prompt;
-use treespec_llama::ModelBytes;
+use treespec_llama::runtime::{default_cache_dir, Prompt};
+use treespec_llama::{ModelBytes, ModelRuntime};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve};
@@ -49,6 +64,14 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Start the suffix drafter's prices from the prior and keep nothing it learns: neither the
+    /// learned-prices cache nor the prices beside `--suffix-history` are read or written.
+    #[arg(
+        long,
+        env = "TREESPEC_NO_LEARNED_PRICES",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub no_learned_prices: bool,
     #[command(flatten)]
     pub structured: StructuredArgs,
 }
@@ -74,6 +97,15 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (Some(path), Some(_)) => Some(HistoryFile::open(path)?),
         _ => None,
     };
+    let prices = match method.suffix_shared() {
+        Some(shared) if !args.no_learned_prices => {
+            Some(LearnedPrices::start(shared, history_file.as_ref(), &models)?)
+        }
+        _ => None,
+    };
+    if let (Some((path, trials)), false) = (prices.as_ref().and_then(|p| p.loaded.as_ref()), args.json) {
+        eprintln!("learned prices: loaded {trials} trials from {}", path.display());
+    }
     let prompt = models.prompt_tokens(Prompt::text_or_user(&text, args.chat))?;
     let ctx = models.options().ctx_size;
     if prompt.len() >= ctx {
@@ -121,13 +153,24 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         },
     )?;
 
-    if let (Some(file), Some(shared)) = (&history_file, method.suffix_shared()) {
-        file.save(&shared.history(), models.tokenizer_id()?)?;
-    }
+    let saved_prices = match &prices {
+        Some(p) => p.finish(history_file.as_ref())?,
+        None => {
+            if let (Some(file), Some(shared)) = (&history_file, method.suffix_shared()) {
+                file.save(&shared.history(), models.tokenizer_id()?)?;
+            }
+            Vec::new()
+        }
+    };
     let rest = stream.finish();
     full.push_str(&rest);
     if json {
-        println!("{}", json_result(&full, &out, method.name(), &drafter.extra_stats()));
+        let mut result = json_result(&full, &out, method.name(), &drafter.extra_stats());
+        result["learned_prices"] = match &prices {
+            Some(p) => p.json(&saved_prices),
+            None => serde_json::Value::Null,
+        };
+        println!("{result}");
     } else {
         // Whatever was held back and is still part of the final text.
         print!("{rest}");
@@ -140,6 +183,94 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The suffix drafter's learned prices over one run (see the module docs).
+struct LearnedPrices {
+    shared: Arc<SuffixShared>,
+    tokenizer: TokenizerId,
+    /// The cache file, when there is a cache folder that can hold it.
+    cache: Option<PricesFile>,
+    /// Where the prices were loaded from, with the trials they had recorded.
+    loaded: Option<(PathBuf, u64)>,
+    /// Trials recorded when the run started.
+    start_trials: u64,
+}
+
+impl LearnedPrices {
+    /// Load the prices into `shared`: from beside `history` when that has prices, else from the
+    /// cache, else the prior.
+    fn start(
+        shared: &Arc<SuffixShared>,
+        history: Option<&HistoryFile>,
+        models: &ModelRuntime,
+    ) -> Result<Self> {
+        let tokenizer = models.tokenizer_id()?;
+        let cache = match default_cache_dir() {
+            Some(dir) => match Self::cache_file(&dir.join("prices"), tokenizer) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("treespec: warning: the learned-prices cache: {e:#}; what this run learns is not kept");
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut loaded = None;
+        let mut pricing = None;
+        if let Some(file) = history {
+            pricing = file.load_pricing(tokenizer)?;
+            loaded = pricing.as_ref().map(|p| (file.prices_path(), p.total_trials()));
+        }
+        if let (None, Some(c)) = (&pricing, &cache) {
+            match c.load(tokenizer) {
+                Ok(p) => {
+                    loaded = p.as_ref().map(|p| (c.path().to_path_buf(), p.total_trials()));
+                    pricing = p;
+                }
+                Err(e) => eprintln!("treespec: warning: ignoring {e}; starting from the prior"),
+            }
+        }
+        let pricing = pricing.unwrap_or_else(SuffixPricing::new);
+        let start_trials = pricing.total_trials();
+        shared.set_pricing(pricing);
+        Ok(Self { shared: shared.clone(), tokenizer, cache, loaded, start_trials })
+    }
+
+    /// `<dir>/<fingerprint>-<vocabulary>.json`, the folder made if missing.
+    fn cache_file(dir: &std::path::Path, tokenizer: TokenizerId) -> Result<PricesFile> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let name = format!("{:016x}-{}.json", tokenizer.fingerprint, tokenizer.vocab);
+        Ok(PricesFile::open(dir.join(name))?)
+    }
+
+    /// Save the history (when there is a file for it) with the prices, and the prices to the
+    /// cache when this run learned anything; returns the prices files written.
+    fn finish(&self, history: Option<&HistoryFile>) -> Result<Vec<PathBuf>> {
+        let pricing = self.shared.pricing_snapshot();
+        let mut saved = Vec::new();
+        if let Some(file) = history {
+            file.save_with_pricing(&self.shared.history(), &pricing, self.tokenizer)?;
+            saved.push(file.prices_path());
+        }
+        if let (Some(cache), true) = (&self.cache, pricing.total_trials() != self.start_trials) {
+            match cache.save(&pricing, self.tokenizer) {
+                Ok(()) => saved.push(cache.path().to_path_buf()),
+                Err(e) => eprintln!("treespec: warning: {e}; what this run learned is not kept"),
+            }
+        }
+        Ok(saved)
+    }
+
+    /// `--json`'s `learned_prices`: where they came from and went to.
+    fn json(&self, saved: &[PathBuf]) -> serde_json::Value {
+        json!({
+            "loaded_from": self.loaded.as_ref().map(|(p, _)| p.display().to_string()),
+            "loaded_trials": self.loaded.as_ref().map_or(0, |(_, n)| *n),
+            "trials": self.shared.pricing().total_trials(),
+            "saved_to": saved.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        })
+    }
 }
 
 /// `--json`: the text, the tokens and the statistics as one object.

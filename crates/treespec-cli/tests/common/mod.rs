@@ -60,12 +60,14 @@ pub fn binary() -> PathBuf {
 pub const TEST_COSTS: &str = "linear:20,2";
 
 /// `treespec ARGS` with no input and its output piped. OpenMP threads wait passively, since tests
-/// run in parallel.
+/// run in parallel. The cache folder (`TREESPEC_CACHE_DIR`: cost curves, learned prices) is this
+/// test process's own, so that no test reads or writes the user's cache.
 pub fn command(args: &[&str]) -> Command {
     let mut c = Command::new(binary());
     c.args(args)
         .env("OMP_WAIT_POLICY", "passive")
         .env("TREESPEC_COSTS", TEST_COSTS)
+        .env("TREESPEC_CACHE_DIR", scratch("cache"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -20,13 +20,38 @@
 //!
 //! The lock file sits beside the resolved target, so two symlinks to one file share it. The
 //! symlink is resolved once, at open.
+//!
+//! **Learned prices beside the history.** The suffix drafter's [`SuffixPricing`] is kept in a
+//! sibling file, `<target>.prices.json` ([`HistoryFile::prices_path`]), written by the same
+//! procedure under the same lock ([`HistoryFile::save_with_pricing`] writes the prices, then the
+//! history, holding the lock once). The history's binary format is unchanged: a history saved
+//! before prices were kept simply has no sibling and loads with the default pricing. A
+//! [`PricesFile`] is such a prices file on its own (the CLI's learned-prices cache).
+//!
+//! The prices file is JSON, tagged like the history with the tokenizer its prices were learned
+//! with (prices learned on one tokenizer's tokens mean nothing for another's, so another
+//! tokenizer's file is refused):
+//!
+//! ```json
+//! { "format": "treespec suffix prices", "version": 1,
+//!   "tokenizer": { "fingerprint": "0x00000000deadbeef", "vocab": 49152 },
+//!   "pricing": { "accepted": ["0.0", "12.5", ...], "trials": [...], "total": 1234 } }
+//! ```
+//!
+//! Every floating-point number of the pricing is written as the text of its shortest exact
+//! decimal (Rust's `{:?}`) and parsed back by Rust, so the prices read back bit for bit (a JSON
+//! number read by `serde_json` without its `float_roundtrip` feature can be one ulp off). A file
+//! whose pricing does not have this build's shape (another feature grid) is refused too.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde_json::{Map, Number, Value};
+
 use super::history::GlobalHistory;
+use super::pricing::SuffixPricing;
 use crate::ngram::TokenizerId;
 use crate::{Error, Result};
 
@@ -35,6 +60,13 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Symlinks followed before giving up (as Linux's `ELOOP` limit).
 const MAX_SYMLINKS: usize = 40;
+
+/// The `format` tag of a prices file.
+pub const PRICES_FORMAT: &str = "treespec suffix prices";
+/// The version of the prices file format this build writes and reads.
+pub const PRICES_VERSION: u64 = 1;
+/// What a history's prices file is named after the history's file name.
+const PRICES_SUFFIX: &str = ".prices.json";
 
 /// Where a global history is saved: a resolved, checked path and its lock (see the module docs).
 #[derive(Debug, Clone)]
@@ -50,6 +82,8 @@ pub struct HistoryFile {
     /// The target's file name, for temporary files' names.
     name: String,
     lock_timeout: Duration,
+    /// What the file holds, for messages ("suffix history", "learned prices").
+    what: &'static str,
 }
 
 impl HistoryFile {
@@ -59,8 +93,13 @@ impl HistoryFile {
     /// Every problem is an error naming the path and the reason. Saving blocks (file I/O, and up
     /// to [`Self::lock_timeout`] for the lock): async callers should save on a blocking thread.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let bad = |why: String| Error::Invalid(format!("suffix history {}: {why}", path.display()));
+        Self::open_as(path.as_ref(), "suffix history")
+    }
+
+    /// [`Self::open`] for a file holding `what` (named so in messages).
+    fn open_as(path: &Path, what: &'static str) -> Result<Self> {
+        let path = path.to_path_buf();
+        let bad = |why: String| Error::Invalid(format!("{what} {}: {why}", path.display()));
         let resolved = resolve_symlinks(&path).map_err(&bad)?;
         let name = match resolved.file_name().and_then(|n| n.to_str()) {
             Some(n) => n.to_string(),
@@ -85,11 +124,12 @@ impl HistoryFile {
             name,
             path: path.clone(),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            what,
         };
         // Writable: a temporary file of the kind a save makes can be created there (and is
         // removed again). Checked by trying, as permissions alone do not tell (root, ACLs,
         // read-only mounts).
-        file.temp_file()
+        file.temp_file(&file.name)
             .map_err(|e| bad(format!("its directory {} is not writable: {e}", file.dir.display())))?;
         file.open_lock().map_err(|e| bad(format!("lock file {}: {e}", file.lock.display())))?;
         Ok(file)
@@ -134,39 +174,86 @@ impl HistoryFile {
     }
 
     /// Save `history` (tagged with `tokenizer`) atomically under the lock (see the module docs).
+    /// The prices file beside it is left as it is.
     pub fn save(&self, history: &GlobalHistory, tokenizer: TokenizerId) -> Result<()> {
         self.save_bytes(&history.to_bytes(tokenizer), &mut |_| Ok(()))
     }
 
-    /// Write `bytes` over the target; `before_rename` runs on the synced temporary file just
-    /// before it is renamed (tests stop a save there).
+    /// The file the learned prices of this history are kept in: `<target>.prices.json`, beside
+    /// the resolved target.
+    pub fn prices_path(&self) -> PathBuf {
+        self.dir.join(self.prices_name())
+    }
+
+    fn prices_name(&self) -> String {
+        format!("{}{PRICES_SUFFIX}", self.name)
+    }
+
+    /// The learned prices saved with this history, or None when there are none (no save with
+    /// prices yet, e.g. a history written by an older treespec: start from the default pricing).
+    /// A malformed prices file, or one for another tokenizer, is an error naming it.
+    pub fn load_pricing(&self, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
+        read_pricing(&self.prices_path(), tokenizer)
+    }
+
+    /// Save `history` and the learned `pricing` with it (both tagged with `tokenizer`), each
+    /// atomically, under one hold of the lock: the prices first, then the history.
+    pub fn save_with_pricing(
+        &self,
+        history: &GlobalHistory,
+        pricing: &SuffixPricing,
+        tokenizer: TokenizerId,
+    ) -> Result<()> {
+        let _lock = self.take_lock()?;
+        let prices = self.prices_path();
+        self.write_locked(&prices, &self.prices_name(), &pricing_to_bytes(pricing, tokenizer), &mut |_| {
+            Ok(())
+        })?;
+        self.write_locked(&self.target, &self.name, &history.to_bytes(tokenizer), &mut |_| Ok(()))
+    }
+
+    /// Write `bytes` over the target under the lock; `before_rename` runs on the synced temporary
+    /// file just before it is renamed (tests stop a save there).
     fn save_bytes(
         &self,
         bytes: &[u8],
         before_rename: &mut dyn FnMut(&Path) -> std::io::Result<()>,
     ) -> Result<()> {
-        let io = |what: &str, e: std::io::Error| {
-            Error::Invalid(format!("saving the suffix history {}: {what}: {e}", self.describe()))
-        };
         let _lock = self.take_lock()?;
-        let mut tmp = self.temp_file().map_err(|e| io("creating a temporary file", e))?;
+        self.write_locked(&self.target, &self.name, bytes, before_rename)
+    }
+
+    /// Write `bytes` over `target` (named `name`, in the target's directory): a temporary file,
+    /// synced, renamed over it, the directory synced. The caller holds the lock.
+    fn write_locked(
+        &self,
+        target: &Path,
+        name: &str,
+        bytes: &[u8],
+        before_rename: &mut dyn FnMut(&Path) -> std::io::Result<()>,
+    ) -> Result<()> {
+        let shown = if target == self.target { self.describe() } else { target.display().to_string() };
+        let what = if target == self.target { self.what } else { "learned prices" };
+        let io =
+            |step: &str, e: std::io::Error| Error::Invalid(format!("saving the {what} {shown}: {step}: {e}"));
+        let mut tmp = self.temp_file(name).map_err(|e| io("creating a temporary file", e))?;
         #[cfg(unix)]
-        if let Ok(meta) = std::fs::metadata(&self.target) {
+        if let Ok(meta) = std::fs::metadata(target) {
             // Keep the mode of the file being replaced.
             tmp.as_file().set_permissions(meta.permissions()).map_err(|e| io("copying permissions", e))?;
         }
         tmp.write_all(bytes).map_err(|e| io("writing", e))?;
         tmp.as_file().sync_all().map_err(|e| io("syncing", e))?;
         before_rename(tmp.path()).map_err(|e| io("before renaming", e))?;
-        tmp.persist(&self.target).map_err(|e| io("renaming the temporary file over it", e.error))?;
+        tmp.persist(target).map_err(|e| io("renaming the temporary file over it", e.error))?;
         sync_dir(&self.dir).map_err(|e| io("syncing its directory", e))
     }
 
-    /// A new temporary file beside the target, removed when dropped unless persisted. Created
-    /// with the mode a plain `File::create` would give (0666 less the umask).
-    fn temp_file(&self) -> std::io::Result<tempfile::NamedTempFile> {
+    /// A new temporary file for `name` in the target's directory, removed when dropped unless
+    /// persisted. Created with the mode a plain `File::create` would give (0666 less the umask).
+    fn temp_file(&self, name: &str) -> std::io::Result<tempfile::NamedTempFile> {
         let mut b = tempfile::Builder::new();
-        let prefix = format!(".{}.", self.name);
+        let prefix = format!(".{name}.");
         b.prefix(&prefix).suffix(".tmp");
         #[cfg(unix)]
         {
@@ -212,6 +299,175 @@ impl HistoryFile {
             self.path.display().to_string()
         } else {
             format!("{} (-> {})", self.path.display(), self.target.display())
+        }
+    }
+}
+
+/// Learned prices on their own in a file (the CLI's learned-prices cache): the format of a
+/// history's prices file (see the module docs), opened, checked, saved and locked as a
+/// [`HistoryFile`] is (its lock is `<target>.lock`).
+#[derive(Debug, Clone)]
+pub struct PricesFile {
+    file: HistoryFile,
+}
+
+impl PricesFile {
+    /// Resolve and check `path` as [`HistoryFile::open`] does (the directory must exist).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Ok(Self { file: HistoryFile::open_as(path.as_ref(), "learned prices")? })
+    }
+
+    /// The same file with another bound on the wait for the lock.
+    pub fn with_lock_timeout(self, timeout: Duration) -> Self {
+        Self { file: self.file.with_lock_timeout(timeout) }
+    }
+
+    /// The path as given to [`Self::open`].
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// The file a save replaces (symlinks followed).
+    pub fn target(&self) -> &Path {
+        self.file.target()
+    }
+
+    /// The saved prices, or None when the file does not exist yet. A malformed file, or one for
+    /// another tokenizer, is an error naming it.
+    pub fn load(&self, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
+        read_pricing(self.file.target(), tokenizer)
+    }
+
+    /// Save `pricing` (tagged with `tokenizer`) atomically under the lock.
+    pub fn save(&self, pricing: &SuffixPricing, tokenizer: TokenizerId) -> Result<()> {
+        self.file.save_bytes(&pricing_to_bytes(pricing, tokenizer), &mut |_| Ok(()))
+    }
+}
+
+/// The prices in the file at `path`, None when it does not exist.
+fn read_pricing(path: &Path, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::Invalid(format!("reading the learned prices {}: {e}", path.display()))),
+    };
+    pricing_from_bytes(&bytes, tokenizer)
+        .map(Some)
+        .map_err(|e| Error::Invalid(format!("learned prices {}: {e}", path.display())))
+}
+
+/// The bytes of a prices file (see the module docs) holding `pricing`, learned on `tokenizer`.
+pub fn pricing_to_bytes(pricing: &SuffixPricing, tokenizer: TokenizerId) -> Vec<u8> {
+    let pricing = serde_json::to_value(pricing).expect("the pricing serializes");
+    let file = serde_json::json!({
+        "format": PRICES_FORMAT,
+        "version": PRICES_VERSION,
+        "tokenizer": {
+            "fingerprint": format!("{:#018x}", tokenizer.fingerprint),
+            "vocab": tokenizer.vocab,
+        },
+        "pricing": floats_as_text(pricing),
+    });
+    let mut bytes = serde_json::to_vec_pretty(&file).expect("a JSON value serializes");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// Parse the bytes of a prices file written by [`pricing_to_bytes`] for `tokenizer`. Every
+/// problem (not JSON, another format or version, another tokenizer, another shape of pricing, a
+/// number that is not finite and non-negative) is an error naming it.
+pub fn pricing_from_bytes(bytes: &[u8], tokenizer: TokenizerId) -> Result<SuffixPricing> {
+    let bad = |why: String| Error::Invalid(why);
+    let file: Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    if file.get("format").and_then(Value::as_str) != Some(PRICES_FORMAT) {
+        return Err(bad(format!("not a treespec prices file (no \"format\": \"{PRICES_FORMAT}\")")));
+    }
+    match file.get("version").and_then(Value::as_u64) {
+        Some(PRICES_VERSION) => {}
+        Some(v) => {
+            return Err(bad(format!("format version {v}, but this treespec reads version {PRICES_VERSION}")))
+        }
+        None => return Err(bad("no format version".into())),
+    }
+    let found = file
+        .get("tokenizer")
+        .and_then(|t| {
+            let hex = t.get("fingerprint")?.as_str()?.strip_prefix("0x")?;
+            let fingerprint = u64::from_str_radix(hex, 16).ok()?;
+            let vocab = u32::try_from(t.get("vocab")?.as_u64()?).ok()?;
+            Some(TokenizerId { fingerprint, vocab })
+        })
+        .ok_or_else(|| bad("no valid \"tokenizer\" (a hex \"fingerprint\" and a \"vocab\")".into()))?;
+    if found != tokenizer {
+        return Err(bad(format!("written for the tokenizer with {found}, but the model's is {tokenizer}")));
+    }
+    let found = file.get("pricing").ok_or_else(|| bad("no \"pricing\"".into()))?;
+    let want = serde_json::to_value(SuffixPricing::default()).expect("the pricing serializes");
+    let value = text_as_floats(&want, found, "pricing").map_err(bad)?;
+    serde_json::from_value(value).map_err(|e| bad(format!("pricing: {e}")))
+}
+
+/// `v` with every floating-point number replaced by the text of its shortest exact decimal.
+fn floats_as_text(v: Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => Value::String(format!("{:?}", n.as_f64().expect("an f64"))),
+        Value::Array(items) => Value::Array(items.into_iter().map(floats_as_text).collect()),
+        Value::Object(fields) => {
+            Value::Object(fields.into_iter().map(|(k, v)| (k, floats_as_text(v))).collect())
+        }
+        other => other,
+    }
+}
+
+/// `found` read as a value of `want`'s shape (the same keys, the same array lengths) with the
+/// texts standing for `want`'s floating-point numbers parsed back (each finite and ≥ 0), or what
+/// differs, at `at` (a path such as `pricing.trials[3]`).
+fn text_as_floats(want: &Value, found: &Value, at: &str) -> std::result::Result<Value, String> {
+    match (want, found) {
+        (Value::Number(w), Value::String(_) | Value::Number(_)) if w.is_f64() => {
+            // The text of an exact decimal; a plain JSON number (a hand edit) is taken too.
+            let x = match found {
+                Value::String(s) => s.parse::<f64>().ok(),
+                _ => found.as_f64(),
+            };
+            match x {
+                Some(x) if x.is_finite() && x >= 0.0 => {
+                    Ok(Value::Number(Number::from_f64(x).expect("finite")))
+                }
+                _ => Err(format!("{at} is {found}, not a finite non-negative number")),
+            }
+        }
+        (Value::Number(w), Value::Number(n)) if w.is_u64() && n.is_u64() => Ok(found.clone()),
+        (Value::Array(w), Value::Array(f)) => {
+            if w.len() != f.len() {
+                return Err(format!(
+                    "{at} holds {} values where this treespec has {} (prices of another feature grid)",
+                    f.len(),
+                    w.len()
+                ));
+            }
+            (0..w.len())
+                .map(|i| text_as_floats(&w[i], &f[i], &format!("{at}[{i}]")))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map(Value::Array)
+        }
+        (Value::Object(w), Value::Object(f)) => {
+            if let Some(k) = f.keys().find(|k| !w.contains_key(*k)) {
+                return Err(format!("{at} has an unknown field {k:?}"));
+            }
+            let mut out = Map::new();
+            for (k, wv) in w {
+                let fv = f.get(k).ok_or_else(|| format!("{at} has no field {k:?}"))?;
+                out.insert(k.clone(), text_as_floats(wv, fv, &format!("{at}.{k}"))?);
+            }
+            Ok(Value::Object(out))
+        }
+        _ => {
+            let mut shown = found.to_string();
+            if shown.len() > 40 {
+                shown = format!("{}…", shown.chars().take(40).collect::<String>());
+            }
+            Err(format!("{at} is {shown}, not what a pricing holds there"))
         }
     }
 }
@@ -310,5 +566,125 @@ mod tests {
         drop(held);
         file.save(&history(&[&[1]]), TOK).unwrap();
         assert_eq!(file.load(TOK, 1000).unwrap().docs(), 1);
+    }
+
+    fn trained_pricing() -> SuffixPricing {
+        use crate::suffix::NodeFeatures;
+        let mut p = SuffixPricing::new();
+        // Irregular decayed counts in many cells: floats that a lossy decimal would not keep.
+        for i in 0..3000u64 {
+            let f = NodeFeatures {
+                match_len: (i % 70) as usize,
+                depth: 1 + (i % 9) as usize,
+                share: [0.3, 0.7, 1.0][(i % 3) as usize],
+                support: 1 + (i % 2) as u32,
+                global: i % 5 == 0,
+            };
+            p.record(&f, (i * 2_654_435_761) % 7 < 4);
+        }
+        p
+    }
+
+    #[test]
+    fn prices_round_trip_exactly_beside_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        assert_eq!(file.prices_path(), file.target().with_file_name("h.bin.prices.json"));
+        assert_eq!(file.load_pricing(TOK).unwrap(), None, "nothing saved yet");
+        let h = history(&[&[1, 2, 3], &[4, 5]]);
+        let p = trained_pricing();
+        assert_eq!(p.total_trials(), 3000);
+        file.save_with_pricing(&h, &p, TOK).unwrap();
+        let back = file.load_pricing(TOK).unwrap().expect("saved prices");
+        // Bit for bit: the derived equality compares every count exactly, and so does serde.
+        assert_eq!(back, p);
+        assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&p).unwrap());
+        assert_eq!(file.load(TOK, 1000).unwrap().index().tokens(), h.index().tokens());
+        // The history itself is still the binary format older builds read.
+        assert!(std::fs::read(file.target()).unwrap().starts_with(b"TSSUFH01"));
+        assert_eq!(others(dir.path(), &["h.bin", "h.bin.lock", "h.bin.prices.json"]), Vec::<String>::new());
+
+        // The same through a prices file of its own.
+        let alone = PricesFile::open(dir.path().join("p.json")).unwrap();
+        assert_eq!(alone.load(TOK).unwrap(), None);
+        alone.save(&p, TOK).unwrap();
+        assert_eq!(alone.load(TOK).unwrap(), Some(p.clone()));
+        assert_eq!(pricing_from_bytes(&pricing_to_bytes(&p, TOK), TOK).unwrap(), p);
+        let fresh = SuffixPricing::new();
+        assert_eq!(pricing_from_bytes(&pricing_to_bytes(&fresh, TOK), TOK).unwrap(), fresh);
+    }
+
+    #[test]
+    fn another_tokenizers_prices_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        file.save_with_pricing(&history(&[&[1, 2]]), &trained_pricing(), TOK).unwrap();
+        for other in
+            [TokenizerId { fingerprint: 12, vocab: 100 }, TokenizerId { fingerprint: 11, vocab: 101 }]
+        {
+            let err = file.load_pricing(other).unwrap_err().to_string();
+            assert!(err.contains("tokenizer") && err.contains("h.bin.prices.json"), "{err}");
+        }
+        let alone = PricesFile::open(dir.path().join("p.json")).unwrap();
+        alone.save(&trained_pricing(), TOK).unwrap();
+        let err = alone.load(TokenizerId { fingerprint: 12, vocab: 100 }).unwrap_err().to_string();
+        assert!(err.contains("tokenizer") && err.contains("p.json"), "{err}");
+    }
+
+    #[test]
+    fn a_history_saved_without_prices_loads_with_the_default_pricing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.bin");
+        // What a build before the prices wrote: the history alone.
+        let h = history(&[&[7, 8, 9]]);
+        std::fs::write(&path, h.to_bytes(TOK)).unwrap();
+        let file = HistoryFile::open(&path).unwrap();
+        assert_eq!(file.load(TOK, 1000).unwrap().index().tokens(), h.index().tokens());
+        assert_eq!(file.load_pricing(TOK).unwrap(), None);
+        // A plain save still leaves the prices alone; a save with prices adds them.
+        file.save(&h, TOK).unwrap();
+        assert!(!file.prices_path().exists());
+        file.save_with_pricing(&h, &trained_pricing(), TOK).unwrap();
+        assert_eq!(file.load_pricing(TOK).unwrap(), Some(trained_pricing()));
+    }
+
+    #[test]
+    fn malformed_prices_are_errors_naming_the_problem() {
+        let good: Value = serde_json::from_slice(&pricing_to_bytes(&trained_pricing(), TOK)).unwrap();
+        let check = |edit: &dyn Fn(&mut Value), want: &str| {
+            let mut v = good.clone();
+            edit(&mut v);
+            let err = pricing_from_bytes(&serde_json::to_vec(&v).unwrap(), TOK).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        };
+        check(&|v| v["format"] = "something else".into(), "not a treespec prices file");
+        check(&|v| v["version"] = 2.into(), "version 2");
+        check(&|v| v["tokenizer"]["fingerprint"] = 11.into(), "tokenizer");
+        check(&|v| drop(v["pricing"]["accepted"].as_array_mut().unwrap().pop()), "feature grid");
+        check(&|v| v["pricing"]["trials"][3] = "-1.0".into(), "pricing.trials[3]");
+        check(&|v| v["pricing"]["trials"][3] = "NaN".into(), "finite");
+        check(&|v| v["pricing"]["total"] = "12".into(), "pricing.total");
+        check(&|v| drop(v["pricing"].as_object_mut().unwrap().remove("trials")), "no field \"trials\"");
+        check(&|v| v["pricing"]["extra"] = 1.into(), "unknown field");
+        let bytes = pricing_to_bytes(&trained_pricing(), TOK);
+        for cut in [0, 1, bytes.len() / 2, bytes.len() - 3] {
+            assert!(pricing_from_bytes(&bytes[..cut], TOK).is_err(), "cut at {cut}");
+        }
+        // A hand-edited plain number is read.
+        let mut v = good.clone();
+        v["pricing"]["trials"][0] = 2.5.into();
+        assert!(pricing_from_bytes(&serde_json::to_vec(&v).unwrap(), TOK).is_ok());
+    }
+
+    #[test]
+    fn a_save_with_prices_waits_for_the_same_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap().with_lock_timeout(Duration::ZERO);
+        let held = file.take_lock().unwrap();
+        let err = file.save_with_pricing(&history(&[&[1]]), &trained_pricing(), TOK).unwrap_err();
+        assert!(err.to_string().contains("h.bin.lock"), "{err}");
+        assert!(!file.target().exists() && !file.prices_path().exists());
+        drop(held);
+        file.save_with_pricing(&history(&[&[1]]), &trained_pricing(), TOK).unwrap();
     }
 }

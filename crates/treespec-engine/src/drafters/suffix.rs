@@ -53,7 +53,12 @@ pub struct SuffixShared {
 impl SuffixShared {
     /// Shared state around a history (e.g. one loaded from a file).
     pub fn new(history: GlobalHistory) -> Arc<Self> {
-        Arc::new(Self { history: RwLock::new(history), pricing: Mutex::new(SuffixPricing::new()) })
+        Self::with_pricing(history, SuffixPricing::new())
+    }
+
+    /// Shared state around a history and learned prices (e.g. both loaded from files).
+    pub fn with_pricing(history: GlobalHistory, pricing: SuffixPricing) -> Arc<Self> {
+        Arc::new(Self { history: RwLock::new(history), pricing: Mutex::new(pricing) })
     }
 
     /// Shared state with an empty history of the default cap.
@@ -78,6 +83,16 @@ impl SuffixShared {
     /// The learned prices.
     pub fn pricing(&self) -> std::sync::MutexGuard<'_, SuffixPricing> {
         self.pricing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of the learned prices (e.g. to save them without holding the drafters up).
+    pub fn pricing_snapshot(&self) -> SuffixPricing {
+        self.pricing().clone()
+    }
+
+    /// Replace the learned prices (e.g. with prices saved by an earlier run).
+    pub fn set_pricing(&self, pricing: SuffixPricing) {
+        *self.pricing() = pricing;
     }
 }
 
@@ -675,6 +690,32 @@ mod tests {
         let weak = vec![7, 8, 1, 7, 8, 2, 7, 8];
         d.begin(&weak, &sampler, 0).unwrap();
         assert_eq!(d.propose(&ctx(&weak, &sampler)).unwrap().drafted(), 0);
+    }
+
+    #[test]
+    fn prices_carried_to_new_shared_state_draft_the_long_copy_at_once() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let learned = SuffixShared::empty();
+        trained(&learned);
+        // What a later process starts with: an empty history, the saved prices.
+        let warm = SuffixShared::with_pricing(
+            GlobalHistory::new(DEFAULT_CAP_TOKENS).unwrap(),
+            learned.pricing_snapshot(),
+        );
+        assert_eq!(*warm.pricing(), *learned.pricing());
+        let (_, history) = copying(&[1, 2]);
+        let depth = |shared: &Arc<SuffixShared>| {
+            let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
+            let mut d = SuffixDrafter::new(config).unwrap();
+            d.begin(&history, &sampler, 0).unwrap();
+            d.propose(&ctx(&history, &sampler)).unwrap().max_depth()
+        };
+        assert!(depth(&warm) >= 20, "the learned prices draft the rest of the quote");
+        assert!(depth(&SuffixShared::empty()) < 20, "the prior is cautious");
+        // set_pricing replaces the prices of state already shared.
+        let cold = SuffixShared::empty();
+        cold.set_pricing(learned.pricing_snapshot());
+        assert!(depth(&cold) >= 20);
     }
 
     #[test]
