@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use crate::llama_api::Timings;
+
 /// One chat message as sent by a client. `content` is a string or an array of text parts.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
@@ -157,12 +159,29 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Sum.
     pub total_tokens: usize,
+    /// How the prompt tokens were served (always present).
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Leading prompt tokens whose KV was reused from a cached or live prefix of the same
+    /// tenant's earlier requests (batch scheduler) instead of being prefilled; 0 on a fresh
+    /// prompt, and always 0 with `--scheduler fifo`. Same number as llama-server's
+    /// `timings.cache_n`.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    /// From the two counts.
-    pub fn new(prompt: usize, completion: usize) -> Self {
-        Self { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion }
+    /// From the counts: prompt tokens (`cached` of them from the prefix cache) and generated ones.
+    pub fn new(prompt: usize, completion: usize, cached: usize) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+        }
     }
 }
 
@@ -283,6 +302,8 @@ pub struct ChatCompletionResponse {
     pub choices: Vec<ChatChoice>,
     /// Token usage.
     pub usage: Usage,
+    /// Prompt and generation timings and draft counts, in llama-server's shape (its `timings`).
+    pub timings: Timings,
     /// Decoding statistics (extension).
     pub treespec: TreespecStats,
 }
@@ -327,13 +348,29 @@ pub struct ChatCompletionChunk {
     pub model: String,
     /// Zero (usage chunk) or one choice.
     pub choices: Vec<ChunkChoice>,
-    /// Only in the usage chunk (`stream_options.include_usage`); null otherwise.
+    /// Only in the usage chunk (`stream_options.include_usage`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// treespec's extension, only for a request sent with the header `X-Treespec-Trace: 1`: how
-    /// each piece of the chunk's text was produced, and the request's statistics at the end.
+    /// Only in the last chunk before `[DONE]` (the usage chunk when asked for, else the finish
+    /// chunk), as llama-server sends it: the request's timings and draft counts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub treespec: Option<ChunkTrace>,
+    pub timings: Option<Timings>,
+    /// treespec's extension: with the header `X-Treespec-Trace: 1`, how each piece of the chunk's
+    /// text was produced and, in the finish chunk, the request's statistics ([`ChunkTrace`]);
+    /// in the usage chunk, the request's statistics as non-streamed responses carry them
+    /// ([`TreespecStats`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub treespec: Option<ChunkTreespec>,
+}
+
+/// The `treespec` field of a streamed chat chunk.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ChunkTreespec {
+    /// The trace extension (`X-Treespec-Trace: 1`).
+    Trace(ChunkTrace),
+    /// The request's decoding statistics (the last chunk).
+    Stats(TreespecStats),
 }
 
 /// How a streamed chunk's text was produced (the `X-Treespec-Trace: 1` extension).
@@ -394,12 +431,19 @@ pub struct CompletionResponse {
     /// Token usage (always when not streaming; usage chunk when streaming).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// Decoding statistics (extension; non-streaming only).
+    /// Timings and draft counts in llama-server's shape (always when not streaming; when
+    /// streaming, in the last chunk before `[DONE]`: the usage chunk when asked for, else the
+    /// finish chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+    /// Decoding statistics (extension; always when not streaming; in the usage chunk when
+    /// streaming).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub treespec: Option<TreespecStats>,
 }
 
-/// Decoding statistics returned in the `treespec` field of non-streaming responses.
+/// Decoding statistics returned in the `treespec` field of non-streaming responses (and of the
+/// streamed usage chunk).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, ToSchema)]
 pub struct TreespecStats {
     /// The method that decoded.

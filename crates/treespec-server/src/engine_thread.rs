@@ -62,6 +62,11 @@ pub struct Finished {
     pub finish_reason: &'static str,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose KV came from a cached or live prefix (a tenant's earlier
+    /// request) instead of being prefilled: OpenAI's `prompt_tokens_details.cached_tokens`,
+    /// llama-server's `timings.cache_n`. Always 0 on the FIFO workers, which prefill every prompt
+    /// whole.
+    pub cached_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,
     /// The method.
@@ -173,13 +178,29 @@ impl JobQueue {
             }
             self.metrics.in_flight(1);
             let events = job.events.clone();
-            let mut emit = |e: Event| events.send(e).is_ok();
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                worker.run(&job.spec, job.tenant, &mut emit)
-            }));
+            // The `Done` event waits until the metrics hold the run (as the batch scheduler
+            // does): a client that reads `/metrics` after its answer finds its request there.
+            let mut done = None;
+            let result = {
+                let mut emit = |e: Event| match e {
+                    Event::Done(f) => {
+                        done = Some(f);
+                        true
+                    }
+                    e => events.send(e).is_ok(),
+                };
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    worker.run(&job.spec, job.tenant, &mut emit)
+                }))
+            };
             self.metrics.in_flight(-1);
             match result {
-                Ok(Ok(run)) => self.metrics.generation(&run.method, run.prompt_tokens, &run.stats),
+                Ok(Ok(run)) => {
+                    self.metrics.generation(&run.method, run.prompt_tokens, &run.stats);
+                    if let Some(f) = done {
+                        let _ = job.events.send(Event::Done(f));
+                    }
+                }
                 Ok(Err(RunError::Cancelled(method))) => self.metrics.cancelled(&method),
                 Ok(Err(RunError::Api(e))) => {
                     self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
@@ -324,7 +345,8 @@ pub fn run_generation(
     if !rest.is_empty() && !emit(Event::Text(rest)) {
         return Err(RunError::Cancelled(method.to_string()));
     }
-    emit(Event::Done(finished(&out, method, prompt_tokens, &text)));
+    // The target is truncated to nothing and the whole prompt prefilled: no prefix is reused.
+    emit(Event::Done(finished(&out, method, prompt_tokens, 0, &text)));
     Ok(RunSummary { method: method.to_string(), prompt_tokens, stats: out.stats })
 }
 
@@ -341,8 +363,15 @@ pub fn engine_error(e: EngineError) -> RunError {
     }
 }
 
-/// The `Done` event of a finished generation whose text went through `text`.
-pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, text: &TextStream) -> Finished {
+/// The `Done` event of a finished generation whose text went through `text`, `cached_tokens` of
+/// whose prompt were reused from a cached prefix.
+pub fn finished(
+    out: &GenerateOutput,
+    method: &str,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    text: &TextStream,
+) -> Finished {
     let finish_reason = match out.finish_reason {
         treespec_engine::FinishReason::Length => "length",
         _ => "stop",
@@ -350,6 +379,7 @@ pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, text: 
     Finished {
         finish_reason,
         prompt_tokens,
+        cached_tokens,
         completion_tokens: out.tokens.len(),
         method: method.to_string(),
         stats: out.stats.clone(),

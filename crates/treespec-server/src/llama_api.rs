@@ -154,16 +154,20 @@ pub struct GenerationSettings {
     pub method: Option<String>,
 }
 
-/// Prompt and generation timings, in llama-server's form.
+/// Prompt and generation timings, in llama-server's form (its `timings`, with the same field
+/// names): also in the OpenAI routes' answers (non-streamed, and the last streamed chunk).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, ToSchema)]
 pub struct Timings {
-    /// Prompt tokens.
+    /// Prompt tokens reused from the prefix cache (not prefilled); `prompt_n + cache_n` is the
+    /// whole prompt.
+    pub cache_n: usize,
+    /// Prompt tokens prefilled (the prompt less `cache_n`).
     pub prompt_n: usize,
     /// Milliseconds reading the prompt.
     pub prompt_ms: f64,
-    /// Per prompt token.
+    /// Per prefilled prompt token.
     pub prompt_per_token_ms: f64,
-    /// Prompt tokens a second.
+    /// Prefilled prompt tokens a second.
     pub prompt_per_second: f64,
     /// Generated tokens.
     pub predicted_n: usize,
@@ -173,6 +177,11 @@ pub struct Timings {
     pub predicted_per_token_ms: f64,
     /// Generated tokens a second.
     pub predicted_per_second: f64,
+    /// Drafted tokens (tree nodes) the target verified, over the whole generation (0 without
+    /// drafts).
+    pub draft_n: u64,
+    /// Of those, accepted (never more than `draft_n`).
+    pub draft_n_accepted: u64,
 }
 
 /// The answer of `/completion`, and the last chunk of a streamed one (`stop: true`).
@@ -540,18 +549,22 @@ fn treespec_stats(f: &Finished) -> TreespecStats {
     }
 }
 
-/// llama-server's timings from the engine's: prompt time is the prefill, the rest generation.
-fn timings(f: &Finished) -> Timings {
+/// llama-server's timings from the engine's: prompt time is the prefill, the rest generation;
+/// the prompt tokens served from the prefix cache are `cache_n`, the others `prompt_n`.
+pub(crate) fn timings(f: &Finished) -> Timings {
     let prefill = f.stats.times.prefill;
     let rate = |n: usize, ms: f64| {
         (if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 }, if n > 0 { ms / n as f64 } else { 0.0 })
     };
     let prompt_ms = prefill.as_secs_f64() * 1e3;
     let predicted_ms = f.stats.wall.saturating_sub(prefill).as_secs_f64() * 1e3;
-    let (prompt_per_second, prompt_per_token_ms) = rate(f.prompt_tokens, prompt_ms);
+    let cache_n = f.cached_tokens.min(f.prompt_tokens);
+    let prompt_n = f.prompt_tokens - cache_n;
+    let (prompt_per_second, prompt_per_token_ms) = rate(prompt_n, prompt_ms);
     let (predicted_per_second, predicted_per_token_ms) = rate(f.completion_tokens, predicted_ms);
     Timings {
-        prompt_n: f.prompt_tokens,
+        cache_n,
+        prompt_n,
         prompt_ms,
         prompt_per_token_ms,
         prompt_per_second,
@@ -559,6 +572,8 @@ fn timings(f: &Finished) -> Timings {
         predicted_ms,
         predicted_per_token_ms,
         predicted_per_second,
+        draft_n: f.stats.drafted,
+        draft_n_accepted: f.stats.accepted,
     }
 }
 
@@ -625,6 +640,7 @@ pub async fn completion(
         let f = Finished {
             finish_reason: "length",
             prompt_tokens: prompt_n,
+            cached_tokens: 0,
             completion_tokens: 0,
             method: String::new(),
             stats: Default::default(),

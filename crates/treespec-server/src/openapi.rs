@@ -73,7 +73,7 @@ enum GenerationErrors {
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "A chat completion, or with `stream` server-sent events of chunks ending with `data: [DONE]`",
+        (status = 200, description = "A chat completion, or with `stream` server-sent events of `ChatCompletionChunk`s ending with `data: [DONE]` (the last chunk before it carries `timings`; the usage chunk also `treespec`)",
             content((ChatCompletionResponse = "application/json"), (String = "text/event-stream"))),
         GenerationErrors,
     ))]
@@ -82,7 +82,7 @@ fn chat_completions_doc() {}
 #[utoipa::path(post, path = "/v1/completions", tag = "openai",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "A text completion, or with `stream` server-sent events of chunks ending with `data: [DONE]`",
+        (status = 200, description = "A text completion, or with `stream` server-sent events of `CompletionResponse` chunks ending with `data: [DONE]` (the last chunk before it carries `timings`; the usage chunk also `treespec`)",
             content((CompletionResponse = "application/json"), (String = "text/event-stream"))),
         GenerationErrors,
     ))]
@@ -174,7 +174,9 @@ fn openapi_doc() {}
         health_doc,
         metrics_doc,
         openapi_doc
-    )
+    ),
+    // The streamed chunks are not a path's body (they come as `text/event-stream`): listed here.
+    components(schemas(ChatCompletionChunk))
 )]
 pub struct ApiDoc;
 

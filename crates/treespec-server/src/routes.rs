@@ -22,6 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::api::*;
 use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
+use crate::llama_api::{timings, Timings};
 use crate::metrics::{Metrics, RequestTimer};
 use crate::serve::PeerClosed;
 use crate::structured;
@@ -375,7 +376,7 @@ fn chat_message(
 
 impl Meta {
     fn full(&self, text: String, f: &Finished, logprobs: Option<ChoiceLogprobs>) -> serde_json::Value {
-        let usage = Usage::new(f.prompt_tokens, f.completion_tokens);
+        let usage = usage(f);
         let stats = TreespecStats::of(f);
         match self.kind {
             Kind::Chat => {
@@ -388,6 +389,7 @@ impl Meta {
                     model: self.model.clone(),
                     choices: vec![ChatChoice { index: 0, message, logprobs, finish_reason }],
                     usage,
+                    timings: timings(f),
                     treespec: stats,
                 })
             }
@@ -403,6 +405,7 @@ impl Meta {
                     finish_reason: Some(f.finish_reason),
                 }],
                 usage: Some(usage),
+                timings: Some(timings(f)),
                 treespec: Some(stats),
             }),
         }
@@ -422,6 +425,7 @@ impl Meta {
                 finish_reason: None,
             }],
             usage: None,
+            timings: None,
             treespec: None,
         });
         SseEvent::default().data(value.to_string())
@@ -440,6 +444,19 @@ impl Meta {
         usage: Option<Usage>,
         trace: Option<ChunkTrace>,
     ) -> SseEvent {
+        self.last(delta, finish, usage, trace.map(ChunkTreespec::Trace), None)
+    }
+
+    /// [`Meta::traced`] with what the last chunks add: the request's `timings` (the last chunk
+    /// before `[DONE]`) and, in the usage chunk, its statistics as `treespec`.
+    fn last(
+        &self,
+        delta: Delta,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+        treespec: Option<ChunkTreespec>,
+        timings: Option<Timings>,
+    ) -> SseEvent {
         let value = match self.kind {
             Kind::Chat => to_json(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -452,7 +469,8 @@ impl Meta {
                     vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }]
                 },
                 usage,
-                treespec: trace,
+                timings,
+                treespec,
             }),
             Kind::Completion => to_json(&CompletionResponse {
                 id: self.id.clone(),
@@ -470,7 +488,11 @@ impl Meta {
                     }]
                 },
                 usage,
-                treespec: None,
+                timings,
+                treespec: match treespec {
+                    Some(ChunkTreespec::Stats(s)) => Some(s),
+                    _ => None,
+                },
             }),
         };
         SseEvent::default().data(value.to_string())
@@ -637,12 +659,28 @@ fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> 
         stats: Some(TreespecStats::of(f)),
         plain_tokens_per_second: meta.plain_rate,
     });
-    out.push(meta.traced(Delta::default(), Some(finish), None, trace));
+    // As llama-server does, the last chunk before `[DONE]` (the usage chunk when asked for, else
+    // the finish chunk) carries the timings; the usage chunk also the statistics (a finish chunk
+    // gets none: its `treespec` is the trace's, or absent as in OpenAI's).
+    let finish_timings = (!meta.include_usage).then(|| timings(f));
+    out.push(meta.last(
+        Delta::default(),
+        Some(finish),
+        None,
+        trace.map(ChunkTreespec::Trace),
+        finish_timings,
+    ));
     if meta.include_usage {
-        out.push(meta.chunk(Delta::default(), None, Some(Usage::new(f.prompt_tokens, f.completion_tokens))));
+        let stats = Some(ChunkTreespec::Stats(TreespecStats::of(f)));
+        out.push(meta.last(Delta::default(), None, Some(usage(f)), stats, Some(timings(f))));
     }
     out.push(SseEvent::default().data("[DONE]"));
     out
+}
+
+/// A finished request's token usage.
+fn usage(f: &Finished) -> Usage {
+    Usage::new(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
 }
 
 /// An error in the stream, then `[DONE]`.
@@ -673,6 +711,7 @@ mod tests {
         Event::Done(Finished {
             finish_reason: "stop",
             prompt_tokens: 3,
+            cached_tokens: 0,
             completion_tokens: 5,
             method: "plain".into(),
             stats: DecodeStats::default(),

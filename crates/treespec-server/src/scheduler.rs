@@ -157,6 +157,8 @@ struct Served {
     text: TextStream,
     method: String,
     prompt_tokens: usize,
+    /// Prompt tokens its lane reused from a cached or live prefix (not prefilled).
+    cached: usize,
     /// Context the request reserved (prompt + most new tokens).
     reserved: usize,
     /// The client asked how each step's text was produced.
@@ -314,6 +316,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             text: TextStream::new(&spec.stop),
             method: prepared.method,
             prompt_tokens,
+            cached,
             reserved: reserve,
             trace: job.trace,
         });
@@ -354,7 +357,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                     return;
                 }
                 self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
-                let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, &s.text)));
+                let _ =
+                    s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached, &s.text)));
             }
             Err(RunError::Cancelled(_)) => {
                 lane.generation.cancel(lane.drafter.as_mut());

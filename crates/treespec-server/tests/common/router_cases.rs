@@ -50,7 +50,9 @@ fn chat(extra: Value) -> Value {
     v
 }
 
-/// SSE body → one normalised line per event (ids and timestamps replaced).
+/// SSE body → one normalised line per event (ids and timestamps replaced; the last chunk's
+/// `timings` and `treespec` checked, then cut to what does not depend on the clock or the
+/// scheduler: the token counts and the method).
 fn transcript(body: &str) -> String {
     body.split("\n\n")
         .filter(|e| !e.trim().is_empty())
@@ -62,6 +64,17 @@ fn transcript(body: &str) -> String {
                         v["id"] = json!("ID");
                         v["created"] = json!(0);
                     }
+                    if let Some(t) = v.get("timings").cloned() {
+                        check_timings(&t);
+                        v["timings"] = json!({
+                            "cache_n": t["cache_n"], "prompt_n": t["prompt_n"], "predicted_n": t["predicted_n"],
+                        });
+                    }
+                    if let Some(stats) = v.get("treespec").filter(|t| t.get("target_forwards").is_some()).cloned() {
+                        assert!(stats["target_forwards"].as_u64().unwrap() >= 1, "{stats}");
+                        assert!(stats["mean_accepted"].as_f64().unwrap() >= 1.0, "{stats}");
+                        v["treespec"] = json!({"method": stats["method"]});
+                    }
                     v.to_string()
                 }
                 Err(_) => data.to_string(),
@@ -69,6 +82,24 @@ fn transcript(body: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// llama-server's `timings`: every field, times not negative, no more accepted than drafted.
+fn check_timings(t: &Value) {
+    for f in ["cache_n", "prompt_n", "predicted_n", "draft_n", "draft_n_accepted"] {
+        assert!(t[f].is_u64(), "{f}: {t}");
+    }
+    for f in [
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "prompt_per_second",
+        "predicted_ms",
+        "predicted_per_token_ms",
+        "predicted_per_second",
+    ] {
+        assert!(t[f].as_f64().is_some_and(|x| x >= 0.0), "{f}: {t}");
+    }
+    assert!(t["draft_n_accepted"].as_u64() <= t["draft_n"].as_u64(), "{t}");
 }
 
 #[tokio::test]
@@ -122,7 +153,17 @@ async fn chat_non_streaming() {
     // "user: hello\nassistant:" is 22 bytes = 22 toy tokens.
     assert_eq!(v["usage"]["prompt_tokens"], 22);
     assert_eq!(v["usage"]["total_tokens"], 30);
+    // The toys never reuse a prefix (nor do FIFO workers).
+    assert_eq!(v["usage"]["prompt_tokens_details"], json!({"cached_tokens": 0}));
     assert_eq!(v["treespec"]["method"], "chain");
+    let t = &v["timings"];
+    check_timings(t);
+    assert_eq!(
+        (t["cache_n"].as_u64(), t["prompt_n"].as_u64(), t["predicted_n"].as_u64()),
+        (Some(0), Some(22), Some(8))
+    );
+    // Chain drafts (k = 3) every step: the draft counts are the engine's.
+    assert!(t["draft_n"].as_u64().unwrap() > 0, "{t}");
     // Greedy output does not depend on the method (lossless).
     for method in
         [json!({"method": "plain"}), json!({"method": "tree", "widths": [2, 2]}), json!({"method": "dyspec"})]
@@ -212,7 +253,7 @@ async fn chat_streaming_transcript() {
     let expected = r#"{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}],"created":0,"id":"ID","model":"toy","object":"chat.completion.chunk"}
 {"choices":[{"delta":{"content":"…"},"finish_reason":null,"index":0,"logprobs":null}],"created":0,"id":"ID","model":"toy","object":"chat.completion.chunk"}
 {"choices":[{"delta":{},"finish_reason":"length","index":0,"logprobs":null}],"created":0,"id":"ID","model":"toy","object":"chat.completion.chunk"}
-{"choices":[],"created":0,"id":"ID","model":"toy","object":"chat.completion.chunk","usage":{"completion_tokens":4,"prompt_tokens":22,"total_tokens":26}}
+{"choices":[],"created":0,"id":"ID","model":"toy","object":"chat.completion.chunk","usage":{"completion_tokens":4,"prompt_tokens":22,"total_tokens":26,"prompt_tokens_details":{"cached_tokens":0}},"timings":{"cache_n":0,"prompt_n":22,"predicted_n":4},"treespec":{"method":"chain"}}
 [DONE]"#;
     // Compared as JSON values: key order depends on serde_json's `preserve_order` feature,
     // which treespec-grammar's llguidance turns on.
@@ -230,7 +271,13 @@ async fn completions_streaming_and_not() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["object"], "text_completion");
     let text = v["choices"][0]["text"].as_str().unwrap().to_string();
-    assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6, "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    check_timings(&v["timings"]);
+    assert_eq!(v["timings"]["predicted_n"], 3);
+    assert!(v["treespec"]["target_forwards"].as_u64().unwrap() >= 1, "{v}");
     let mut sreq = req.clone();
     sreq["stream"] = json!(true);
     let (_, _, b) = call(&app, post("/v1/completions", sreq)).await;
@@ -247,6 +294,14 @@ async fn completions_streaming_and_not() {
     let last: Value = serde_json::from_str(lines[lines.len() - 2]).unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert!(last.get("usage").is_none(), "no usage chunk unless asked");
+    // Without a usage chunk the finish chunk is the last, and carries the timings (as
+    // llama-server's last chunk does; the statistics come with usage); no other chunk does.
+    assert_eq!(last["timings"], json!({"cache_n": 0, "prompt_n": 3, "predicted_n": 3}), "{last}");
+    assert!(last.get("treespec").is_none(), "{last}");
+    for l in &lines[..lines.len() - 2] {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert!(v.get("timings").is_none() && v.get("treespec").is_none(), "{l}");
+    }
 }
 
 #[tokio::test]
