@@ -14,6 +14,8 @@
 //!   backend without a font backend: text is written as SVG `<text>` and drawn by the viewer, so
 //!   no font file is needed to build, run or view).
 //! - [`compare`]: the change between two result sets.
+//! - [`sessions`]: multi-turn sessions replayed against running servers (`treespec bench
+//!   --sessions FILE --server NAME=URL`), each answer generated live and fed back.
 
 pub mod compare;
 pub mod machine;
@@ -21,6 +23,7 @@ pub mod prompts;
 pub mod record;
 pub mod report;
 pub mod runner;
+pub mod sessions;
 pub mod summary;
 
 pub use compare::compare_text;

@@ -17,14 +17,19 @@ pub use svg::{acceptance_svg, speedup_svg};
 /// Write results.json, summary.md, speedup.svg and acceptance.svg into `dir` (created if
 /// needed). Returns the paths written.
 pub fn write_all(dir: &Path, results: &Results) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
     let files = [
         ("results.json", serde_json::to_string_pretty(results)? + "\n"),
         ("summary.md", summary_markdown(results)),
         ("speedup.svg", speedup_svg(results)?),
         ("acceptance.svg", acceptance_svg(results)?),
     ];
+    write_files(dir, &files)
+}
+
+/// Write each (name, text) into `dir` (created if needed); the paths written.
+pub fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
     let mut out = Vec::new();
     for (name, text) in files {
         let path = dir.join(name);

@@ -199,6 +199,22 @@ pub fn first_divergence(a: &[TokenId], b: &[TokenId]) -> Option<usize> {
     }
 }
 
+/// A progress bar with an ETA over `total` `unit`s on stderr, when it is a terminal and `mode`
+/// is `Auto` (None otherwise: the caller logs lines instead).
+pub(crate) fn progress_bar(mode: ProgressMode, total: usize, unit: &str) -> Option<ProgressBar> {
+    (mode == ProgressMode::Auto && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+        let template = format!(
+            "{{elapsed_precise}} [{{bar:30.cyan/blue}}] {{pos}}/{{len}} {unit}, ETA {{eta}} {{wide_msg}}"
+        );
+        let style = ProgressStyle::with_template(&template)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        b.set_style(style);
+        b
+    })
+}
+
 struct Reporter {
     bar: Option<ProgressBar>,
     log: bool,
@@ -208,17 +224,7 @@ struct Reporter {
 
 impl Reporter {
     fn new(mode: ProgressMode, total: usize) -> Self {
-        let tty = std::io::stderr().is_terminal();
-        let bar = (mode == ProgressMode::Auto && tty).then(|| {
-            let b = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-            let style = ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30.cyan/blue}] {pos}/{len} runs, ETA {eta} {wide_msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-            b.set_style(style);
-            b
-        });
+        let bar = progress_bar(mode, total, "runs");
         let log = match mode {
             ProgressMode::Auto => bar.is_none(),
             ProgressMode::Log => true,

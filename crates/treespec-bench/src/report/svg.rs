@@ -11,28 +11,30 @@ use crate::record::{Results, SummaryRow, ALL};
 
 /// A stable color per method (its index among the engine's method names).
 fn method_color(name: &str) -> RGBColor {
-    const PALETTE: [RGBColor; 11] = [
-        RGBColor(127, 127, 127),
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(188, 189, 34),
-        RGBColor(23, 190, 207),
-        RGBColor(57, 59, 121),
-    ];
     let i = METHOD_NAMES.iter().position(|m| *m == name).unwrap_or(0);
     PALETTE[i % PALETTE.len()]
 }
 
-fn chart_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+/// The charts' colors (matplotlib's), by index.
+pub(crate) const PALETTE: [RGBColor; 11] = [
+    RGBColor(127, 127, 127),
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(57, 59, 121),
+];
+
+pub(crate) fn chart_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e:?}")
 }
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// Grouped bars: speed-up over plain per category (groups) and method (bars), with the paired
 /// min–max spread as whiskers and a line at 1×.
@@ -56,25 +58,8 @@ pub fn speedup_svg(r: &Results) -> Result<String> {
     {
         let root = SVGBackend::with_string(&mut buf, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(chart_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Speed-up over plain decoding (ratio of median tokens/s)", (FONT, 20))
-            .margin(12)
-            .margin_right(LEGEND_W)
-            .margin_bottom(22)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..cats.len() as f64, 0f64..y_max)
-            .map_err(chart_err)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .max_light_lines(1)
-            .x_labels(0)
-            .y_desc("speed-up (×)")
-            .y_label_formatter(&|v| format!("{v:.1}"))
-            .label_style((FONT, 13))
-            .draw()
-            .map_err(chart_err)?;
+        let caption = "Speed-up over plain decoding (ratio of median tokens/s)";
+        let mut chart = bar_axes(&root, caption, cats.len(), y_max, "speed-up (×)")?;
         let n = methods.len() as f64;
         let bw = 0.8 / n;
         for (j, m) in methods.iter().enumerate() {
@@ -96,17 +81,7 @@ pub fn speedup_svg(r: &Results) -> Result<String> {
                 draw_whisker_and_label(&mut chart, row, bar)?;
             }
         }
-        let base = PathElement::new(
-            vec![(0.0, 1.0), (cats.len() as f64, 1.0)],
-            RGBColor(90, 90, 90).stroke_width(1),
-        );
-        chart.draw_series(std::iter::once(base)).map_err(chart_err)?;
-        // Category names under each group, placed in pixels below the axis.
-        for (i, c) in cats.iter().enumerate() {
-            let (px, py) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
-            let style = (FONT, 13).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Top));
-            root.draw(&Text::new(c.clone(), (px, py + 8), style)).map_err(chart_err)?;
-        }
+        draw_one_and_groups(&root, &mut chart, &cats)?;
         let items: Vec<(String, RGBColor, bool)> =
             methods.iter().map(|m| (m.clone(), method_color(m), true)).collect();
         let foot =
@@ -115,6 +90,55 @@ pub fn speedup_svg(r: &Results) -> Result<String> {
         root.present().map_err(chart_err)?;
     }
     Ok(buf)
+}
+
+/// The axes of a grouped bar chart: `groups` groups along x (labelled by the caller), 0..`y_max`
+/// along y, room for the legend on the right.
+pub(crate) fn bar_axes<'a, DB: DrawingBackend + 'a>(
+    root: &'a DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    groups: usize,
+    y_max: f64,
+    y_desc: &str,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, (FONT, 20))
+        .margin(12)
+        .margin_right(LEGEND_W)
+        .margin_bottom(22)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..groups as f64, 0f64..y_max)
+        .map_err(chart_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .max_light_lines(1)
+        .x_labels(0)
+        .y_desc(y_desc)
+        .y_label_formatter(&|v| format!("{v:.1}"))
+        .label_style((FONT, 13))
+        .draw()
+        .map_err(chart_err)?;
+    Ok(chart)
+}
+
+/// A line at 1× across the chart, and each group's name under it (placed in pixels below the
+/// axis).
+pub(crate) fn draw_one_and_groups<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    groups: &[impl AsRef<str>],
+) -> Result<()> {
+    let one =
+        PathElement::new(vec![(0.0, 1.0), (groups.len() as f64, 1.0)], RGBColor(90, 90, 90).stroke_width(1));
+    chart.draw_series(std::iter::once(one)).map_err(chart_err)?;
+    for (i, g) in groups.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
+        let style = (FONT, 13).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Top));
+        root.draw(&Text::new(g.as_ref().to_string(), (px, py + 8), style)).map_err(chart_err)?;
+    }
+    Ok(())
 }
 
 /// Where one bar of the speed-up chart stands: its centre and width, the height where whiskers
@@ -166,10 +190,10 @@ fn draw_whisker_and_label<DB: DrawingBackend>(
 }
 
 /// Room on the right of a chart for the legend, in pixels.
-const LEGEND_W: u32 = 150;
+pub(crate) const LEGEND_W: u32 = 150;
 
 /// A legend in the right margin (filled boxes or lines) and a footnote along the bottom.
-fn draw_legend<DB: DrawingBackend>(
+pub(crate) fn draw_legend<DB: DrawingBackend>(
     root: &DrawingArea<DB, plotters::coord::Shift>,
     items: &[(String, RGBColor, bool)],
     width: u32,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod llama_backend;
+mod sessions;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -105,6 +106,24 @@ pub struct BenchArgs {
     /// `plain-free` (no constraint, what the constraints cost) are added.
     #[arg(long)]
     pub structured: bool,
+    /// Sessions instead of prompts: play the multi-turn sessions of these files (JSON lines,
+    /// e.g. bench/sessions/*.jsonl) against running servers (--server), every answer generated
+    /// live and fed back. --categories then names workloads, --per-category and --limit count
+    /// sessions, --repeat plays each again.
+    #[arg(long, value_delimiter = ',', value_name = "FILE", requires = "servers")]
+    pub sessions: Option<Vec<PathBuf>>,
+    /// With --sessions: a server to play them on, NAME=URL (repeat the flag; NAME as
+    /// family:config, e.g. treespec:auto=http://127.0.0.1:8080; a family's `:plain` server is
+    /// what its other configurations are divided by).
+    #[arg(long = "server", value_name = "NAME=URL", requires = "sessions")]
+    pub servers: Vec<String>,
+    /// With --sessions: the server whose whole-session speed the others are divided by
+    /// [default: the first].
+    #[arg(long, requires = "sessions")]
+    pub baseline: Option<String>,
+    /// With --sessions: sessions played at once on a server.
+    #[arg(long, default_value_t = 1, requires = "sessions")]
+    pub concurrency: usize,
     /// Print the per-method change between two result directories, then exit.
     #[arg(long, num_args = 2, value_names = ["DIR1", "DIR2"])]
     pub compare: Option<Vec<PathBuf>>,
@@ -131,6 +150,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (ra, rb) = (Results::load(a)?, Results::load(b)?);
         print!("{}", compare_text(&ra, &rb, &a.display().to_string(), &b.display().to_string()));
         return Ok(());
+    }
+    if let Some(files) = &args.sessions {
+        return sessions::run(&args, files);
     }
     let plan = Plan::new(&args)?;
     let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());

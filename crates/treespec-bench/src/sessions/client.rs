@@ -1,0 +1,269 @@
+//! One streamed chat completion against any OpenAI-compatible server, timed from the client
+//! (time to first token, decode time), with what the server reports about its prompt cache and
+//! its forwards: OpenAI's `usage.prompt_tokens_details.cached_tokens`, llama-server's `timings`
+//! (`cache_n`, `predicted_n`, `draft_n`, `draft_n_accepted`) and treespec's `treespec` stats.
+
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// A tool call the model made.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id (what the tool message answers).
+    pub id: String,
+    /// The function.
+    pub name: String,
+    /// Its JSON arguments, as text.
+    pub arguments: String,
+}
+
+/// One answer and how it was produced.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// The text.
+    pub text: String,
+    /// The tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV the server reused (None: it did not say).
+    pub cached_tokens: Option<usize>,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Target forwards that generated them (None: the server did not say).
+    pub target_forwards: Option<u64>,
+    /// Seconds from sending the request to the first generated text.
+    pub ttft_s: f64,
+    /// Seconds from the first generated text to the last.
+    pub decode_s: f64,
+    /// Seconds from sending to the end of the stream.
+    pub total_s: f64,
+}
+
+impl Reply {
+    /// Client-side decode rate: tokens after the first over the time after the first.
+    pub fn decode_tokens_per_s(&self) -> Option<f64> {
+        (self.completion_tokens > 1 && self.decode_s > 0.0)
+            .then(|| (self.completion_tokens - 1) as f64 / self.decode_s)
+    }
+
+    /// Tokens per target forward.
+    pub fn tokens_per_forward(&self) -> Option<f64> {
+        self.target_forwards.filter(|&f| f > 0).map(|f| self.completion_tokens as f64 / f as f64)
+    }
+
+    /// The assistant message to append to the conversation.
+    pub fn message(&self) -> Value {
+        if self.tool_calls.is_empty() {
+            return json!({ "role": "assistant", "content": self.text });
+        }
+        let calls: Vec<Value> = self
+            .tool_calls
+            .iter()
+            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
+            .collect();
+        json!({ "role": "assistant", "content": self.text, "tool_calls": calls })
+    }
+}
+
+/// What one chunk adds to the reply.
+#[derive(Default)]
+struct Accumulated {
+    reply: Reply,
+    first_text: Option<Instant>,
+    last_text: Option<Instant>,
+    usage: Option<Value>,
+    timings: Option<Value>,
+    treespec: Option<Value>,
+}
+
+impl Accumulated {
+    fn chunk(&mut self, chunk: &Value, now: Instant) {
+        for key in ["usage", "timings", "treespec"] {
+            if let Some(v) = chunk.get(key).filter(|v| !v.is_null()) {
+                let slot = match key {
+                    "usage" => &mut self.usage,
+                    "timings" => &mut self.timings,
+                    _ => &mut self.treespec,
+                };
+                *slot = Some(v.clone());
+            }
+        }
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else { return };
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.reply.finish_reason = reason.to_string();
+        }
+        let Some(delta) = choice.get("delta") else { return };
+        let mut produced = false;
+        if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            self.reply.text.push_str(text);
+            produced = true;
+        }
+        for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+            while self.reply.tool_calls.len() <= index {
+                self.reply.tool_calls.push(ToolCall::default());
+            }
+            let slot = &mut self.reply.tool_calls[index];
+            if let Some(id) = call.get("id").and_then(Value::as_str) {
+                slot.id = id.to_string();
+            }
+            let function = call.get("function");
+            if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
+                slot.name.push_str(name);
+            }
+            if let Some(args) = function.and_then(|f| f.get("arguments")).and_then(Value::as_str) {
+                slot.arguments.push_str(args);
+            }
+            produced = true;
+        }
+        if produced {
+            self.first_text.get_or_insert(now);
+            self.last_text = Some(now);
+        }
+    }
+
+    /// The reply, with the counts the server reported.
+    fn finish(mut self, sent: Instant, ended: Instant) -> Reply {
+        let num = |v: &Option<Value>, path: &[&str]| {
+            let mut cur = v.as_ref()?;
+            for p in path {
+                cur = cur.get(p)?;
+            }
+            cur.as_u64()
+        };
+        let r = &mut self.reply;
+        r.prompt_tokens =
+            num(&self.usage, &["prompt_tokens"]).or(num(&self.timings, &["prompt_n"])).unwrap_or(0) as usize;
+        r.completion_tokens = num(&self.usage, &["completion_tokens"])
+            .or(num(&self.timings, &["predicted_n"]))
+            .unwrap_or(0) as usize;
+        r.cached_tokens = num(&self.usage, &["prompt_tokens_details", "cached_tokens"])
+            .or(num(&self.timings, &["cache_n"]))
+            .map(|n| n as usize);
+        // treespec counts its forwards; llama-server's forwards are its tokens less the drafted
+        // tokens it accepted (each forward emits its accepted drafts and one token of its own);
+        // a llama-server that reports timings without draft counts did not speculate.
+        r.target_forwards = num(&self.treespec, &["target_forwards"]).or_else(|| {
+            let predicted = num(&self.timings, &["predicted_n"])?;
+            Some(predicted.saturating_sub(num(&self.timings, &["draft_n_accepted"]).unwrap_or(0)))
+        });
+        r.ttft_s = self.first_text.map_or(0.0, |t| (t - sent).as_secs_f64());
+        r.decode_s = match (self.first_text, self.last_text) {
+            (Some(a), Some(b)) => (b - a).as_secs_f64(),
+            _ => 0.0,
+        };
+        r.total_s = (ended - sent).as_secs_f64();
+        self.reply
+    }
+}
+
+/// Send `body` (a chat completion request; `stream` and `stream_options` are set here) to
+/// `base_url` and read the streamed answer to its end.
+pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value) -> Result<Reply> {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({ "include_usage": true });
+    let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
+    let sent = Instant::now();
+    let response = client.post(&url).json(&body).send().await.with_context(|| format!("POST {url}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        let text = response.text().await.unwrap_or_default();
+        bail!("POST {url}: HTTP {status}: {}", text.chars().take(400).collect::<String>());
+    }
+    let mut acc = Accumulated::default();
+    let mut events = response.bytes_stream().eventsource();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| anyhow!("POST {url}: reading the stream: {e}"))?;
+        if event.data.trim() == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(&event.data)
+            .with_context(|| format!("POST {url}: a chunk is not JSON: {}", event.data))?;
+        if let Some(err) = chunk.get("error") {
+            bail!("POST {url}: the server failed mid-stream: {err}");
+        }
+        acc.chunk(&chunk, Instant::now());
+    }
+    Ok(acc.finish(sent, Instant::now()))
+}
+
+/// The served model's id (`GET /v1/models`), sent back in every request.
+pub async fn model_id(client: &reqwest::Client, base_url: &str) -> Result<String> {
+    let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
+    let models: Value = client
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}: is the server up?"))?
+        .error_for_status()
+        .with_context(|| format!("GET {url}"))?
+        .json()
+        .await
+        .with_context(|| format!("GET {url}: not JSON"))?;
+    models["data"][0]["id"].as_str().map(str::to_string).ok_or_else(|| anyhow!("GET {url}: no model listed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_accumulate_text_calls_and_server_counts() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let mut acc = Accumulated::default();
+        acc.chunk(&json!({"choices":[{"delta":{"role":"assistant"}}]}), at(5));
+        acc.chunk(&json!({"choices":[{"delta":{"content":"Hel"}}]}), at(100));
+        acc.chunk(&json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"ls","arguments":"{\"a\""}}]}}]}), at(150));
+        acc.chunk(
+            &json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}),
+            at(200),
+        );
+        acc.chunk(&json!({"choices":[{"delta":{"content":"lo"},"finish_reason":"tool_calls"}]}), at(300));
+        acc.chunk(
+            &json!({"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":32}},
+                    "timings":{"predicted_n":9,"draft_n":10,"draft_n_accepted":6}}),
+            at(310),
+        );
+        let r = acc.finish(t0, at(320));
+        assert_eq!(r.text, "Hello");
+        assert_eq!(
+            r.tool_calls,
+            vec![ToolCall { id: "c1".into(), name: "ls".into(), arguments: "{\"a\":1}".into() }]
+        );
+        assert_eq!((r.finish_reason.as_str(), r.prompt_tokens, r.completion_tokens), ("tool_calls", 50, 9));
+        assert_eq!(r.cached_tokens, Some(32));
+        // llama-server's forwards: 9 tokens, 6 of them accepted drafts.
+        assert_eq!(r.target_forwards, Some(3));
+        assert!((r.ttft_s - 0.1).abs() < 1e-9 && (r.decode_s - 0.2).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.decode_tokens_per_s(), Some(40.0));
+        assert_eq!(r.tokens_per_forward(), Some(3.0));
+        assert_eq!(r.message()["tool_calls"][0]["function"]["name"], "ls");
+    }
+
+    #[test]
+    fn treespec_stats_and_timings_without_drafts() {
+        let t0 = Instant::now();
+        let mut acc = Accumulated::default();
+        acc.chunk(&json!({"choices":[{"delta":{"content":"x"}}],"treespec":{"target_forwards":4}}), t0);
+        acc.chunk(&json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":8}}), t0);
+        let r = acc.finish(t0, t0);
+        assert_eq!((r.target_forwards, r.cached_tokens), (Some(4), None));
+        let mut plain = Accumulated::default();
+        plain.chunk(
+            &json!({"choices":[{"delta":{"content":"x"}}],"timings":{"predicted_n":8,"cache_n":3}}),
+            t0,
+        );
+        let r = plain.finish(t0, t0);
+        assert_eq!((r.target_forwards, r.cached_tokens, r.completion_tokens), (Some(8), Some(3), 8));
+    }
+}
