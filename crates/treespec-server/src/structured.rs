@@ -159,11 +159,28 @@ pub fn auto_call(text: &str, names: &[String]) -> Option<String> {
     args.is_object().then(|| json!({"name": name, "arguments": args}).to_string())
 }
 
-/// Whether a streamed free answer beginning with `text` may still turn out to be a call.
+/// Whether a streamed free answer beginning with `text` may still turn out to be a call (what
+/// [`auto_call`] takes): it is held back while it may. A fence of another language (```` ```python ````)
+/// or tags followed by anything but JSON is released at once, so that code answers stream.
 pub fn may_be_call(text: &str) -> bool {
     let t = text.trim_start();
-    let opens = |tag: &str| t.starts_with(tag) || tag.starts_with(t);
-    t.starts_with('{') || opens("```") || opens("<tool_call>")
+    // What follows an opening: empty so far, or a JSON object.
+    let json_or_nothing = |rest: &str| {
+        let r = rest.trim_start();
+        r.is_empty() || r.starts_with('{')
+    };
+    if t.starts_with('{') || "```".starts_with(t) || "<tool_call>".starts_with(t) {
+        return true;
+    }
+    if let Some(rest) = t.strip_prefix("<tool_call>") {
+        return json_or_nothing(rest);
+    }
+    let Some(rest) = t.strip_prefix("```") else { return false };
+    match rest.split_once('\n') {
+        // The info string is still being written.
+        None => "json".starts_with(rest.trim_end()) || rest.trim_start().starts_with('{'),
+        Some((info, body)) => matches!(info.trim(), "" | "json") && json_or_nothing(body),
+    }
 }
 
 /// `response_format`: `text` (or absent) → None; `json_object`; `json_schema` with a schema.
@@ -318,7 +335,10 @@ mod tests {
         for open in ["", "  ", "{", "`", "``", "```json\n{", "<tool", "<tool_call>{"] {
             assert!(may_be_call(open), "{open:?}");
         }
-        for text in ["The", "<b>", "`x`", "Sure"] {
+        for open in ["```js", "```\n", "```json", "```json\n", "<tool_call>\n", "```{"] {
+            assert!(may_be_call(open), "{open:?}");
+        }
+        for text in ["The", "<b>", "`x`", "Sure", "```python", "```python\ndef", "```\nx = 1", "<tool_call>x"] {
             assert!(!may_be_call(text), "{text:?}");
         }
     }
