@@ -117,5 +117,21 @@ sel=()
 files_arg="$(IFS=,; echo "${files[*]}")"
 log "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # shellcheck disable=SC2086
+status=0
 "$TREESPEC_BIN" bench --sessions "$files_arg" "${flags[@]}" "${sel[@]}" --concurrency "$CONCURRENCY" \
-    --repeat "${REPEAT:-1}" --out "$out" ${EXTRA:-}
+    --repeat "${REPEAT:-1}" --out "$out" ${EXTRA:-} || status=$?
+
+# The copy oracle on the baseline's answers, priced on the target's cached cost curve, with the
+# first treespec server rebuilding the prompts (scripts/session-copy-bound.py).
+cache="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}/costs"
+curve="$(ls -t "$cache/$(basename "$TARGET" | tr '-' '_')"-*-t2-fast-v*.json 2>/dev/null | head -1 || true)"
+port="$BASE_PORT"
+for name in $SERVERS; do
+    if [[ "$name" == treespec:* && -n "$curve" ]]; then
+        python3 scripts/session-copy-bound.py "$out/sessions.json" --url "http://127.0.0.1:$port" \
+            --curve "$curve" >"$out/copy-bound.md" && cat "$out/copy-bound.md"
+        break
+    fi
+    port=$((port + 1))
+done
+exit "$status"

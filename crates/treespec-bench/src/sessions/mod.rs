@@ -132,7 +132,9 @@ async fn play_all(
                 let i = (g + repeat + k) % config.servers.len();
                 let (server, model) = (&config.servers[i], &models[i]);
                 bar.message(format!("{} × {}", group.len(), server.name));
-                let player = play::Player { client: &client, server, model, sampling: config.sampling };
+                let keep_messages = server.name == config.baseline;
+                let player =
+                    play::Player { client: &client, server, model, sampling: config.sampling, keep_messages };
                 let plays = group.iter().map(|s| player.play(s, repeat));
                 for (s, played) in group.iter().zip(futures_util::future::join_all(plays).await) {
                     records.extend(played.records);

@@ -59,6 +59,10 @@ pub struct RequestRecord {
     pub edit_applied: Option<bool>,
     /// The answer and its measurements.
     pub reply: Reply,
+    /// The messages sent (kept for the baseline server only: `scripts/session-copy-bound.py`
+    /// rebuilds each prompt from them to bound what copying could have gained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<Value>>,
 }
 
 /// What playing a session left: the records of the requests answered, in order, and the error
@@ -81,6 +85,8 @@ pub struct Player<'a> {
     pub model: &'a str,
     /// The sampling sent with each request.
     pub sampling: Sampling,
+    /// Keep each request's messages in its record.
+    pub keep_messages: bool,
 }
 
 impl Player<'_> {
@@ -139,6 +145,7 @@ impl Player<'_> {
                     }
                     changed
                 });
+                let sent = self.keep_messages.then(|| request.clone());
                 let calls = reply.tool_calls.clone();
                 request.push(reply.message());
                 messages.push(reply.message());
@@ -151,6 +158,7 @@ impl Player<'_> {
                     step,
                     edit_applied,
                     reply,
+                    messages: sent,
                 });
                 if calls.is_empty() {
                     break;

@@ -241,6 +241,7 @@ mod tests {
                 finish_reason: "stop".into(),
                 ..Default::default()
             },
+            messages: None,
         }
     }
 
