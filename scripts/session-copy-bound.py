@@ -25,6 +25,7 @@ from pathlib import Path
 
 
 def copy_bound():
+    sys.dont_write_bytecode = True  # no __pycache__ in the repository
     spec = importlib.util.spec_from_file_location("copy_bound", Path(__file__).with_name("copy-bound.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
