@@ -139,6 +139,9 @@ fn sessions_play_live_on_every_server_and_report_what_they_measured() {
             .all(|e| e.starts_with("doc-qa/too-long on t:") && e.contains("context_length_exceeded")),
         "{errors:?}"
     );
+    // The journal holds every record, written as the run went.
+    let journal = std::fs::read_to_string(out.join("requests.jsonl")).unwrap();
+    assert_eq!(journal.lines().count(), records.len());
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| chat | t:suffix |"), "{summary}");
     assert!(summary.contains("## Failed sessions (2)"), "{summary}");

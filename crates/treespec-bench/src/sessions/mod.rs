@@ -19,6 +19,7 @@ pub mod play;
 pub mod summary;
 pub mod workload;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -76,11 +77,14 @@ pub struct SessionResults {
     pub summary: Vec<SessionRow>,
 }
 
-/// Play `sessions` on every server of `config`.
+/// Play `sessions` on every server of `config`. With `journal`, every request's record is also
+/// appended to that file (JSON lines) as soon as its group is played, so a run stopped early
+/// keeps what it measured.
 pub fn run_sessions(
     sessions: &[SessionSpec],
     config: &SessionBenchConfig,
     progress: ProgressMode,
+    journal: Option<&Path>,
 ) -> Result<SessionResults> {
     let started = Instant::now();
     let mut machine = MachineInfo::collect(0, Vec::new());
@@ -88,7 +92,7 @@ pub fn run_sessions(
         .enable_all()
         .build()
         .context("starting the HTTP client")?;
-    let (records, errors) = runtime.block_on(play_all(sessions, config, progress))?;
+    let (records, errors) = runtime.block_on(play_all(sessions, config, progress, journal))?;
     machine.load_average_end = load_average();
     let greedy = config.sampling.temperature == 0.0;
     let summary = summarize_sessions(&records, &config.servers, &config.baseline, greedy);
@@ -108,7 +112,20 @@ async fn play_all(
     sessions: &[SessionSpec],
     config: &SessionBenchConfig,
     progress: ProgressMode,
+    journal: Option<&Path>,
 ) -> Result<(Vec<RequestRecord>, Vec<String>)> {
+    let mut journal = match journal {
+        Some(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            Some((
+                std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?,
+                path,
+            ))
+        }
+        None => None,
+    };
     let client = reqwest::Client::builder().build().context("building the HTTP client")?;
     let mut models = Vec::new();
     for s in &config.servers {
@@ -137,6 +154,12 @@ async fn play_all(
                     play::Player { client: &client, server, model, sampling: config.sampling, keep_messages };
                 let plays = group.iter().map(|s| player.play(s, repeat));
                 for (s, played) in group.iter().zip(futures_util::future::join_all(plays).await) {
+                    if let Some((file, path)) = journal.as_mut() {
+                        for r in &played.records {
+                            writeln!(file, "{}", serde_json::to_string(r)?)
+                                .with_context(|| format!("cannot write {}", path.display()))?;
+                        }
+                    }
                     records.extend(played.records);
                     if let Some(e) = played.error {
                         let line = format!("{} on {}: {e:#}", s.id, server.name);

@@ -62,8 +62,8 @@ pub fn run(args: &BenchArgs, files: &[PathBuf]) -> Result<()> {
         files: files.iter().map(|f| f.display().to_string()).collect(),
     };
     let progress = if args.log { ProgressMode::Log } else { ProgressMode::Auto };
-    let results = run_sessions(&sessions, &config, progress)?;
     let out: &Path = args.out.as_deref().unwrap_or(Path::new("bench-out/sessions"));
+    let results = run_sessions(&sessions, &config, progress, Some(&out.join("requests.jsonl")))?;
     let written = write_sessions(out, &results)?;
     print!("{}", sessions_summary_md(&results));
     eprintln!("\n[bench] sessions done in {:.1} s; wrote:", results.elapsed_s);
