@@ -164,9 +164,15 @@ fn bad_session_flags_are_refused_before_anything_is_sent() {
         limit,
     );
     assert!(run.code == Some(1) && run.stderr.contains("unknown workload"), "{}", run.stderr);
-    // Nothing listens on port 9: the run names the server instead of hanging.
-    let run = treespec(&["bench", "--sessions", f, "--server", "a=http://127.0.0.1:9"], limit);
+    // Nothing listens on port 9: the run names the server instead of hanging, and leaves no
+    // report behind.
+    let out = dir.join("never");
+    let run = treespec(
+        &["bench", "--sessions", f, "--server", "a=http://127.0.0.1:9", "--out", out.to_str().unwrap()],
+        limit,
+    );
     assert!(run.code == Some(1) && run.stderr.contains("server a"), "{}", run.stderr);
+    assert!(!out.exists());
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"id\": \"x\", \"workload\": \"chat\", \"turns\": []}\n").unwrap();
     let run =

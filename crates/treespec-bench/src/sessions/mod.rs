@@ -114,18 +114,6 @@ async fn play_all(
     progress: ProgressMode,
     journal: Option<&Path>,
 ) -> Result<(Vec<RequestRecord>, Vec<String>)> {
-    let mut journal = match journal {
-        Some(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            Some((
-                std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?,
-                path,
-            ))
-        }
-        None => None,
-    };
     let client = reqwest::Client::builder().build().context("building the HTTP client")?;
     let mut models = Vec::new();
     for s in &config.servers {
@@ -139,6 +127,19 @@ async fn play_all(
         }
         models.push(model);
     }
+    // Opened once every server has answered: a run that cannot start leaves no file.
+    let mut journal = match journal {
+        Some(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            Some((
+                std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?,
+                path,
+            ))
+        }
+        None => None,
+    };
     let concurrency = config.concurrency.max(1);
     let groups: Vec<&[SessionSpec]> = sessions.chunks(concurrency).collect();
     let bar = Bar::new(progress, groups.len() * config.servers.len() * config.repeat, sessions, config);
