@@ -50,6 +50,8 @@ fn table() -> Vec<(&'static str, Value)> {
             json!({"suffix_depth": 32, "suffix_nodes": 24, "suffix_occurrences": 4, "suffix_pessimism": 0.5, "suffix_explore": 0}),
         ),
         ("--no-global", json!({"global": false})),
+        ("--suffix-reanchor off", json!({"suffix_reanchor": false})),
+        ("--suffix-reanchor on", json!({"suffix_reanchor": true})),
         (
             "--disco-threshold 0.3 --disco-max 10 --disco-stop-prob 0.4",
             json!({"disco_threshold": 0.3, "disco_max": 10, "disco_stop_prob": 0.4}),

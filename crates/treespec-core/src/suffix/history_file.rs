@@ -33,15 +33,22 @@
 //! tokenizer's file is refused):
 //!
 //! ```json
-//! { "format": "treespec suffix prices", "version": 1,
+//! { "format": "treespec suffix prices", "version": 1, "grid": 2,
 //!   "tokenizer": { "fingerprint": "0x00000000deadbeef", "vocab": 49152 },
 //!   "pricing": { "accepted": ["0.0", "12.5", ...], "trials": [...], "total": 1234 } }
 //! ```
 //!
 //! Every floating-point number of the pricing is written as the text of its shortest exact
 //! decimal (Rust's `{:?}`) and parsed back by Rust, so the prices read back bit for bit (a JSON
-//! number read by `serde_json` without its `float_roundtrip` feature can be one ulp off). A file
-//! whose pricing does not have this build's shape (another feature grid) is refused too.
+//! number read by `serde_json` without its `float_roundtrip` feature can be one ulp off).
+//!
+//! `grid` is the version of the pricing's cell layout ([`PRICING_GRID`]; a file without one was
+//! written before it was kept: grid 1, the suffix-match cells alone). A file of an older grid
+//! whose cells this build's extend is read into those cells (the others start from their
+//! prior); a file of any other grid is taken as no prices at all — the run starts from the prior
+//! and its next save replaces it — rather than an error that would stop a server whose prices
+//! an older or newer build wrote. A file whose pricing does not have its own grid's shape is
+//! damaged, and refused.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -51,7 +58,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Number, Value};
 
 use super::history::GlobalHistory;
-use super::pricing::SuffixPricing;
+use super::pricing::{SuffixPricing, PRICING_GRID};
 use crate::ngram::TokenizerId;
 use crate::{Error, Result};
 
@@ -190,8 +197,9 @@ impl HistoryFile {
     }
 
     /// The learned prices saved with this history, or None when there are none (no save with
-    /// prices yet, e.g. a history written by an older treespec: start from the default pricing).
-    /// A malformed prices file, or one for another tokenizer, is an error naming it.
+    /// prices yet, e.g. a history written by an older treespec, or prices of a cell layout this
+    /// build cannot read: start from the default pricing). A malformed prices file, or one for
+    /// another tokenizer, is an error naming it.
     pub fn load_pricing(&self, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
         read_pricing(&self.prices_path(), tokenizer)
     }
@@ -332,8 +340,9 @@ impl PricesFile {
         self.file.target()
     }
 
-    /// The saved prices, or None when the file does not exist yet. A malformed file, or one for
-    /// another tokenizer, is an error naming it.
+    /// The saved prices, or None when the file does not exist yet or holds prices of a cell
+    /// layout this build cannot read. A malformed file, or one for another tokenizer, is an
+    /// error naming it.
     pub fn load(&self, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
         read_pricing(self.file.target(), tokenizer)
     }
@@ -351,8 +360,7 @@ fn read_pricing(path: &Path, tokenizer: TokenizerId) -> Result<Option<SuffixPric
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::Invalid(format!("reading the learned prices {}: {e}", path.display()))),
     };
-    pricing_from_bytes(&bytes, tokenizer)
-        .map(Some)
+    parse_pricing(&bytes, tokenizer)
         .map_err(|e| Error::Invalid(format!("learned prices {}: {e}", path.display())))
 }
 
@@ -362,6 +370,7 @@ pub fn pricing_to_bytes(pricing: &SuffixPricing, tokenizer: TokenizerId) -> Vec<
     let file = serde_json::json!({
         "format": PRICES_FORMAT,
         "version": PRICES_VERSION,
+        "grid": PRICING_GRID,
         "tokenizer": {
             "fingerprint": format!("{:#018x}", tokenizer.fingerprint),
             "vocab": tokenizer.vocab,
@@ -374,9 +383,16 @@ pub fn pricing_to_bytes(pricing: &SuffixPricing, tokenizer: TokenizerId) -> Vec<
 }
 
 /// Parse the bytes of a prices file written by [`pricing_to_bytes`] for `tokenizer`. Every
-/// problem (not JSON, another format or version, another tokenizer, another shape of pricing, a
-/// number that is not finite and non-negative) is an error naming it.
+/// problem (not JSON, another format or version, another tokenizer, a pricing not of its grid's
+/// shape, a number that is not finite and non-negative) is an error naming it. Prices of a
+/// cell layout this build cannot read (see the module docs) are the default pricing: the run
+/// starts from the prior.
 pub fn pricing_from_bytes(bytes: &[u8], tokenizer: TokenizerId) -> Result<SuffixPricing> {
+    parse_pricing(bytes, tokenizer).map(Option::unwrap_or_default)
+}
+
+/// [`pricing_from_bytes`], with `None` for prices of a cell layout this build cannot read.
+fn parse_pricing(bytes: &[u8], tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
     let bad = |why: String| Error::Invalid(why);
     let file: Value = serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
     if file.get("format").and_then(Value::as_str) != Some(PRICES_FORMAT) {
@@ -401,10 +417,24 @@ pub fn pricing_from_bytes(bytes: &[u8], tokenizer: TokenizerId) -> Result<Suffix
     if found != tokenizer {
         return Err(bad(format!("written for the tokenizer with {found}, but the model's is {tokenizer}")));
     }
+    // Without a grid: written before the layout was versioned, grid 1.
+    let grid = match file.get("grid") {
+        None => 1,
+        Some(g) => g.as_u64().ok_or_else(|| bad(format!("\"grid\" is {g}, not a layout version")))?,
+    };
+    let Some(cells) = SuffixPricing::grid_cells(grid) else { return Ok(None) };
     let found = file.get("pricing").ok_or_else(|| bad("no \"pricing\"".into()))?;
-    let want = serde_json::to_value(SuffixPricing::default()).expect("the pricing serializes");
+    let mut want = serde_json::to_value(SuffixPricing::default()).expect("the pricing serializes");
+    for counts in ["accepted", "trials"] {
+        if let Some(Value::Array(a)) = want.get_mut(counts) {
+            a.resize(cells, a.first().cloned().unwrap_or(Value::Null));
+        }
+    }
     let value = text_as_floats(&want, found, "pricing").map_err(bad)?;
-    serde_json::from_value(value).map_err(|e| bad(format!("pricing: {e}")))
+    let saved: SuffixPricing = serde_json::from_value(value).map_err(|e| bad(format!("pricing: {e}")))?;
+    SuffixPricing::from_grid(grid, saved)
+        .map(Some)
+        .ok_or_else(|| bad(format!("pricing is not of grid {grid}")))
 }
 
 /// `v` with every floating-point number replaced by the text of its shortest exact decimal.
@@ -674,6 +704,63 @@ mod tests {
         let mut v = good.clone();
         v["pricing"]["trials"][0] = 2.5.into();
         assert!(pricing_from_bytes(&serde_json::to_vec(&v).unwrap(), TOK).is_ok());
+    }
+
+    #[test]
+    fn prices_of_another_grid_start_from_the_prior_or_keep_the_cells_that_mean_the_same() {
+        use crate::suffix::{AnchorFeatures, NodeFeatures, ResumeKind};
+        let p = trained_pricing();
+        let good: Value = serde_json::from_slice(&pricing_to_bytes(&p, TOK)).unwrap();
+        assert_eq!(good["grid"], PRICING_GRID);
+        let dir = tempfile::tempdir().unwrap();
+        let alone = PricesFile::open(dir.path().join("p.json")).unwrap();
+        let write = |v: &Value| std::fs::write(alone.target(), serde_json::to_vec(v).unwrap()).unwrap();
+        // A file written before re-anchoring: no grid, the 112 match cells alone. They are read,
+        // with the trials they recorded; the resumed-copy cells start from their prior.
+        let cells = SuffixPricing::grid_cells(1).unwrap();
+        let mut old = good.clone();
+        old.as_object_mut().unwrap().remove("grid");
+        for counts in ["accepted", "trials"] {
+            old["pricing"][counts].as_array_mut().unwrap().truncate(cells);
+        }
+        write(&old);
+        let read = alone.load(TOK).unwrap().expect("grid 1 prices are read");
+        assert_eq!(read.total_trials(), p.total_trials());
+        let f = NodeFeatures { match_len: 9, depth: 2, share: 1.0, support: 1, global: false };
+        assert_eq!(read.posterior(&f), p.posterior(&f));
+        let a = AnchorFeatures { kind: ResumeKind::Skip, evidence: 1, depth: 1 };
+        assert_eq!(read.posterior(&a), SuffixPricing::new().posterior(&a));
+        // An older build's file that says grid 1 explicitly is the same.
+        let mut one = old.clone();
+        one["grid"] = 1.into();
+        assert_eq!(pricing_from_bytes(&serde_json::to_vec(&one).unwrap(), TOK).unwrap(), read);
+        // A layout this build does not know (a newer build's): no prices, not an error, whether
+        // as a cache file or beside a history.
+        let mut newer = good.clone();
+        newer["grid"] = 99.into();
+        newer["pricing"]["accepted"].as_array_mut().unwrap().push("1.0".into());
+        write(&newer);
+        assert_eq!(alone.load(TOK).unwrap(), None);
+        assert_eq!(
+            pricing_from_bytes(&serde_json::to_vec(&newer).unwrap(), TOK).unwrap(),
+            SuffixPricing::new()
+        );
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        std::fs::write(file.prices_path(), serde_json::to_vec(&newer).unwrap()).unwrap();
+        assert_eq!(file.load_pricing(TOK).unwrap(), None);
+        // A grid-1 file that does not hold grid 1's cells, or a grid that is not a number, is
+        // damaged.
+        let mut damaged = old.clone();
+        damaged["pricing"]["trials"].as_array_mut().unwrap().pop();
+        let err = pricing_from_bytes(&serde_json::to_vec(&damaged).unwrap(), TOK).unwrap_err().to_string();
+        assert!(err.contains("feature grid"), "{err}");
+        let mut word = good.clone();
+        word["grid"] = "two".into();
+        let err = pricing_from_bytes(&serde_json::to_vec(&word).unwrap(), TOK).unwrap_err().to_string();
+        assert!(err.contains("grid"), "{err}");
+        // Another tokenizer's prices are refused whatever their grid.
+        write(&newer);
+        assert!(alone.load(TokenizerId { fingerprint: 12, vocab: 100 }).is_err());
     }
 
     #[test]

@@ -9,19 +9,25 @@
 //!   saves under an advisory lock, so several processes can share one file;
 //! * [`trie`] — the continuations of several occurrences merged into one speculation trie whose
 //!   nodes carry their match length, depth, vote share and source;
+//! * [`anchor`] — the anchor of a long copy of the request's own text, and where the copy may
+//!   resume once an edit breaks it (grafted onto the trie as extra branches);
 //! * [`pricing`] — online, pessimistic acceptance estimates per feature cell.
 //!
 //! The drafter that puts them together (and its losslessness argument) lives in
 //! `treespec_engine::drafters::suffix`.
 
+pub mod anchor;
 pub mod history;
 pub mod history_file;
 pub mod index;
 pub mod pricing;
 pub mod trie;
 
+pub use anchor::{AnchorTracker, Resume, ResumeKind, STRONG_MATCH};
 pub use history::{prompt_key, GlobalHistory, DEFAULT_CAP_TOKENS};
 pub use history_file::{HistoryFile, DEFAULT_LOCK_TIMEOUT};
 pub use index::{LookupLimits, Occurrence, SuffixIndex, BREAK};
-pub use pricing::SuffixPricing;
-pub use trie::{continuation_trie, Matches, NodeFeatures, TrieNode};
+pub use pricing::{SuffixPricing, PRICING_GRID};
+pub use trie::{
+    continuation_trie, graft_resumes, AnchorFeatures, AsFeatures, Features, Matches, NodeFeatures, TrieNode,
+};

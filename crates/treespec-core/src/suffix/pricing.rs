@@ -13,10 +13,27 @@
 //! a long one share what they learn. A negative `z` prices optimistically — the drafter does that
 //! on explicit exploration steps so that cells the pessimistic price keeps out still get tried.
 //! Old trials are slowly forgotten, so the prices follow the text being written.
+//!
+//! Nodes that resume a broken copy near its anchor ([`super::anchor`]) have cells of their own,
+//! per (resume kind, context): a resume's first node by how its place was chosen (stay,
+//! replace, skip, follow), its deeper nodes — whose parents were accepted, so the copy did
+//! resume there — as a copy that has followed its source for that many tokens. Their prior says
+//! that the source near the anchor predicts better than a random short match (a copy that
+//! resumed and agreed for one token starts where a 4-token match does) but is learned and
+//! priced pessimistically like every other cell. A node that both a match and a resume draft
+//! keeps its match's price — re-anchoring only adds nodes no match drafts (pricing such a node
+//! by the better of its two cells verified more rows than they paid for, in replays of recorded
+//! answers) — and teaches both cells, each learning what its own features predict. Each family
+//! of cells forgets on its own trials, so the bursts of resumes scored after an edit do not
+//! push out what the match cells learned.
+//!
+//! The cells' layout is versioned ([`PRICING_GRID`]): saved prices of another grid are read
+//! only where their cells mean the same ([`SuffixPricing::from_grid`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::trie::NodeFeatures;
+use super::anchor::ResumeKind;
+use super::trie::{AnchorFeatures, AsFeatures, Features, NodeFeatures};
 
 /// Context buckets: upper bounds (inclusive) of each bucket; longer contexts share the last. A
 /// node's context is the match it continues: the root's match length plus the drafted tokens above
@@ -27,7 +44,18 @@ const CONTEXT_EDGES: [usize; 13] = [2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64
 /// Buckets per feature.
 const CONTEXT_BUCKETS: usize = CONTEXT_EDGES.len() + 1;
 const SHARE_BUCKETS: usize = 4;
-const CELLS: usize = CONTEXT_BUCKETS * SHARE_BUCKETS * 2;
+/// Cells of suffix-match nodes: (context, vote share, source).
+const MATCH_CELLS: usize = CONTEXT_BUCKETS * SHARE_BUCKETS * 2;
+/// Context buckets of resumed copies (upper bounds, inclusive; longer share the last): the
+/// evidence tying the resume to the text plus the drafted tokens above the node.
+const ANCHOR_EDGES: [usize; 10] = [0, 1, 2, 3, 4, 6, 8, 12, 16, 32];
+const ANCHOR_BUCKETS: usize = ANCHOR_EDGES.len() + 1;
+/// Cells of resumed-copy nodes: (kind, context).
+const ANCHOR_CELLS: usize = ResumeKind::ALL.len() * ANCHOR_BUCKETS;
+const CELLS: usize = MATCH_CELLS + ANCHOR_CELLS;
+/// The version of the cells' layout, saved with the prices. Bump it whenever the cells change.
+/// Grid 1 (before re-anchoring) held the match cells alone, laid out as now.
+pub const PRICING_GRID: u64 = 2;
 /// Pseudo-trials of the prior in every cell.
 const PRIOR_TRIALS: f64 = 2.0;
 /// Per-trial decay of past counts (an effective memory of about 4,000 trials).
@@ -54,8 +82,45 @@ fn context(f: &NodeFeatures) -> usize {
     f.match_len + f.depth.saturating_sub(1)
 }
 
-fn cell(f: &NodeFeatures) -> usize {
+fn match_cell(f: &NodeFeatures) -> usize {
     (bucket(&CONTEXT_EDGES, context(f)) * SHARE_BUCKETS + share_bucket(f)) * 2 + f.global as usize
+}
+
+/// How a resumed copy's node is placed: its resume's kind at depth 1; below that the copy
+/// resumed (the parent was accepted) and the node follows it.
+fn anchor_kind(a: &AnchorFeatures) -> ResumeKind {
+    if a.depth <= 1 {
+        a.kind
+    } else {
+        ResumeKind::Follow
+    }
+}
+
+/// A resumed copy's context: the evidence tying it to the text plus the drafted tokens above.
+fn anchor_context(a: &AnchorFeatures) -> usize {
+    a.evidence + a.depth.saturating_sub(1)
+}
+
+fn anchor_cell(a: &AnchorFeatures) -> usize {
+    let kind = ResumeKind::ALL.iter().position(|&k| k == anchor_kind(a)).expect("a kind");
+    MATCH_CELLS + kind * ANCHOR_BUCKETS + bucket(&ANCHOR_EDGES, anchor_context(a))
+}
+
+/// The cells a node is learned in, each with its prior guess: one, or two for a node both a
+/// match and a resume draft. The first is the one it is priced in.
+fn cells(f: &Features) -> ([(usize, f64); 2], usize) {
+    let m = |f: &NodeFeatures| (match_cell(f), prior_acceptance(f));
+    let a = |f: &AnchorFeatures| (anchor_cell(f), anchored_prior(f));
+    match f {
+        Features::Match(f) => ([m(f); 2], 1),
+        Features::Anchored(f) => ([a(f); 2], 1),
+        Features::Both(f, g) => ([m(f), a(g)], 2),
+    }
+}
+
+/// The cell a node is priced in: its match's when a match drafts it.
+fn priced_cell(f: &Features) -> (usize, f64) {
+    cells(f).0[0]
 }
 
 /// The prior guess: a match of m tokens followed d − 1 tokens deep is a context of m + d − 1
@@ -65,6 +130,26 @@ pub fn prior_acceptance(f: &NodeFeatures) -> f64 {
     let context = context(f) as f64;
     let source = if f.global { 0.8 } else { 1.0 };
     (context / (context + 2.0) * f.share.clamp(0.0, 1.0) * source).clamp(0.01, 0.99)
+}
+
+/// The prior guess for a resumed copy's node. A copy that has followed its source for c tokens
+/// since it resumed goes on with (c + 3)/(c + 5) (0.67 after one token, 0.8 after five: above a
+/// c-token suffix match's c/(c + 2), for the copy around it says more than the few tokens
+/// matched); a resume's first node is a guess at where an edit ended: 0.55 after two emitted
+/// tokens found ahead of the anchor, 0.35 for one or for the anchor itself, 0.3 for a
+/// same-length replacement (the guesses exclude each other, and most edits are not over after
+/// one step).
+pub fn anchored_prior(a: &AnchorFeatures) -> f64 {
+    let p = match anchor_kind(a) {
+        ResumeKind::Follow => {
+            let c = anchor_context(a) as f64;
+            (c + 3.0) / (c + 5.0)
+        }
+        ResumeKind::Skip if a.evidence >= 2 => 0.55,
+        ResumeKind::Skip | ResumeKind::Stay => 0.35,
+        ResumeKind::Replace => 0.3,
+    };
+    p.clamp(0.01, 0.99)
 }
 
 /// Acceptance statistics per feature cell (see the module docs).
@@ -92,41 +177,85 @@ impl SuffixPricing {
         self.total
     }
 
-    /// The posterior mean and standard deviation of a node's acceptance.
-    pub fn posterior(&self, f: &NodeFeatures) -> (f64, f64) {
-        let c = cell(f);
-        let p0 = prior_acceptance(f);
+    /// Prices saved under the cells' layout `grid` (a [`PRICING_GRID`] version) as this grid's:
+    /// the same prices when `grid` is this one, the cells that mean the same with the others at
+    /// their prior when it is an older layout whose cells this one extends (grid 1: the match
+    /// cells), `None` for any other layout or a pricing not of `grid`'s shape.
+    pub fn from_grid(grid: u64, saved: SuffixPricing) -> Option<SuffixPricing> {
+        let cells = Self::grid_cells(grid)?;
+        if saved.accepted.len() != cells || saved.trials.len() != cells {
+            return None;
+        }
+        let mut p = saved;
+        p.accepted.resize(CELLS, 0.0);
+        p.trials.resize(CELLS, 0.0);
+        Some(p)
+    }
+
+    /// The number of cells a saved pricing of layout `grid` holds (`None`: a layout this build
+    /// cannot read).
+    pub fn grid_cells(grid: u64) -> Option<usize> {
+        match grid {
+            PRICING_GRID => Some(CELLS),
+            1 => Some(MATCH_CELLS),
+            _ => None,
+        }
+    }
+
+    /// The posterior mean and standard deviation of one cell's acceptance, given its prior.
+    fn cell_posterior(&self, (c, p0): (usize, f64)) -> (f64, f64) {
         let a = self.accepted[c] + PRIOR_TRIALS * p0;
         let b = (self.trials[c] - self.accepted[c]).max(0.0) + PRIOR_TRIALS * (1.0 - p0);
         let n = a + b;
         (a / n, (a * b / (n * n * (n + 1.0))).sqrt())
     }
 
+    /// The posterior mean and standard deviation of a node's acceptance (of a node both a match
+    /// and a resume draft: its match's).
+    pub fn posterior(&self, f: &impl AsFeatures) -> (f64, f64) {
+        self.cell_posterior(priced_cell(&f.as_features()))
+    }
+
     /// The price of a node: posterior mean − `z` standard deviations, in [0, 1].
-    pub fn price(&self, f: &NodeFeatures, z: f64) -> f64 {
-        let (mean, sd) = self.posterior(f);
+    pub fn price(&self, f: &impl AsFeatures, z: f64) -> f64 {
+        self.cell_price(priced_cell(&f.as_features()), z)
+    }
+
+    fn cell_price(&self, c: (usize, f64), z: f64) -> f64 {
+        let (mean, sd) = self.cell_posterior(c);
         (mean - z * sd).clamp(0.0, 1.0)
     }
 
     /// The price on an exploration step: optimistic (mean + `z` sd) for a cell tried fewer than
     /// `EXPLORE_TRIALS` times, the usual pessimistic price for the others.
-    pub fn exploration_price(&self, f: &NodeFeatures, z: f64) -> f64 {
-        if self.trials[cell(f)] < EXPLORE_TRIALS {
-            self.price(f, -z)
-        } else {
-            self.price(f, z)
-        }
+    pub fn exploration_price(&self, f: &impl AsFeatures, z: f64) -> f64 {
+        let c = priced_cell(&f.as_features());
+        self.cell_price(c, if self.trials[c.0] < EXPLORE_TRIALS { -z } else { z })
     }
 
-    /// Record one trial: a node whose parent was accepted, and whether it was.
-    pub fn record(&mut self, f: &NodeFeatures, accepted: bool) {
-        for (a, t) in self.accepted.iter_mut().zip(self.trials.iter_mut()) {
-            *a *= DECAY;
-            *t *= DECAY;
+    /// Record one trial: a node whose parent was accepted, and whether it was (in each of its
+    /// cells).
+    pub fn record(&mut self, f: &impl AsFeatures, accepted: bool) {
+        let f = f.as_features();
+        let (cs, k) = cells(&f);
+        // Each family of cells forgets on its own trials: the bursts of resumes scored after an
+        // edit do not push out what the match cells learned, nor the other way round.
+        let (matched, anchored) = match f {
+            Features::Match(_) => (true, false),
+            Features::Anchored(_) => (false, true),
+            Features::Both(..) => (true, true),
+        };
+        let family = |c: usize| if c < MATCH_CELLS { matched } else { anchored };
+        for (c, (a, t)) in self.accepted.iter_mut().zip(self.trials.iter_mut()).enumerate() {
+            if family(c) {
+                *a *= DECAY;
+                *t *= DECAY;
+            }
         }
-        let c = cell(f);
-        self.trials[c] += 1.0;
-        self.accepted[c] += accepted as u8 as f64;
+        for &(c, _) in &cs[..k] {
+            self.trials[c] += 1.0;
+            self.accepted[c] += accepted as u8 as f64;
+        }
         self.total += 1;
     }
 }
@@ -178,5 +307,87 @@ mod tests {
         // under a 30-token one: it learned from those trials.
         assert_eq!(p.price(&node(39, 1), 1.0), copy);
         assert!(p.price(&node(3, 1), 1.0) < copy);
+    }
+
+    fn resumed(kind: ResumeKind, evidence: usize, depth: usize) -> AnchorFeatures {
+        AnchorFeatures { kind, evidence, depth }
+    }
+
+    #[test]
+    fn resumed_copies_have_cells_and_priors_of_their_own() {
+        let p = SuffixPricing::new();
+        let mean = |a: AnchorFeatures| p.posterior(&a).0;
+        // A copy that resumed and agreed for a token beats a 2-token match; a resume's first node
+        // is a guess, two matched tokens a better one.
+        let follow = resumed(ResumeKind::Follow, 1, 1);
+        assert!(mean(follow) > p.posterior(&node(2, 1)).0);
+        assert!(mean(resumed(ResumeKind::Skip, 2, 1)) > mean(resumed(ResumeKind::Skip, 1, 1)));
+        assert!(
+            mean(resumed(ResumeKind::Stay, 0, 1)) < 0.5 && mean(resumed(ResumeKind::Replace, 0, 1)) < 0.5
+        );
+        // Deeper nodes follow the resumed copy: a stay's second node is a one-token follow.
+        assert_eq!(anchor_cell(&resumed(ResumeKind::Stay, 0, 2)), anchor_cell(&follow));
+        assert_eq!(mean(resumed(ResumeKind::Stay, 0, 2)), mean(follow));
+        // Every resumed cell lies past the match cells, and learning one leaves the others.
+        let mut q = SuffixPricing::new();
+        for _ in 0..200 {
+            q.record(&resumed(ResumeKind::Replace, 0, 1), true);
+        }
+        assert!(q.price(&resumed(ResumeKind::Replace, 0, 1), 0.9) > 0.9);
+        assert_eq!(
+            q.posterior(&resumed(ResumeKind::Stay, 0, 1)),
+            p.posterior(&resumed(ResumeKind::Stay, 0, 1))
+        );
+        assert_eq!(q.posterior(&node(2, 1)), p.posterior(&node(2, 1)));
+        // A node both a match and a resume draft keeps its match's price, and teaches both cells.
+        let both = Features::Both(node(2, 1), resumed(ResumeKind::Replace, 0, 1));
+        assert_eq!(q.price(&both, 0.9), q.price(&node(2, 1), 0.9));
+        assert_eq!(q.posterior(&both), q.posterior(&node(2, 1)));
+        assert_eq!(q.exploration_price(&both, 0.9), q.exploration_price(&node(2, 1), 0.9));
+        let mut r = SuffixPricing::new();
+        r.record(&both, false);
+        assert_eq!(r.total_trials(), 1);
+        assert!(r.posterior(&node(2, 1)).0 < p.posterior(&node(2, 1)).0);
+        assert!(
+            r.posterior(&resumed(ResumeKind::Replace, 0, 1)).0
+                < p.posterior(&resumed(ResumeKind::Replace, 0, 1)).0
+        );
+        for kind in ResumeKind::ALL {
+            for (e, d) in [(0, 1), (2, 1), (1, 40), (70, 70)] {
+                let c = anchor_cell(&resumed(kind, e, d));
+                assert!((MATCH_CELLS..CELLS).contains(&c), "{kind:?} {e} {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn saved_prices_of_another_grid_are_read_where_their_cells_mean_the_same() {
+        // The layout this build saves: a change of the cells must bump PRICING_GRID.
+        assert_eq!((PRICING_GRID, CELLS, MATCH_CELLS), (2, 156, 112), "changed the grid? bump PRICING_GRID");
+        let mut p = SuffixPricing::new();
+        for i in 0..50 {
+            p.record(&node(2 + i % 20, 1), i % 3 == 0);
+            p.record(&resumed(ResumeKind::Skip, 1, 1), i % 2 == 0);
+        }
+        assert_eq!(SuffixPricing::from_grid(PRICING_GRID, p.clone()), Some(p.clone()));
+        // Grid 1 held the match cells alone, laid out as now: they are kept, the resumed cells
+        // start from their prior.
+        let old = SuffixPricing {
+            accepted: p.accepted[..MATCH_CELLS].to_vec(),
+            trials: p.trials[..MATCH_CELLS].to_vec(),
+            total: 77,
+        };
+        let read = SuffixPricing::from_grid(1, old.clone()).expect("grid 1 is read");
+        assert_eq!(read.total_trials(), 77);
+        assert_eq!(read.posterior(&node(5, 1)), p.posterior(&node(5, 1)));
+        let fresh = SuffixPricing::new();
+        assert_eq!(
+            read.posterior(&resumed(ResumeKind::Skip, 1, 1)),
+            fresh.posterior(&resumed(ResumeKind::Skip, 1, 1))
+        );
+        // Another layout, or a pricing not of its grid's shape, is not.
+        assert_eq!(SuffixPricing::from_grid(3, p.clone()), None);
+        assert_eq!(SuffixPricing::from_grid(1, p), None);
+        assert_eq!(SuffixPricing::from_grid(PRICING_GRID, old), None);
     }
 }

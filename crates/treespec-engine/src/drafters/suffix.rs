@@ -19,17 +19,26 @@
 //! ([`RequestCalibration`]): a summary quoting its article is priced up, a math answer that quotes
 //! three words of its question and moves on is priced down.
 //!
+//! Copies broken by an edit are re-anchored ([`treespec_core::suffix::anchor`]): the drafter
+//! keeps the position in the request's own text where the last long copy's source goes on, and
+//! when the target leaves the copy (an insertion, a deletion, a replacement begins) it grafts a
+//! few chains onto the trie for the next steps — the source at the anchor, past the replaced
+//! tokens, after the last emitted tokens found further on — priced in cells of their own and
+//! learned from every proposal like the other nodes, until the copy resumes and a long match
+//! forms again (`reanchor`).
+//!
 //! Lossless: every node is a `Draw::Deterministic` candidate chosen from the history and from
 //! verify outcomes of *earlier* steps, never from this step's verifier randomness, so family-3
 //! verification is exact under sampling, and greedy verification follows the target's argmax.
+//! The re-anchoring chains are read from the history alone (the tokens emitted at earlier steps).
 
 use std::sync::{Arc, Mutex, RwLock};
 
 use treespec_core::budget::value_order;
 use treespec_core::sampling::Sampler;
 use treespec_core::suffix::{
-    continuation_trie, prompt_key, GlobalHistory, LookupLimits, Matches, NodeFeatures, SuffixIndex,
-    SuffixPricing, DEFAULT_CAP_TOKENS,
+    continuation_trie, graft_resumes, prompt_key, AnchorTracker, Features, GlobalHistory, LookupLimits,
+    Matches, Resume, SuffixIndex, SuffixPricing, DEFAULT_CAP_TOKENS,
 };
 use treespec_core::tree::{Draw, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
@@ -42,6 +51,8 @@ use crate::extra_stats::{ExtraStats, SuffixCounts};
 
 /// Most nodes the trie is built with before pricing (the pricing then keeps far fewer).
 const TRIE_NODES: usize = 256;
+/// Most nodes the re-anchoring chains may add to it.
+const RESUME_NODES: usize = 256;
 
 /// What every drafter of one suffix method shares: the global history and the learned prices.
 #[derive(Debug)]
@@ -126,6 +137,10 @@ pub struct SuffixConfig {
     pub pessimism: f64,
     /// Every this many steps, price little-tried cells optimistically (0 = never). Default 16.
     pub explore_every: u32,
+    /// Re-anchor copies broken by an edit: while the suffix match is short after a long copy of
+    /// the request's own text broke, also draft the places where the copy may resume near where
+    /// it stood. Default on.
+    pub reanchor: bool,
     /// Without cost curves: keep nodes whose path value is at least this. Default 0.3.
     pub min_value: f64,
     /// The measured cost curves: with them a step keeps the prefix with the best gain.
@@ -145,6 +160,7 @@ impl Default for SuffixConfig {
             exclude_same_prompt: false,
             pessimism: 0.9,
             explore_every: 16,
+            reanchor: true,
             min_value: 0.3,
             costs: None,
             shared: SuffixShared::empty(),
@@ -196,6 +212,14 @@ pub struct SuffixStats {
     pub verified: u64,
     /// Verified nodes accepted.
     pub accepted: u64,
+    /// Steps whose trie held re-anchoring chains.
+    pub reanchor_steps: u64,
+    /// Re-anchoring nodes in the proposals (verified or not, before a batch budget's cut).
+    pub anchored_nodes_proposed: u64,
+    /// Re-anchoring nodes verified.
+    pub anchored_nodes_verified: u64,
+    /// Re-anchoring nodes verified and accepted.
+    pub anchored_nodes_accepted: u64,
 }
 
 /// Most nodes an exploration step verifies beyond what the pessimistic prices would: this many,
@@ -212,7 +236,7 @@ pub struct SuffixDrafter {
     budget: Option<AutoBudget>,
     prompt_key: u64,
     /// Features of each node of the tree last proposed (index = node id), empty if discarded.
-    features: Vec<NodeFeatures>,
+    features: Vec<Features>,
     /// Pessimistic path value of each drafted node of the tree last proposed (node 1.., in
     /// arena order = value order), for a batch budget.
     values: Vec<f64>,
@@ -222,11 +246,14 @@ pub struct SuffixDrafter {
     shadow: Option<Shadow>,
     /// How this request's text bears out the shared prices (see [`RequestCalibration`]).
     calibration: RequestCalibration,
+    /// Where this request's last long copy stood, and where it may resume once broken.
+    anchors: AnchorTracker,
     /// Tokens accepted against the tokens the verified nodes' path values promised, per verified
     /// step. The node tally cannot see a long bet fail: a 15-node chain rejected at depth 3 is two
     /// hits and one miss, about what the prices expected of those three nodes, while the step
     /// promised seven tokens and got two. A worked math answer that quotes a phrase of its
-    /// question and then changes the number does that again and again.
+    /// question and then changes the number does that again and again. Steps that bet nothing
+    /// let it fade back toward neutral.
     bets: RequestCalibration,
 }
 
@@ -243,7 +270,7 @@ struct Shadow {
     len: usize,
     /// The whole trie, and each node's features and posterior mean acceptance when proposed.
     trie: TokenTree,
-    features: Vec<NodeFeatures>,
+    features: Vec<Features>,
     means: Vec<f64>,
     /// Each trie node's id in the proposal (`None`: not proposed).
     proposed: Vec<Option<usize>>,
@@ -334,7 +361,11 @@ impl Shadow {
                 if self.proposed[id].is_none_or(|row| row >= self.verified_rows) {
                     pricing.record(&self.features[id], hit);
                 }
-                calibration.record(f64::from(hit), self.means[id], 1.0, NODE_DECAY);
+                // The request's tally is of how its text follows its matches: the guesses of where
+                // a broken copy resumes, several a step after an edit, would drown it.
+                if !matches!(self.features[id], Features::Anchored(_)) {
+                    calibration.record(f64::from(hit), self.means[id], 1.0, NODE_DECAY);
+                }
                 if hit {
                     taken = Some(id);
                 }
@@ -376,6 +407,7 @@ impl SuffixDrafter {
             stats: SuffixStats::default(),
             shadow: None,
             calibration: RequestCalibration::NEUTRAL,
+            anchors: AnchorTracker::new(),
             bets: RequestCalibration::NEUTRAL,
         })
     }
@@ -405,7 +437,7 @@ impl SuffixDrafter {
     /// The nodes of `tree` in value order and how many of them to verify (at most `room`): every
     /// node priced pessimistically, or on an exploration step (`explore`) little-tried cells
     /// optimistically.
-    fn select(&self, tree: &TokenTree, features: &[NodeFeatures], room: usize, explore: bool) -> Selection {
+    fn select(&self, tree: &TokenTree, features: &[Features], room: usize, explore: bool) -> Selection {
         let pricing = self.config.shared.pricing();
         let z = self.config.pessimism;
         let mut value = vec![1.0; tree.len()];
@@ -433,8 +465,9 @@ impl SuffixDrafter {
         Selection { order, keep, gain, value, means }
     }
 
-    /// The merged continuation trie for `history` as a token tree, with each node's features.
-    fn trie(&mut self, history: &[TokenId], depth: usize) -> Result<(TokenTree, Vec<NodeFeatures>)> {
+    /// The merged continuation trie for `history` as a token tree, with each node's features:
+    /// the suffix matches' continuations, and the re-anchoring chains.
+    fn trie(&mut self, history: &[TokenId], depth: usize) -> Result<(TokenTree, Vec<Features>)> {
         let limits =
             LookupLimits { want: self.config.occurrences, scan: 64, max_match: self.config.max_match };
         let local = self.local.lookup(history, limits);
@@ -450,13 +483,21 @@ impl SuffixDrafter {
             Matches { index: global_history.index(), occurrences: &global, global: true },
         ];
         let root = *history.last().expect("history holds the root");
-        let trie = continuation_trie(root, &sources, depth, TRIE_NODES);
+        let mut trie = continuation_trie(root, &sources, depth, TRIE_NODES);
         drop(global_history);
+        if self.config.reanchor {
+            // Only the history (text emitted at earlier steps) places the anchor and the chains.
+            let resumes: Vec<Resume> = self.anchors.update(history, local.first().copied()).to_vec();
+            let chains: Vec<(Resume, &[TokenId])> =
+                resumes.iter().map(|r| (*r, &history[r.start..history.len().min(r.start + depth)])).collect();
+            graft_resumes(&mut trie, &chains, TRIE_NODES + RESUME_NODES);
+            self.stats.reanchor_steps += !chains.is_empty() as u64;
+        }
         let mut tree = TokenTree::new(root);
         for node in &trie[1..] {
             tree.add(node.parent, node.token, Draw::Deterministic, 0.0)?;
         }
-        Ok((tree, trie.into_iter().map(|n| n.features).collect()))
+        Ok((tree, trie.iter().map(|n| n.priced()).collect()))
     }
 }
 
@@ -476,6 +517,7 @@ impl Drafter for SuffixDrafter {
         self.shadow = None;
         self.calibration = RequestCalibration::NEUTRAL;
         self.bets = RequestCalibration::NEUTRAL;
+        self.anchors.reset();
         self.local.clear();
         self.local.extend(prompt);
         self.prompt_key = prompt_key(prompt);
@@ -528,6 +570,7 @@ impl Drafter for SuffixDrafter {
                 .ok_or_else(|| EngineError::State(format!("suffix: node {n} ordered before its parent")))?;
             new_id[n] = Some(cut.add(parent, node.token, Draw::Deterministic, 0.0)?);
             self.features.push(features[n]);
+            self.stats.anchored_nodes_proposed += features[n].is_anchored() as u64;
             // Pessimistic values, non-increasing even where exploration reordered the nodes.
             let floor = self.values.last().copied().unwrap_or(1.0);
             self.values.push(value[n].min(floor));
@@ -576,11 +619,21 @@ impl Drafter for SuffixDrafter {
             if accepted[node.parent.unwrap_or(ROOT)] {
                 pricing.record(&self.features[id], accepted[id]);
             }
+            if self.features[id].is_anchored() {
+                self.stats.anchored_nodes_verified += 1;
+                self.stats.anchored_nodes_accepted += accepted[id] as u64;
+            }
         }
         if tree.drafted() > 0 {
             // The guard above keeps the verified tree within the proposal's values.
             let expected: f64 = self.values[..tree.drafted()].iter().sum();
             self.bets.record(outcome.accepted.len() as f64, expected, tree.drafted() as f64, STEP_DECAY);
+        } else {
+            // A step that bet nothing: the tally fades toward the shared prices' own rate. Only
+            // verified bets move it, so without this one long bet that fell short could keep a
+            // request from drafting for good (its scaled-down values never pay for a row again),
+            // through a long exact repetition too.
+            self.bets.record(0.0, 0.0, 0.0, STEP_DECAY);
         }
         if let Some(shadow) = self.shadow.as_mut() {
             shadow.verified_rows = tree.len();
@@ -616,6 +669,7 @@ impl Drafter for SuffixDrafter {
 mod tests {
     use super::*;
     use treespec_core::sampling::SamplingParams;
+    use treespec_core::suffix::NodeFeatures;
 
     /// Pricing that has seen exact copies accepted many times, at every match length and depth.
     fn trained(shared: &SuffixShared) {
@@ -934,5 +988,193 @@ mod tests {
         assert!(d.bets.ratio() <= 0.3, "{}", d.bets.ratio());
         let after = d.propose(&ctx(&history, &sampler)).unwrap();
         assert!(after.drafted() < first.drafted(), "{} vs {}", after.drafted(), first.drafted());
+    }
+
+    #[test]
+    fn a_request_that_stopped_betting_after_a_failed_bet_drafts_again_later() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained(&shared);
+        let config = SuffixConfig { explore_every: 0, shared, ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        let (_, history) = copying(&[1, 2]);
+        d.begin(&history, &sampler, 0).unwrap();
+        for _ in 0..3 {
+            let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
+        }
+        // The failed bets price everything out; the steps that bet nothing let the tally fade.
+        let mut idle = 0;
+        loop {
+            let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+            if tree.drafted() > 0 {
+                break;
+            }
+            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
+            idle += 1;
+            assert!(idle < 60, "still locked out: {}", d.bets.ratio());
+        }
+        assert!(idle >= 1, "the failed bets held it back for a while");
+    }
+
+    /// Pricing that has seen exact copies (as `trained`) and every kind of resumed copy accepted
+    /// many times, the two interleaved (old trials are forgotten).
+    fn trained_with_resumes(shared: &SuffixShared) {
+        use treespec_core::suffix::{AnchorFeatures, ResumeKind};
+        let mut p = shared.pricing();
+        for _ in 0..40 {
+            for match_len in [8, 12, 20, 40, 64] {
+                for depth in 1..=64 {
+                    for global in [false, true] {
+                        p.record(&NodeFeatures { match_len, depth, share: 1.0, support: 1, global }, true);
+                    }
+                }
+            }
+            for kind in ResumeKind::ALL {
+                for evidence in 0..=3 {
+                    for depth in 1..=16 {
+                        p.record(&AnchorFeatures { kind, evidence, depth }, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `tokens` is a path of `tree` from the root.
+    fn has_chain(tree: &TokenTree, tokens: &[TokenId]) -> bool {
+        let mut at = ROOT;
+        for &t in tokens {
+            match tree.children(at).iter().find(|&&c| tree.node(c).token == t) {
+                Some(&c) => at = c,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// The drafter on the quote being copied (`copying`), its prices trained on copies and
+    /// resumes, after the step that drafted the rest of the quote: the target rejected it and
+    /// emitted `edit` instead, one token a step (the bets' tally kept neutral). Returns the
+    /// drafter, the text and the proposal after the edit.
+    fn after_edit(reanchor: bool, edit: &[TokenId]) -> (SuffixDrafter, Vec<TokenId>, TokenTree) {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        trained_with_resumes(&shared);
+        let config = SuffixConfig { explore_every: 0, reanchor, shared, ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        let (quote, mut history) = copying(&[1, 2]);
+        d.begin(&history, &sampler, 0).unwrap();
+        let mut tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(has_chain(&tree, &quote[20..30]), "the copy is drafted");
+        for &t in edit {
+            d.observe(&tree, &outcome(&tree, &[], t)).unwrap();
+            // A long chain rejected at once scales every later path value down (the bets'
+            // tally, tested above); here only where the copy resumes is under test.
+            d.bets = RequestCalibration::NEUTRAL;
+            history.push(t);
+            tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        }
+        (d, history, tree)
+    }
+
+    #[test]
+    fn an_edit_in_a_copy_is_resumed_at_once_with_re_anchoring_and_not_without() {
+        let quote: Vec<TokenId> = copying(&[]).0;
+        // The target's tokens instead of the copy's quote[20], where the copy goes on, and how
+        // much of that at least is verified at once (the request's tally of the rejected nodes
+        // before trims the chains).
+        let cases: [(&str, Vec<TokenId>, &[TokenId], usize); 4] = [
+            // 900 inserted: the copy resumes with quote[20].
+            ("insertion", vec![900], &quote[20..30], 2),
+            // 900 replaced quote[20]: it resumes with quote[21].
+            ("replacement", vec![900], &quote[21..31], 2),
+            // quote[20..23] deleted: the target emitted quote[23], the copy goes on after it.
+            ("deletion", vec![quote[23]], &quote[24..34], 2),
+            // Two tokens replaced two: after the second, the copy resumes past both.
+            ("two-token replacement", vec![900, 901], &quote[22..32], 1),
+        ];
+        for (what, edit, resumed, verified) in cases {
+            let (d, _, tree) = after_edit(true, &edit);
+            assert!(has_chain(&tree, &resumed[..verified]), "{what}: the resumed copy is drafted");
+            assert!(d.stats().anchored_nodes_proposed >= verified as u64, "{what}: {:?}", d.stats());
+            // The whole resumed copy is in the trie, for the pricing to learn from.
+            assert!(has_chain(&d.shadow.as_ref().unwrap().trie, resumed), "{what}");
+            assert!(d.stats().reanchor_steps >= 1, "{what}");
+            // Without re-anchoring, the edited text matches nothing: nothing is drafted.
+            let (off, _, tree) = after_edit(false, &edit);
+            assert!(!has_chain(&tree, &resumed[..1]), "{what}");
+            assert_eq!(tree.drafted(), 0, "{what}");
+            assert_eq!(off.stats().reanchor_steps + off.stats().anchored_nodes_proposed, 0, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_copy_is_followed_and_then_drafted_by_its_long_match_again() {
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let quote: Vec<TokenId> = copying(&[]).0;
+        // quote[20..23] deleted; the target emitted quote[23].
+        let (mut d, mut history, tree) = after_edit(true, &[quote[23]]);
+        // The target takes two tokens of the skip's chain, then the next copied token.
+        let mut path = Vec::new();
+        let mut at = ROOT;
+        for &t in &quote[24..26] {
+            at = *tree.children(at).iter().find(|&&c| tree.node(c).token == t).expect("on the chain");
+            path.push(at);
+        }
+        let step = outcome(&tree, &path, quote[26]);
+        d.observe(&tree, &step).unwrap();
+        assert_eq!(d.stats().anchored_nodes_accepted, 2, "{:?}", d.stats());
+        assert!(d.stats().anchored_nodes_verified >= 2, "{:?}", d.stats());
+        history.extend(&step.tokens);
+        // The copy agrees with its source again: the anchor follows it to quote[27] (the quote
+        // starts after the 2-token head), and so does the trie. The 4-token match since the
+        // deletion drafts the same chain: its nodes keep their match's price and teach the
+        // follow cells too.
+        d.propose(&ctx(&history, &sampler)).unwrap();
+        assert_eq!(d.anchors.anchor(), Some((2 + 27, 0)));
+        assert_eq!(d.anchors.offered()[0].kind, treespec_core::suffix::ResumeKind::Follow);
+        let shadow = d.shadow.as_ref().unwrap();
+        assert!(has_chain(&shadow.trie, &quote[27..37]), "the copy is followed");
+        let first =
+            *shadow.trie.children(ROOT).iter().find(|&&c| shadow.trie.node(c).token == quote[27]).unwrap();
+        assert!(
+            matches!(shadow.features[first], Features::Both(m, a) if m.match_len == 4
+                && a.kind == treespec_core::suffix::ResumeKind::Follow && a.evidence == 3),
+            "{:?}",
+            shadow.features[first]
+        );
+        // Four more tokens of it: a strong match (8 tokens since the deletion) drafts it alone.
+        history.extend(&quote[27..31]);
+        let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert!(d.anchors.offered().is_empty(), "{:?}", d.anchors.offered());
+        assert!(has_chain(&tree, &quote[31..34]));
+    }
+
+    #[test]
+    fn resumes_are_learned_from_the_text_that_followed_like_every_node() {
+        use treespec_core::suffix::{AnchorFeatures, ResumeKind};
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let shared = SuffixShared::empty();
+        let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
+        let mut d = SuffixDrafter::new(config).unwrap();
+        let (quote, mut history) = copying(&[1, 2]);
+        d.begin(&history, &sampler, 0).unwrap();
+        let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        // 900 inserted: the resumes are in the trie, priced out by their cautious prior.
+        d.observe(&tree, &outcome(&tree, &[], 900)).unwrap();
+        history.push(900);
+        let tree = d.propose(&ctx(&history, &sampler)).unwrap();
+        assert_eq!(tree.drafted(), 0);
+        assert!(d.stats().reanchor_steps == 1 && d.stats().anchored_nodes_proposed == 0);
+        d.observe(&tree, &outcome(&tree, &[], quote[20])).unwrap();
+        // The insertion ended: the stay's first node was right, the replacement's wrong.
+        let stay = AnchorFeatures { kind: ResumeKind::Stay, evidence: 0, depth: 1 };
+        let replace = AnchorFeatures { kind: ResumeKind::Replace, evidence: 0, depth: 1 };
+        let fresh = SuffixPricing::new();
+        history.push(quote[20]);
+        d.propose(&ctx(&history, &sampler)).unwrap();
+        let p = shared.pricing();
+        assert!(p.posterior(&stay).0 > fresh.posterior(&stay).0);
+        assert!(p.posterior(&replace).0 < fresh.posterior(&replace).0);
     }
 }

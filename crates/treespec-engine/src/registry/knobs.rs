@@ -163,6 +163,19 @@ pub struct MethodKnobs {
     /// suffix / auto: every N steps, try little-tried kinds of match optimistically (0 = never).
     #[cfg_attr(feature = "clap", arg(long))]
     pub suffix_explore: Option<u32>,
+    /// suffix / auto: re-anchor copies broken by an edit (draft where the copy may resume):
+    /// `on` (default) or `off` (JSON: `true` / `false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "on|off",
+            hide_possible_values = true,
+            value_parser = clap::builder::BoolishValueParser::new()
+        )
+    )]
+    pub suffix_reanchor: Option<bool>,
     /// suffix / auto: `--no-global` drafts only from this request's own text, not from earlier
     /// requests' (JSON: `"global": false`).
     #[cfg_attr(feature = "clap", arg(long = "no-global", num_args = 0, default_missing_value = "false"))]

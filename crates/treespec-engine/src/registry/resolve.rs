@@ -317,6 +317,7 @@ impl MethodSpec {
             occurrences: k.suffix_occurrences.unwrap_or(d.occurrences),
             pessimism: k.suffix_pessimism.unwrap_or(d.pessimism),
             explore_every: k.suffix_explore.unwrap_or(d.explore_every),
+            reanchor: k.suffix_reanchor.unwrap_or(d.reanchor),
             global: k.global.unwrap_or(d.global),
             costs,
             shared,
