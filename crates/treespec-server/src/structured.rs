@@ -338,7 +338,8 @@ mod tests {
         for open in ["```js", "```\n", "```json", "```json\n", "<tool_call>\n", "```{"] {
             assert!(may_be_call(open), "{open:?}");
         }
-        for text in ["The", "<b>", "`x`", "Sure", "```python", "```python\ndef", "```\nx = 1", "<tool_call>x"] {
+        for text in ["The", "<b>", "`x`", "Sure", "```python", "```python\ndef", "```\nx = 1", "<tool_call>x"]
+        {
             assert!(!may_be_call(text), "{text:?}");
         }
     }
