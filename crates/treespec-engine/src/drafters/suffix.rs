@@ -968,8 +968,9 @@ mod tests {
         assert!(neutral >= 20 && bent < neutral, "{bent} vs {neutral}");
     }
 
-    #[test]
-    fn a_long_bet_that_falls_short_scales_the_next_ones_down() {
+    /// A drafter on `trained` prices, begun on a request that copies a 40-token quote (no
+    /// exploration steps).
+    fn copying_drafter() -> (SuffixDrafter, Sampler, Vec<TokenId>) {
         let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
         let shared = SuffixShared::empty();
         trained(&shared);
@@ -977,14 +978,25 @@ mod tests {
         let mut d = SuffixDrafter::new(config).unwrap();
         let (_, history) = copying(&[1, 2]);
         d.begin(&history, &sampler, 0).unwrap();
+        (d, sampler, history)
+    }
+
+    /// Three verified long chains, each rejected at the root's child.
+    fn fail_three_bets(d: &mut SuffixDrafter, sampler: &Sampler, history: &[TokenId]) {
+        for _ in 0..3 {
+            let tree = d.propose(&ctx(history, sampler)).unwrap();
+            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_long_bet_that_falls_short_scales_the_next_ones_down() {
+        let (mut d, sampler, history) = copying_drafter();
         let first = d.propose(&ctx(&history, &sampler)).unwrap();
         assert!(first.drafted() >= 20);
         // Three verified long chains each rejected at the root's child: the per-node prices barely
         // move (three misses), the step tally sees some 60 promised tokens and none delivered.
-        for _ in 0..3 {
-            let tree = d.propose(&ctx(&history, &sampler)).unwrap();
-            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
-        }
+        fail_three_bets(&mut d, &sampler, &history);
         assert!(d.bets.ratio() <= 0.3, "{}", d.bets.ratio());
         let after = d.propose(&ctx(&history, &sampler)).unwrap();
         assert!(after.drafted() < first.drafted(), "{} vs {}", after.drafted(), first.drafted());
@@ -992,17 +1004,8 @@ mod tests {
 
     #[test]
     fn a_request_that_stopped_betting_after_a_failed_bet_drafts_again_later() {
-        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-        let shared = SuffixShared::empty();
-        trained(&shared);
-        let config = SuffixConfig { explore_every: 0, shared, ..Default::default() };
-        let mut d = SuffixDrafter::new(config).unwrap();
-        let (_, history) = copying(&[1, 2]);
-        d.begin(&history, &sampler, 0).unwrap();
-        for _ in 0..3 {
-            let tree = d.propose(&ctx(&history, &sampler)).unwrap();
-            d.observe(&tree, &outcome(&tree, &[], 9999)).unwrap();
-        }
+        let (mut d, sampler, history) = copying_drafter();
+        fail_three_bets(&mut d, &sampler, &history);
         // The failed bets price everything out; the steps that bet nothing let the tally fade.
         let mut idle = 0;
         loop {
