@@ -51,15 +51,10 @@ impl<M: CausalLm> DraftModel<M> {
         Ok(())
     }
 
-    /// Start a step: feed the unfed chain and return the root's logits row, owned: the tree
-    /// drafters keep it in their frontier while they feed the draft again.
-    pub fn start_step(&mut self) -> Result<Vec<f32>> {
-        Ok(self.start_step_logits()?.row(0).to_vec())
-    }
-
-    /// [`start_step`](Self::start_step) with the root's row (row 0) borrowed from the draft
-    /// model's output, for a caller done with it before the next forward.
-    pub fn start_step_logits(&mut self) -> Result<Logits<'_>> {
+    /// Start a step: feed the unfed chain and return the root's logits row (row 0), borrowed
+    /// from the draft model's output until its next call, like [`feed`](Self::feed)'s rows: a
+    /// drafter reads the rows of one forward before it makes the next, and copies none.
+    pub fn start_step(&mut self) -> Result<Logits<'_>> {
         if self.unfed.is_empty() {
             return Err(EngineError::State("draft has no root to feed".into()));
         }

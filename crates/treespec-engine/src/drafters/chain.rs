@@ -67,7 +67,7 @@ pub(crate) fn draft_chain<M: CausalLm>(
     let mut at = ROOT;
     for i in 0..k {
         // The row is borrowed from the draft's output: it is read before the next feed.
-        let out = if i == 0 { draft.start_step_logits()? } else { draft.feed(&tree, &[at])? };
+        let out = if i == 0 { draft.start_step()? } else { draft.feed(&tree, &[at])? };
         let logits = out.row(0);
         let kids = draw_children(
             &mut tree,

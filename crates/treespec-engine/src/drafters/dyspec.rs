@@ -216,12 +216,16 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
         if budget == 0 || depth == 0 {
             return Ok(TokenTree::new(ctx.root()));
         }
+        // The root's row is borrowed from the draft's output: read before the growth feeds it.
         let root_logits = self.draft.start_step()?;
-        let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
-        if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
+        let mut g = Growth::new(ctx, &mut self.rng, budget, depth)?;
+        let root = g.first_child_event(ROOT, root_logits.row(0))?;
+        if let Some(root) = root {
             match self.config.mode {
-                DySpecMode::Heap => g.grow_heap(root)?,
-                DySpecMode::Layer => g.grow_layer(root, self.config.effective_threshold() as f64)?,
+                DySpecMode::Heap => g.grow_heap(root, &mut self.draft)?,
+                DySpecMode::Layer => {
+                    g.grow_layer(root, &mut self.draft, self.config.effective_threshold() as f64)?
+                }
             }
         }
         self.stats.drafted += g.tree.drafted() as u64;
@@ -278,13 +282,13 @@ struct NextChild {
     source: Source,
 }
 
-/// The state of one `propose` call.
-struct Growth<'s, 'c, M: CausalLm> {
+/// The state of one `propose` call. The draft model is not part of it but lent to each growth
+/// schedule: the rows of a draft forward stay borrowed from the model while this state reads them.
+struct Growth<'s, 'c> {
     ctx: &'s ProposeContext<'c>,
     /// Scores greedy candidates (temperature 1, same repetition penalty); the sampler itself when
     /// sampling.
     scorer: Sampler,
-    draft: &'s mut DraftModel<M>,
     rng: &'s mut StreamRng,
     tree: TokenTree,
     /// Value of each tree node (root = 1): the product of draft probabilities along its path.
@@ -296,19 +300,12 @@ struct Growth<'s, 'c, M: CausalLm> {
     filled: u64,
 }
 
-impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
+impl<'s, 'c> Growth<'s, 'c> {
     /// An empty tree at `ctx`'s root, to grow within `budget` nodes and `depth` levels.
-    fn new(
-        ctx: &'s ProposeContext<'c>,
-        draft: &'s mut DraftModel<M>,
-        rng: &'s mut StreamRng,
-        budget: usize,
-        depth: usize,
-    ) -> Result<Self> {
+    fn new(ctx: &'s ProposeContext<'c>, rng: &'s mut StreamRng, budget: usize, depth: usize) -> Result<Self> {
         Ok(Self {
             ctx,
             scorer: scoring_sampler(ctx.sampler)?,
-            draft,
             rng,
             tree: TokenTree::new(ctx.root()),
             values: vec![1.0],
@@ -381,15 +378,14 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
         }
     }
 
-    /// Algorithm 1, feeding a node only when its first-child event is popped.
-    fn grow_heap(&mut self, root: Event) -> Result<()> {
+    /// Algorithm 1, feeding a node to `draft` only when its first-child event is popped.
+    fn grow_heap<M: CausalLm>(&mut self, root: Event, draft: &mut DraftModel<M>) -> Result<()> {
         let mut heap = BinaryHeap::from([root]);
         while !self.full() {
             let Some(ev) = heap.pop() else { break };
             if let Source::Unfed = ev.item.source {
                 let node = ev.item.parent;
-                // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
-                let logits = self.draft.feed(&self.tree, &[node])?.into_owned();
+                let logits = draft.feed(&self.tree, &[node])?;
                 self.fed += 1;
                 if let Some(mut ready) = self.first_child_event(node, logits.row(0))? {
                     // Keep the popped event's place among equal values: under sampling its value
@@ -408,8 +404,13 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
         Ok(())
     }
 
-    /// Algorithm 2 (threshold pass, one draft forward per depth), then the fill pass.
-    fn grow_layer(&mut self, root: Event, threshold: f64) -> Result<()> {
+    /// Algorithm 2 (threshold pass, one forward of `draft` per depth), then the fill pass.
+    fn grow_layer<M: CausalLm>(
+        &mut self,
+        root: Event,
+        draft: &mut DraftModel<M>,
+        threshold: f64,
+    ) -> Result<()> {
         let mut layer = BinaryHeap::from([root]);
         // Below-threshold events of finished depths: all have fed parents, so the fill can use them.
         let mut rest: Vec<Event> = Vec::new();
@@ -427,8 +428,7 @@ impl<'s, 'c, M: CausalLm> Growth<'s, 'c, M> {
             }
             // Feed every new node, not only those above the threshold: the batch is one forward
             // either way, and the fill may want their first children.
-            // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
-            let logits = self.draft.feed(&self.tree, &new_nodes)?.into_owned();
+            let logits = draft.feed(&self.tree, &new_nodes)?;
             self.fed += new_nodes.len() as u64;
             for (i, &n) in new_nodes.iter().enumerate() {
                 layer.extend(self.first_child_event(n, logits.row(i))?);

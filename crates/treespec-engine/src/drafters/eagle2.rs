@@ -127,14 +127,17 @@ impl<M: CausalLm> Drafter for Eagle2Drafter<M> {
         // Fed nodes stay pending in the draft until observe: keep them within the context room
         // the loop offers (the draft's window is assumed to match the target's).
         let mut feed_room = ctx.max_nodes;
-        let mut frontier: Vec<(NodeId, Vec<f32>)> = vec![(ROOT, self.draft.start_step()?)];
+        // The nodes expanded at the last depth, fed in one forward at the top of the next; their
+        // rows are borrowed from the draft's output and read before the following feed.
+        let mut frontier = vec![ROOT];
         for d in 1..=depth {
+            let logits = if d == 1 { self.draft.start_step()? } else { self.draft.feed(&cand, &frontier)? };
             let mut layer = Vec::new();
-            for (node, logits) in &frontier {
-                let context = node_context(ctx, &cand, *node);
-                for (token, p) in ranked_candidates(ctx.sampler, &scorer, logits, &context, k)? {
-                    let value = values[*node] * p as f64;
-                    layer.push(cand.add(*node, token, Draw::Deterministic, value as f32)?);
+            for (i, &node) in frontier.iter().enumerate() {
+                let context = node_context(ctx, &cand, node);
+                for (token, p) in ranked_candidates(ctx.sampler, &scorer, logits.row(i), &context, k)? {
+                    let value = values[node] * p as f64;
+                    layer.push(cand.add(node, token, Draw::Deterministic, value as f32)?);
                     values.push(value);
                 }
             }
@@ -149,8 +152,7 @@ impl<M: CausalLm> Drafter for Eagle2Drafter<M> {
             }
             feed_room -= expand.len();
             self.stats.fed += expand.len() as u64;
-            let logits = self.draft.feed(&cand, &expand)?;
-            frontier = expand.iter().enumerate().map(|(i, &n)| (n, logits.row(i).to_vec())).collect();
+            frontier = expand;
         }
 
         // Rerank every candidate; the kept set is closed under parents (see the module doc).

@@ -194,13 +194,17 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
         let mut shadow = TokenTree::new(ctx.root());
         // (the r tokens before x, x) → DAG nodes with that key, oldest first.
         let mut by_key: HashMap<(Option<TokenId>, TokenId), Vec<NodeId>> = HashMap::new();
-        let mut frontier: Vec<(NodeId, Vec<f32>)> = vec![(ROOT, self.draft.start_step()?)];
+        // The nodes expanded at the last depth, fed in one forward at the top of the next; their
+        // rows are borrowed from the draft's output and read before the following feed.
+        let mut frontier = vec![ROOT];
         'depths: for d in 1..=depth {
+            let logits =
+                if d == 1 { self.draft.start_step()? } else { self.draft.feed(&shadow, &frontier)? };
             let mut layer: Vec<(NodeId, f32)> = Vec::new();
-            for (f, logits) in &frontier {
-                let f = *f;
+            for (i, &f) in frontier.iter().enumerate() {
                 let context = node_context(ctx, &shadow, f);
-                let cands = ranked_candidates(ctx.sampler, &scorer, logits, &context, self.config.top_n)?;
+                let cands =
+                    ranked_candidates(ctx.sampler, &scorer, logits.row(i), &context, self.config.top_n)?;
                 let top = cands.iter().map(|&(_, p)| p).fold(0.0f32, f32::max);
                 for (x, p) in cands.into_iter().filter(|&(_, p)| p >= self.config.ratio * top) {
                     let key = (if self.config.r == 1 { Some(dag.node(f).token) } else { None }, x);
@@ -231,8 +235,7 @@ impl<M: CausalLm> Drafter for GsdDrafter<M> {
                 break;
             }
             self.stats.fed += expand.len() as u64;
-            let logits = self.draft.feed(&shadow, &expand)?;
-            frontier = expand.iter().enumerate().map(|(i, &n)| (n, logits.row(i).to_vec())).collect();
+            frontier = expand;
         }
         self.stats.dag_nodes += (dag.len() - 1) as u64;
 

@@ -147,19 +147,26 @@ impl<M: CausalLm> Drafter for SequoiaDrafter<M> {
         if shape.drafted() == 0 {
             return Ok(tree);
         }
-        // Frontier: (shape node, tree node, its draft logits). A shape node whose draw did not
-        // happen (without-replacement draws ran out of support) is skipped with its subtree.
-        let root_logits = self.draft.start_step()?;
-        let mut frontier: Vec<(usize, NodeId, Vec<f32>)> = vec![(0, ROOT, root_logits)];
-        while !frontier.is_empty() {
+        // Frontier: (shape node, tree node), fed in one forward at the top of each level, their
+        // rows borrowed from the draft's output and read before the next feed. A shape node
+        // whose draw did not happen (without-replacement draws ran out of support) is skipped
+        // with its subtree.
+        let mut frontier: Vec<(usize, NodeId)> = vec![(0, ROOT)];
+        for level in 0usize.. {
+            let logits = if level == 0 {
+                self.draft.start_step()?
+            } else {
+                let nodes: Vec<NodeId> = frontier.iter().map(|&(_, t)| t).collect();
+                self.draft.feed(&tree, &nodes)?
+            };
             let mut to_feed: Vec<(usize, NodeId)> = Vec::new();
-            for (s, node, logits) in &frontier {
-                let kids = shape.children(*s);
-                let context = ctx.node_context(&tree, *node);
+            for (i, &(s, node)) in frontier.iter().enumerate() {
+                let kids = shape.children(s);
+                let context = ctx.node_context(&tree, node);
                 let drawn = draw_children(
                     &mut tree,
-                    *node,
-                    logits,
+                    node,
+                    logits.row(i),
                     &context,
                     kids.len(),
                     SampleMode::WithoutReplacement,
@@ -177,10 +184,7 @@ impl<M: CausalLm> Drafter for SequoiaDrafter<M> {
             if to_feed.is_empty() {
                 break;
             }
-            let nodes: Vec<NodeId> = to_feed.iter().map(|&(_, t)| t).collect();
-            let logits = self.draft.feed(&tree, &nodes)?;
-            frontier =
-                to_feed.iter().enumerate().map(|(i, &(s, t))| (s, t, logits.row(i).to_vec())).collect();
+            frontier = to_feed;
         }
         Ok(tree)
     }

@@ -22,7 +22,6 @@
 //! every unused proposal; unfed accepted tokens and the bonus token are queued and fed as a chain
 //! at the start of the next step — in the same forward as that step's first proposals.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use treespec_core::ngram::{ContextIndex, NgramTable};
@@ -36,7 +35,7 @@ use super::sample::{draw_children, SampleMode};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, StagedCounts};
-use crate::model::{CausalLm, TreeBatch};
+use crate::model::{CausalLm, Logits, TreeBatch};
 
 /// Staged-drafting knobs.
 #[derive(Debug, Clone)]
@@ -73,6 +72,16 @@ impl StagedConfig {
         }
         Ok(())
     }
+
+    /// Children per node at depth `d` (from 1), the chain token included: `branch_width` at the
+    /// branching depths, 1 below them.
+    fn width_at(&self, d: usize) -> usize {
+        if d <= self.branch_depths {
+            self.branch_width
+        } else {
+            1
+        }
+    }
 }
 
 /// Per-generation counters of a [`StagedDrafter`] (reset by `begin`).
@@ -98,21 +107,93 @@ struct StepRows {
     rows: Vec<Option<usize>>,
 }
 
-/// A proposal fed to the draft: its token, row and the draft's logits after it.
-struct Proposal {
-    token: TokenId,
-    row: usize,
-    logits: Vec<f32>,
+/// The draft model with this drafter's own bookkeeping over it (see the module docs: its
+/// proposals are fed rows that are not tree nodes, which a `DraftModel` cannot map).
+struct Draft<M: CausalLm> {
+    model: M,
+    /// Tokens the draft has not consumed: fed as a chain at the start of the next step, ending at
+    /// the root.
+    unfed: Vec<TokenId>,
+    forwards: u64,
+}
+
+/// One forward's logits, lent by the draft model until its next call: the fed node's row first,
+/// then one row per proposal fed after it, in chain order. The chain reads them in place.
+struct Fed<'m> {
+    logits: Logits<'m>,
+    proposals: Vec<TokenId>,
+    /// Pending row of the first proposal (the others follow it).
+    first_row: usize,
+    /// Proposals the chain took over: the node it is at has logits row `taken`.
+    taken: usize,
+}
+
+impl Fed<'_> {
+    /// The draft's logits at the node the chain is at.
+    fn row(&self) -> &[f32] {
+        self.logits.row(self.taken)
+    }
+
+    /// If the draft chose the next proposal (`token`) itself, the chain takes it over: returns
+    /// its pending row, whose KV and logits row are the new node's, for free.
+    fn take(&mut self, token: TokenId) -> Option<usize> {
+        if self.proposals.get(self.taken) != Some(&token) {
+            return None;
+        }
+        self.taken += 1;
+        Some(self.first_row + self.taken - 1)
+    }
+}
+
+impl<M: CausalLm> Draft<M> {
+    /// The step's first forward: the unfed chain (ending at the root) plus `proposals` after
+    /// the root. Returns its rows and the step's pending rows so far (the root's).
+    fn feed_root(&mut self, proposals: Vec<TokenId>) -> Result<(Fed<'_>, StepRows)> {
+        let chain_len = self.unfed.len();
+        let base = self.model.pending_len();
+        let mut batch = TreeBatch::chain(&self.unfed, None, base, true);
+        for (i, &t) in proposals.iter().enumerate() {
+            batch.push(t, Some(base + chain_len - 1 + i), true);
+        }
+        let step = StepRows { chain_len, rows: vec![Some(base + chain_len - 1)] };
+        Ok((self.forward(&batch, proposals, base + chain_len)?, step))
+    }
+
+    /// One forward for chain token `x` under its parent's pending row, plus `proposals` after
+    /// `x`. Returns its rows and `x`'s pending row.
+    fn feed_node(
+        &mut self,
+        x: TokenId,
+        parent_row: usize,
+        proposals: Vec<TokenId>,
+    ) -> Result<(Fed<'_>, usize)> {
+        let base = self.model.pending_len();
+        let batch = TreeBatch::chain(&[&[x][..], &proposals].concat(), Some(parent_row), base, false);
+        Ok((self.forward(&batch, proposals, base + 1)?, base))
+    }
+
+    /// Feed `batch` (whose nodes with logits are the first `1 + proposals.len()` rows requested)
+    /// and lend its rows: the node's, then the proposals'.
+    fn forward(&mut self, batch: &TreeBatch, proposals: Vec<TokenId>, first_row: usize) -> Result<Fed<'_>> {
+        self.forwards += 1;
+        let logits = self.model.forward(batch)?;
+        if logits.rows() != 1 + proposals.len() {
+            return Err(EngineError::State(format!(
+                "staged: draft returned {} logits rows for {} requested",
+                logits.rows(),
+                1 + proposals.len()
+            )));
+        }
+        Ok(Fed { logits, proposals, first_row, taken: 0 })
+    }
 }
 
 /// The staged drafter: a draft model accelerated by an n-gram second stage.
 pub struct StagedDrafter<M: CausalLm> {
-    model: M,
+    draft: Draft<M>,
     config: StagedConfig,
     index: ContextIndex,
-    unfed: Vec<TokenId>,
     step: Option<StepRows>,
-    forwards: u64,
     rng: StreamRng,
     stats: StagedStats,
 }
@@ -132,12 +213,10 @@ impl<M: CausalLm> StagedDrafter<M> {
         }
         let index = ContextIndex::new(1, config.ngram_max)?;
         Ok(Self {
-            model: draft,
+            draft: Draft { model: draft, unfed: Vec::new(), forwards: 0 },
             config,
             index,
-            unfed: Vec::new(),
             step: None,
-            forwards: 0,
             rng: StreamRng::new(0, Stream::Draft),
             stats: StagedStats::default(),
         })
@@ -175,41 +254,11 @@ impl<M: CausalLm> StagedDrafter<M> {
             out.extend(t.greedy_chain(&c, k - out.len()));
         }
         // History tokens outside the draft's vocabulary (a mismatched pair) cannot be fed.
-        let vocab = self.model.vocab_size();
+        let vocab = self.draft.model.vocab_size();
         if let Some(i) = out.iter().position(|&t| t as usize >= vocab) {
             out.truncate(i);
         }
         out
-    }
-
-    /// Feed `batch` (whose nodes with logits are the first `1 + proposals.len()` rows requested)
-    /// and split the result into the node's logits and the proposal queue.
-    fn forward_with_proposals(
-        &mut self,
-        batch: &TreeBatch,
-        proposals: &[TokenId],
-        first_proposal_row: usize,
-    ) -> Result<(Vec<f32>, VecDeque<Proposal>)> {
-        self.forwards += 1;
-        let logits = self.model.forward(batch)?;
-        if logits.rows() != 1 + proposals.len() {
-            return Err(EngineError::State(format!(
-                "staged: draft returned {} logits rows for {} requested",
-                logits.rows(),
-                1 + proposals.len()
-            )));
-        }
-        self.stats.proposed += proposals.len() as u64;
-        let queue = proposals
-            .iter()
-            .enumerate()
-            .map(|(i, &token)| Proposal {
-                token,
-                row: first_proposal_row + i,
-                logits: logits.row(1 + i).to_vec(),
-            })
-            .collect();
-        Ok((logits.row(0).to_vec(), queue))
     }
 }
 
@@ -223,11 +272,11 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
         self.rng = StreamRng::new(seed, Stream::Draft);
         self.stats = StagedStats::default();
         self.step = None;
-        self.forwards = 0;
+        self.draft.forwards = 0;
         self.index.clear();
-        self.model.truncate(0)?;
-        self.model.prefill(head)?;
-        self.unfed = vec![*last];
+        self.draft.model.truncate(0)?;
+        self.draft.model.prefill(head)?;
+        self.draft.unfed = vec![*last];
         Ok(())
     }
 
@@ -239,7 +288,7 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
         if depth == 0 {
             return Ok(tree);
         }
-        if self.unfed.is_empty() {
+        if self.draft.unfed.is_empty() {
             return Err(EngineError::State("staged: draft has no root to feed".into()));
         }
         self.index.sync(ctx.history);
@@ -251,24 +300,17 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
         // First forward: the unfed chain (ending at the root) plus proposals after the root.
         let props = self.proposals(&path, self.config.lookahead.min(depth - 1).min(room));
         room -= props.len();
-        let chain_len = self.unfed.len();
-        let base = self.model.pending_len();
-        let mut batch = TreeBatch::chain(&self.unfed, None, base, true);
-        for (i, &t) in props.iter().enumerate() {
-            batch.push(t, Some(base + chain_len - 1 + i), true);
-        }
-        let (mut logits, mut queue) = self.forward_with_proposals(&batch, &props, base + chain_len)?;
-        let mut rows: Vec<Option<usize>> = vec![Some(base + chain_len - 1)];
+        let (mut fed, mut step) = self.draft.feed_root(props)?;
+        self.stats.proposed += fed.proposals.len() as u64;
 
         let mut at = ROOT;
         for d in 1..=depth {
-            let mut width = if d <= self.config.branch_depths { self.config.branch_width } else { 1 };
             // Keep room for the rest of the chain: siblings are the first thing to give up.
-            width = width.min(ctx.max_nodes - tree.drafted() - (depth - d)).max(1);
+            let width = self.config.width_at(d).min(ctx.max_nodes - tree.drafted() - (depth - d)).max(1);
             let kids = draw_children(
                 &mut tree,
                 at,
-                &logits,
+                fed.row(),
                 &path,
                 width,
                 SampleMode::WithoutReplacement,
@@ -276,21 +318,18 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
                 &mut self.rng,
             )?;
             let Some(&main) = kids.first() else { break };
-            rows.resize(tree.len(), None);
+            step.rows.resize(tree.len(), None);
             self.stats.chain_tokens += 1;
             self.stats.siblings += kids.len() as u64 - 1;
             let x = tree.node(main).token;
             path.push(x);
             // The draft chose the next proposal itself: its row is this node's, for free.
-            if queue.front().is_some_and(|p| p.token == x) {
-                let p = queue.pop_front().expect("checked non-empty");
-                rows[main] = Some(p.row);
-                logits = p.logits;
+            if let Some(row) = fed.take(x) {
+                step.rows[main] = Some(row);
                 self.stats.used += 1;
                 at = main;
                 continue;
             }
-            queue.clear();
             if d == depth {
                 break;
             }
@@ -300,26 +339,24 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
             }
             // One forward: x under its parent's row, plus fresh proposals after x.
             let parent_row =
-                rows[at].ok_or_else(|| EngineError::State("staged: chain parent not fed".into()))?;
+                step.rows[at].ok_or_else(|| EngineError::State("staged: chain parent not fed".into()))?;
             let props = self.proposals(&path, self.config.lookahead.min(depth - 1 - d).min(room - 1));
             room -= 1 + props.len();
-            let base = self.model.pending_len();
-            let batch = TreeBatch::chain(&[&[x][..], &props].concat(), Some(parent_row), base, false);
-            let (l, q) = self.forward_with_proposals(&batch, &props, base + 1)?;
-            logits = l;
-            queue = q;
-            rows[main] = Some(base);
+            let (next, row) = self.draft.feed_node(x, parent_row, props)?;
+            self.stats.proposed += next.proposals.len() as u64;
+            fed = next;
+            step.rows[main] = Some(row);
             at = main;
         }
-        self.step = Some(StepRows { chain_len, rows });
+        self.step = Some(step);
         Ok(tree)
     }
 
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
         let Some(step) = self.step.take() else {
             // No forward this step: the root and everything emitted are still unfed.
-            self.unfed.extend(outcome.accepted.iter().map(|&n| tree.node(n).token));
-            self.unfed.push(outcome.bonus());
+            self.draft.unfed.extend(outcome.accepted.iter().map(|&n| tree.node(n).token));
+            self.draft.unfed.push(outcome.bonus());
             return Ok(());
         };
         // Keep the unfed chain and the fed prefix of the accepted path; the rest (an unfed leaf,
@@ -333,13 +370,13 @@ impl<M: CausalLm> Drafter for StagedDrafter<M> {
             }
         }
         unfed.push(outcome.bonus());
-        self.model.commit(&keep)?;
-        self.unfed = unfed;
+        self.draft.model.commit(&keep)?;
+        self.draft.unfed = unfed;
         Ok(())
     }
 
     fn draft_forwards(&self) -> u64 {
-        self.forwards
+        self.draft.forwards
     }
 
     fn extra_stats(&self) -> ExtraStats {

@@ -6,7 +6,7 @@
 
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
-use treespec_core::tree::{NodeId, TokenTree, ROOT};
+use treespec_core::tree::{TokenTree, ROOT};
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
@@ -59,17 +59,19 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
         if depth == 0 || ctx.max_nodes == 0 {
             return Ok(tree);
         }
-        let root_logits = self.draft.start_step()?;
-        let mut frontier: Vec<(NodeId, Vec<f32>)> = vec![(ROOT, root_logits)];
+        // The nodes drawn at the last depth, fed in one forward at the top of the next; their
+        // rows are borrowed from the draft's output and read before the following feed.
+        let mut frontier = vec![ROOT];
         for (d, &width) in self.widths.iter().enumerate().take(depth) {
+            let logits = if d == 0 { self.draft.start_step()? } else { self.draft.feed(&tree, &frontier)? };
             let mut layer = Vec::new();
-            'nodes: for (node, logits) in &frontier {
-                let context = ctx.node_context(&tree, *node);
+            'nodes: for (i, &node) in frontier.iter().enumerate() {
+                let context = ctx.node_context(&tree, node);
                 let room = ctx.max_nodes - tree.drafted();
                 let kids = draw_children(
                     &mut tree,
-                    *node,
-                    logits,
+                    node,
+                    logits.row(i),
                     &context,
                     width.min(room),
                     self.mode,
@@ -84,8 +86,7 @@ impl<M: CausalLm> Drafter for TreeDrafter<M> {
             if layer.is_empty() || d + 1 == depth || tree.drafted() >= ctx.max_nodes {
                 break;
             }
-            let logits = self.draft.feed(&tree, &layer)?;
-            frontier = layer.iter().enumerate().map(|(i, &n)| (n, logits.row(i).to_vec())).collect();
+            frontier = layer;
         }
         Ok(tree)
     }

@@ -25,6 +25,7 @@ use treespec_core::tree::{NodeId, TokenTree, ROOT};
 
 use super::{DySpecDrafter, Event, Growth};
 use crate::auto_budget::AutoBudget;
+use crate::draft_model::DraftModel;
 use crate::drafter::ProposeContext;
 use crate::error::Result;
 use crate::model::CausalLm;
@@ -75,11 +76,13 @@ impl<M: CausalLm> DySpecDrafter<M> {
 
         self.sync(ctx.history)?;
         let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
+        // The root's row is borrowed from the draft's output: read before the growth feeds it.
         let root_logits = self.draft.start_step()?;
-        let mut g = Growth::new(ctx, &mut self.draft, &mut self.rng, budget, depth)?;
+        let mut g = Growth::new(ctx, &mut self.rng, budget, depth)?;
         let mut cal = Calibrated { raw: vec![1.0], value: vec![1.0] };
-        if let Some(root) = g.first_child_event(ROOT, &root_logits)? {
-            g.grow_auto(root, auto, &mut cal)?;
+        let root = g.first_child_event(ROOT, root_logits.row(0))?;
+        if let Some(root) = root {
+            g.grow_auto(root, &mut self.draft, auto, &mut cal)?;
         }
         let (mut tree, fed) = (g.tree, g.fed);
         for (rows, ms) in self.draft.take_timings() {
@@ -180,8 +183,16 @@ fn marginal_ms(econ: &Economics, n: usize) -> f64 {
     (1..=LOOKAHEAD_NODES).map(|k| (econ.ms(n + k) - now) / k as f64).fold(f64::INFINITY, f64::min)
 }
 
-impl<M: CausalLm> Growth<'_, '_, M> {
-    fn grow_auto(&mut self, root: Event, auto: &AutoBudget, cal: &mut Calibrated) -> Result<()> {
+impl Growth<'_, '_> {
+    /// The layer schedule with the cost model's stopping rules (see the module docs), feeding
+    /// `draft` once per depth.
+    fn grow_auto<M: CausalLm>(
+        &mut self,
+        root: Event,
+        draft: &mut DraftModel<M>,
+        auto: &AutoBudget,
+        cal: &mut Calibrated,
+    ) -> Result<()> {
         let econ = auto.economics();
         let mut layer = vec![root];
         for d in 1..=self.depth {
@@ -229,8 +240,7 @@ impl<M: CausalLm> Growth<'_, '_, M> {
             if look <= now {
                 break;
             }
-            // One copy, owned: `first_child_event` borrows the whole growth state, draft included.
-            let logits = self.draft.feed(&self.tree, &feed)?.into_owned();
+            let logits = draft.feed(&self.tree, &feed)?;
             self.fed += feed.len() as u64;
             layer.clear();
             for (i, &n) in feed.iter().enumerate() {
