@@ -9,8 +9,8 @@ use treespec_core::tree::{NodeId, TokenTree};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
+use crate::backend::{CausalLm, Logits, TreeBatch};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, Logits, TreeBatch};
 
 /// A draft model plus the bookkeeping that maps tree nodes to its pending nodes.
 pub struct DraftModel<M: CausalLm> {

@@ -9,63 +9,25 @@
 
 use std::time::Instant;
 
-use treespec_core::sampling::SamplingParams;
-use treespec_core::stats::DecodeStats;
-use treespec_core::TokenId;
-
+use crate::backend::{CausalLm, TreeBatch};
 use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::{EngineError, Result};
-use crate::generation::Generation;
-use crate::model::{CausalLm, TreeBatch};
-use crate::stop::{FinishReason, StopConditions, TokenBytes};
+use crate::generation::{Generation, ProposeAt, Scored, StepOutcome};
+use crate::request::{GenerateOutput, GenerateRequest};
+use crate::stop::TokenBytes;
 
-/// What to generate.
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    /// Prompt tokens (already templated/tokenized).
-    pub prompt: Vec<TokenId>,
-    /// Most new tokens to emit (≥ 1).
-    pub max_new_tokens: usize,
-    /// Sampling parameters shared by draft and target.
-    pub sampling: SamplingParams,
-    /// Seed for the draft and verifier streams.
-    pub seed: u64,
-    /// When to stop.
-    pub stop: StopConditions,
-}
-
-impl GenerateRequest {
-    /// `max_new_tokens` tokens after `prompt` with `sampling` and `seed`, stopping at nothing
-    /// else (no end-of-generation tokens, no stop strings).
-    pub fn new(prompt: Vec<TokenId>, max_new_tokens: usize, sampling: SamplingParams, seed: u64) -> Self {
-        Self { prompt, max_new_tokens, sampling, seed, stop: StopConditions::default() }
-    }
-}
-
-/// The result of one generation.
-#[derive(Debug, Clone)]
-pub struct GenerateOutput {
-    /// Emitted token ids (without the end-of-generation token).
-    pub tokens: Vec<TokenId>,
-    /// Why generation ended.
-    pub finish_reason: FinishReason,
-    /// With a stop string: the byte length the decoded text must be cut to.
-    pub text_cut: Option<usize>,
-    /// Statistics.
-    pub stats: DecodeStats,
-}
-
-/// Run one generation. `on_tokens` receives each step's newly emitted tokens and returns false
-/// to cancel. `bytes` is needed only for stop strings.
+/// Run one generation. `on_step` receives each step's outcome (its emitted tokens and the text
+/// they released) and returns false to cancel. `bytes` decodes the text (and is needed for stop
+/// strings); without it the outcome's text is empty.
 pub fn generate(
     target: &mut dyn CausalLm,
     drafter: &mut dyn Drafter,
     request: &GenerateRequest,
     bytes: Option<&dyn TokenBytes>,
-    on_tokens: &mut dyn FnMut(&[TokenId]) -> bool,
+    on_step: &mut dyn FnMut(&StepOutcome) -> bool,
 ) -> Result<GenerateOutput> {
-    generate_constrained(target, drafter, request, None, bytes, on_tokens)
+    generate_constrained(target, drafter, request, None, bytes, on_step)
 }
 
 /// [`generate`] under a grammar: every target distribution is the grammar-masked one, tokens the
@@ -76,28 +38,22 @@ pub fn generate_constrained(
     request: &GenerateRequest,
     mut constraint: Option<&mut dyn TokenConstraint>,
     bytes: Option<&dyn TokenBytes>,
-    on_tokens: &mut dyn FnMut(&[TokenId]) -> bool,
+    on_step: &mut dyn FnMut(&StepOutcome) -> bool,
 ) -> Result<GenerateOutput> {
     let mut generation = Generation::new(request.clone(), target.context_size(), target.vocab_size(), bytes)?;
     let t = Instant::now();
     target.truncate(0)?;
     target.prefill(generation.prompt_head())?;
     generation.begin(drafter, t.elapsed())?;
-    while let Some(tree) = generation.propose(
-        drafter,
-        constraint.as_deref_mut(),
-        target.committed_len(),
-        0,
-        usize::MAX,
-        false,
-    )? {
+    while let Some(tree) =
+        generation.propose(drafter, constraint.as_deref_mut(), ProposeAt::alone(target.committed_len()))?
+    {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
-        let rows = logits.rows();
-        let step =
-            generation.complete(drafter, constraint.as_deref_mut(), &logits, rows, t.elapsed(), bytes)?;
+        let scored = Scored { logits: &logits, forward_rows: logits.rows(), forward_time: t.elapsed() };
+        let step = generation.complete(drafter, constraint.as_deref_mut(), scored, bytes)?;
         target.commit(&step.path)?;
-        if !on_tokens(&step.emitted) {
+        if !on_step(&step) {
             generation.cancel(drafter);
             return Err(EngineError::Cancelled);
         }

@@ -1,11 +1,12 @@
 //! One generation as a step machine: validate → prefill (by the caller) → begin → { propose →
 //! (the caller scores the tree) → complete } … → finish.
 //!
-//! The machine owns everything per request — sampler, verifier stream, history, stop scanner,
-//! statistics — and never touches the target: the caller feeds the tree to the target and commits
+//! The machine owns everything per request — sampler, verifier stream, history, the text and its
+//! stop strings, statistics — and never touches the target: the caller feeds the tree to the target and commits
 //! the path the step returns. So one loop serves both [`generate`](crate::generate()) (one request
 //! on its own target) and a batching scheduler that scores many requests' trees in one forward;
-//! the request's output and its random streams are the same either way.
+//! the request's output and its random streams are the same either way. Each step's outcome carries
+//! the text it released, in runs of one provenance, so front ends only forward text.
 
 use std::time::{Duration, Instant};
 
@@ -17,12 +18,13 @@ use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
 use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
+use crate::backend::Logits;
 use crate::constraint::TokenConstraint;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
-use crate::generate::{GenerateOutput, GenerateRequest};
-use crate::model::Logits;
-use crate::stop::{FinishReason, StopConditions, StopScanner, TokenBytes};
+use crate::request::{GenerateOutput, GenerateRequest};
+use crate::stop::{FinishReason, StopConditions, TokenBytes};
+use crate::text_stream::TextStream;
 
 /// The state of one generation between steps.
 #[derive(Debug)]
@@ -41,7 +43,8 @@ pub struct Generation {
     history: Vec<TokenId>,
     prompt_len: usize,
     out: Vec<TokenId>,
-    scanner: StopScanner,
+    /// The emitted tokens' text, cut at the first stop string (its scanner decides `Stop`).
+    text: TextStream,
     finish: Option<FinishReason>,
     /// The tree proposed this step, waiting for its scores.
     proposed: Option<Proposed>,
@@ -67,6 +70,50 @@ struct Proposed {
     forced: usize,
 }
 
+/// Where the next tree goes: the target's state and the batch around the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProposeAt {
+    /// Tokens the target holds (the tree's root sits at this position).
+    pub committed: usize,
+    /// Rows of other requests already in the same forward (0 alone).
+    pub batch_rows: usize,
+    /// Most drafted nodes, besides the context's own limit.
+    pub cap: usize,
+    /// A batch budget will cut the proposal with the other requests' (the drafter may offer
+    /// its [`Cuttable`] values).
+    pub batch_cut: bool,
+}
+
+impl ProposeAt {
+    /// A request alone on its target, which holds `committed` tokens.
+    pub fn alone(committed: usize) -> Self {
+        Self { committed, batch_rows: 0, cap: usize::MAX, batch_cut: false }
+    }
+}
+
+/// The forward that scored a step's tree.
+#[derive(Debug, Clone, Copy)]
+pub struct Scored<'l, 'a> {
+    /// The target's logits for the tree, one row per node in node order.
+    pub logits: &'l Logits<'a>,
+    /// Rows in the whole forward (other requests' rows included when batched): cost-aware
+    /// drafters learn the cost curve from it.
+    pub forward_rows: usize,
+    /// How long the whole forward took (the request waited that long).
+    pub forward_time: Duration,
+}
+
+/// A run of released text whose tokens were produced the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextRun {
+    /// How its tokens were produced.
+    pub by: Provenance,
+    /// The text.
+    pub text: String,
+    /// Tokens behind it (a token whose text was held back counts where its text comes out).
+    pub tokens: usize,
+}
+
 /// What a completed step did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepOutcome {
@@ -81,6 +128,16 @@ pub struct StepOutcome {
     pub logprobs: Vec<TokenLogprob>,
     /// How each emitted token was produced (same length as `emitted`).
     pub provenance: Vec<Provenance>,
+    /// The text this step released (whole characters, never the start of a possible stop
+    /// string), in runs of one provenance; empty without token bytes.
+    pub text: Vec<TextRun>,
+}
+
+impl StepOutcome {
+    /// The text this step released, as one string.
+    pub fn text(&self) -> String {
+        self.text.iter().map(|r| r.text.as_str()).collect()
+    }
 }
 
 impl Generation {
@@ -96,6 +153,7 @@ impl Generation {
         let GenerateRequest { prompt: history, max_new_tokens, sampling, seed, stop } = request;
         let sampler = Sampler::new(sampling)?;
         let max_new = max_new_tokens.min(context - history.len() + 1);
+        let text = TextStream::new(&stop.stop_strings);
         Ok(Self {
             seed,
             stop,
@@ -109,7 +167,7 @@ impl Generation {
             prompt_len: history.len(),
             history,
             out: Vec::new(),
-            scanner: StopScanner::default(),
+            text,
             finish: None,
             proposed: None,
             logprobs: None,
@@ -151,20 +209,15 @@ impl Generation {
         self.finish.is_some()
     }
 
-    /// Propose this step's tree, with the target holding `committed` tokens, `batch_rows` rows
-    /// of other requests already in the same forward (0 alone), and room for at most `cap`
-    /// drafted nodes besides the context's own limit. The grammar's forced chain
-    /// replaces the drafter's proposal when it forces tokens. `None` when the generation is
-    /// over (nothing left to emit, or the grammar is complete). Row i of the returned tree is
-    /// node i.
+    /// Propose this step's tree where `at` says the target and the batch stand. The grammar's
+    /// forced chain replaces the drafter's proposal when it forces tokens. `None` when the
+    /// generation is over (nothing left to emit, or the grammar is complete). Row i of the
+    /// returned tree is node i.
     pub fn propose(
         &mut self,
         drafter: &mut dyn Drafter,
         constraint: Option<&mut (dyn TokenConstraint + '_)>,
-        committed: usize,
-        batch_rows: usize,
-        cap: usize,
-        batch_cut: bool,
+        at: ProposeAt,
     ) -> Result<Option<&TokenTree>> {
         if self.finish.is_some() {
             return Ok(None);
@@ -174,14 +227,14 @@ impl Generation {
             return Ok(None);
         }
         // Positions left after the root (which sits at `committed`).
-        let room = self.context.saturating_sub(committed + 1).min(cap);
+        let room = self.context.saturating_sub(at.committed + 1).min(at.cap);
         let ctx = ProposeContext {
             history: &self.history,
             max_nodes: room,
             max_depth: (self.max_new - self.out.len() - 1).min(room),
             sampler: &self.sampler,
-            batch_rows,
-            batch_cut,
+            batch_rows: at.batch_rows,
+            batch_cut: at.batch_cut,
         };
         let Some((tree, forced)) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
             self.finish = Some(FinishReason::Eos);
@@ -218,19 +271,16 @@ impl Generation {
         self.proposed.as_ref().map(|p| &p.tree)
     }
 
-    /// Finish the step on the target's `logits` for the proposed tree (one row per node, in
-    /// node order). `forward_rows` and `forward_time` describe the whole forward that scored it
-    /// (other requests' rows included when batched): cost-aware drafters learn the cost curve
-    /// from them, and the request waited that long.
+    /// Finish the step on the forward that `scored` the proposed tree: verify, learn, emit the
+    /// accepted tokens up to a stop, and release their text (decoded with `bytes`).
     pub fn complete(
         &mut self,
         drafter: &mut dyn Drafter,
         mut constraint: Option<&mut (dyn TokenConstraint + '_)>,
-        logits: &Logits<'_>,
-        forward_rows: usize,
-        forward_time: Duration,
+        scored: Scored<'_, '_>,
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<StepOutcome> {
+        let Scored { logits, forward_rows, forward_time } = scored;
         let Proposed { tree, forced } = self
             .proposed
             .take()
@@ -266,10 +316,10 @@ impl Generation {
         let t = Instant::now();
         learn(drafter, constraint, &tree, &outcome, forced > 0, &self.stop.eos)?;
         self.history.extend_from_slice(&outcome.tokens);
-        // Token bytes are only looked at for stop strings.
-        let bytes = bytes.filter(|_| !self.stop.stop_strings.is_empty());
+        let by = |j: usize| if j < outcome.accepted.len() { source } else { Provenance::Target };
         let room = self.max_new - self.out.len();
-        let (emitted, reason) = emitted_tokens(&outcome.tokens, &self.stop, bytes, &mut self.scanner, room);
+        let Emitted { tokens: emitted, reason, text } =
+            emit(&outcome.tokens, by, &self.stop.eos, bytes, &mut self.text, room);
         self.out.extend_from_slice(&emitted);
         if reason != FinishReason::Length || self.out.len() >= self.max_new {
             self.finish = Some(reason);
@@ -277,11 +327,15 @@ impl Generation {
         self.stats.times.overhead += t.elapsed();
         let mut logprobs = logprobs;
         logprobs.truncate(emitted.len());
-        let provenance = std::iter::repeat_n(source, outcome.accepted.len())
-            .chain(std::iter::once(Provenance::Target))
-            .take(emitted.len())
-            .collect();
-        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some(), logprobs, provenance })
+        let provenance = (0..emitted.len()).map(by).collect();
+        Ok(StepOutcome {
+            path: outcome.path(),
+            emitted,
+            done: self.finish.is_some(),
+            logprobs,
+            provenance,
+            text,
+        })
     }
 
     /// End the generation: the drafter learns the text (prompt and emitted tokens).
@@ -293,10 +347,14 @@ impl Generation {
         stats.new_tokens = self.out.len() as u64;
         stats.draft_forwards = drafter.draft_forwards();
         stats.wall = self.start.elapsed();
+        let tail = self.text.finish();
         GenerateOutput {
             tokens: self.out,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
-            text_cut: self.scanner.cut_at,
+            text_cut: self.text.cut_at(),
+            text: self.text.released(),
+            tail,
+            stopped_by: self.text.stopped_by().map(String::from),
             stats,
         }
     }
@@ -327,31 +385,68 @@ fn propose(
     Ok(Some((tree, forced)))
 }
 
+/// A step's emitted tokens, why they ended, and the text they released.
+struct Emitted {
+    tokens: Vec<TokenId>,
+    reason: FinishReason,
+    text: Vec<TextRun>,
+}
+
 /// The step's tokens up to the first stop: an end-of-generation token (not emitted), a stop
-/// string (emitted up to its end; the text is cut later), or `room` tokens.
-fn emitted_tokens(
+/// string (emitted up to its end; the text is cut there), or `room` tokens. Their bytes go into
+/// `text` (when there are `bytes` to decode with), and what each run of one provenance (`by`
+/// token index) releases is credited to it — text held back for a stop string or a split
+/// character goes out with a later run.
+fn emit(
     tokens: &[TokenId],
-    stop: &StopConditions,
+    by: impl Fn(usize) -> Provenance,
+    eos: &[TokenId],
     bytes: Option<&dyn TokenBytes>,
-    scanner: &mut StopScanner,
+    text: &mut TextStream,
     room: usize,
-) -> (Vec<TokenId>, FinishReason) {
-    let mut emitted = Vec::with_capacity(tokens.len());
-    for &tok in tokens {
-        if stop.eos.contains(&tok) {
-            return (emitted, FinishReason::Eos);
+) -> Emitted {
+    let mut out =
+        Emitted { tokens: Vec::with_capacity(tokens.len()), reason: FinishReason::Length, text: Vec::new() };
+    let mut unreleased = 0;
+    for (j, &tok) in tokens.iter().enumerate() {
+        if eos.contains(&tok) {
+            out.reason = FinishReason::Eos;
+            break;
         }
-        emitted.push(tok);
-        if let Some(b) = bytes {
-            if scanner.push(&b.token_bytes(tok), &stop.stop_strings) {
-                return (emitted, FinishReason::Stop);
-            }
+        if j > 0 && by(j) != by(j - 1) {
+            release(text, by(j - 1), &mut unreleased, &mut out.text);
         }
-        if emitted.len() == room {
+        out.tokens.push(tok);
+        unreleased += 1;
+        if bytes.is_some_and(|b| text.push(&b.token_bytes(tok))) {
+            out.reason = FinishReason::Stop;
+            break;
+        }
+        if out.tokens.len() == room {
             break;
         }
     }
-    (emitted, FinishReason::Length)
+    if let Some(last) = out.tokens.len().checked_sub(1) {
+        release(text, by(last), &mut unreleased, &mut out.text);
+    }
+    out
+}
+
+/// Take what `text` released and credit it, with the `unreleased` tokens behind it, to a run of
+/// `by` (joined to the last run when that has the same provenance).
+fn release(text: &mut TextStream, by: Provenance, unreleased: &mut usize, runs: &mut Vec<TextRun>) {
+    let released = text.take();
+    if released.is_empty() {
+        return;
+    }
+    let tokens = std::mem::take(unreleased);
+    match runs.last_mut() {
+        Some(last) if last.by == by => {
+            last.text.push_str(&released);
+            last.tokens += tokens;
+        }
+        _ => runs.push(TextRun { by, text: released, tokens }),
+    }
 }
 
 fn validate(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use treespec_core::ngram::NgramTable;
 
 use crate::auto_budget::SharedCosts;
+use crate::backend::CausalLm;
 use crate::drafter::{Drafter, PlainDrafter};
 use crate::drafters::{
     AutoConfig, AutoDrafter, ChainDrafter, DiscoConfig, DiscoDrafter, DySpecConfig, DySpecDrafter,
@@ -14,7 +15,6 @@ use crate::drafters::{
     TreeDrafter,
 };
 use crate::error::{EngineError, Result};
-use crate::model::CausalLm;
 use crate::registry::MethodKind;
 
 /// A decoding method and its knobs.

@@ -22,9 +22,9 @@ use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::{verify, TargetDists};
 use treespec_core::TokenId;
 
+use crate::backend::{CausalLm, TreeBatch};
 use crate::drafters::{draw_children, SampleMode};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, TreeBatch};
 
 /// Version of the acceptance-vector file format.
 pub const ACCEPTANCE_VERSION: u32 = 1;

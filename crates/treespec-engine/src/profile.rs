@@ -7,8 +7,8 @@ use std::time::Instant;
 use treespec_core::cost::fit::{agree, fit_samples, Fitted};
 use treespec_core::cost::CostCurve;
 
+use crate::backend::{CausalLm, TreeBatch};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, TreeBatch};
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
 /// extrapolated), out to 64 rows since suffix drafts of long exact copies reach that far.

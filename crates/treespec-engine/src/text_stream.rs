@@ -30,9 +30,20 @@ impl TextStream {
         Self { scanner: StopScanner::default(), stops, hold, sent: 0 }
     }
 
-    /// Append one token's bytes.
-    pub fn push(&mut self, token_bytes: &[u8]) {
-        self.scanner.push(token_bytes, &self.stops);
+    /// Append one token's bytes; true when a stop string now matches (the text ends there).
+    pub fn push(&mut self, token_bytes: &[u8]) -> bool {
+        self.scanner.push(token_bytes, &self.stops)
+    }
+
+    /// Where the text is cut once a stop string matched (a byte offset into the generated
+    /// bytes).
+    pub fn cut_at(&self) -> Option<usize> {
+        self.scanner.cut_at
+    }
+
+    /// All the text handed out so far ([`take`](Self::take) and [`finish`](Self::finish)).
+    pub fn released(&self) -> String {
+        String::from_utf8_lossy(&self.scanner.bytes()[..self.sent]).into_owned()
     }
 
     /// The text that became final since the last call (empty if none).

@@ -8,7 +8,9 @@ use treespec_core::TokenId;
 use treespec_engine::drafters::ChainDrafter;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::CausalLm;
-use treespec_engine::{Drafter, GenerateRequest, Generation, PlainDrafter, TokenLogprob, TreeBatch};
+use treespec_engine::{
+    Drafter, GenerateRequest, Generation, PlainDrafter, ProposeAt, Scored, TokenLogprob, TreeBatch,
+};
 
 fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Vec<TokenLogprob>) {
     let model = ToyModel::new(7, 2, 5);
@@ -18,10 +20,11 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
     target.prefill(g.prompt_head()).unwrap();
     g.begin(drafter, Default::default()).unwrap();
     let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-    while let Some(tree) = g.propose(drafter, None, target.committed_len(), 0, usize::MAX, false).unwrap() {
+    while let Some(tree) = g.propose(drafter, None, ProposeAt::alone(target.committed_len())).unwrap() {
         let batch = TreeBatch::from_tree(tree, 0);
         let logits = target.forward(&batch).unwrap().into_owned();
-        let step = g.complete(drafter, None, &logits, batch.len(), Default::default(), None).unwrap();
+        let scored = Scored { logits: &logits, forward_rows: batch.len(), forward_time: Default::default() };
+        let step = g.complete(drafter, None, scored, None).unwrap();
         target.commit(&step.path).unwrap();
         assert_eq!(step.logprobs.len(), step.emitted.len());
         tokens.extend(step.emitted);

@@ -4,8 +4,8 @@
 //! `cargo run --release --example step_copies -p treespec-llama -- MODEL [DRAFT] [TOKENS] [K]`
 //!
 //! DRAFT defaults to MODEL (a second context on the same weights), TOKENS to 32, K to 4. The
-//! callback does what `treespec generate` does with each step's tokens (bytes into a
-//! [`TextStream`]). Counted: Rust heap allocations (`alloc`, `alloc_zeroed`, and `realloc`, which
+//! callback does what `treespec generate` does with each step (takes the text the step
+//! released). Counted: Rust heap allocations (`alloc`, `alloc_zeroed`, and `realloc`, which
 //! counts as one allocation of the new size): a copied logits row or history is one allocation of
 //! its size, so "bytes allocated" is an upper bound on bytes copied into fresh buffers.
 //! llama.cpp's own C/C++ allocations are not seen. The first step also carries the drafter's
@@ -15,7 +15,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TextStream, TokenBytes};
+use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TokenBytes};
 use treespec_llama::{LlamaModel, LoadOptions};
 use treespec_text::ChatMessage;
 
@@ -94,22 +94,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stop: StopConditions { eos, stop_strings: Vec::new() },
     };
     let bytes = Bytes(&target);
-    let mut stream = TextStream::new(&[]);
     let mut text = String::new();
     // (allocations, bytes, tokens) at the end of each step.
     let mut marks: Vec<(u64, u64, usize)> = Vec::with_capacity(tokens + 1);
     let mut emitted = 0usize;
-    let out = generate(&mut lm, drafter.as_mut(), &request, Some(&bytes), &mut |toks| {
-        for &t in toks {
-            stream.push(&bytes.token_bytes(t));
-        }
-        text.push_str(&stream.take());
-        emitted += toks.len();
+    let out = generate(&mut lm, drafter.as_mut(), &request, Some(&bytes), &mut |step| {
+        text.push_str(&step.text());
+        emitted += step.emitted.len();
         let (a, b) = counters();
         marks.push((a, b, emitted));
         true
     })?;
-    text.push_str(&stream.finish());
+    text.push_str(&out.tail);
 
     println!("method chain -k {k}, {} tokens in {} steps", out.tokens.len(), marks.len());
     println!("step  tokens  allocations  bytes allocated");

@@ -402,6 +402,12 @@ pub struct TextSpan {
     pub tokens: usize,
 }
 
+impl From<treespec_engine::TextRun> for TextSpan {
+    fn from(r: treespec_engine::TextRun) -> Self {
+        Self { by: r.by, text: r.text, tokens: r.tokens }
+    }
+}
+
 /// One choice of a text completion (streamed or not).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CompletionChoice {

@@ -5,8 +5,10 @@
 //! [`sampling`] for the sampling fields, [`structured`] for `response_format`, `tools` and
 //! `tool_choice`) → the [`GenerationBackend`] seam, implemented by [`scheduler`] (continuous
 //! batching, the default: every active request's rows in one forward per step;
-//! [`llama_lanes`] and [`toy_lanes`] are its models) and by [`engine_thread`] (`--scheduler
-//! fifo`: a bounded FIFO queue in front of model-owning worker threads). [`api`] holds the wire
+//! [`llama_lanes`] and [`toy_lanes`] are its models) and beside it by [`fifo`] (`--scheduler
+//! fifo`: a bounded FIFO queue in front of model-owning worker threads; [`llama_worker`] and
+//! [`toy`] are its workers). The two share only the job types of [`job`]; [`llama`] holds what
+//! both llama.cpp backends share, above all the one request preparation. [`api`] holds the wire
 //! types ([`openapi`] their OpenAPI description), [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
 //! [`llama_api`] answers llama-server's own routes (`/completion`, `/tokenize`, `/props`, …) on
 //! the same seam; `GET /` is a chat page (`chat.html`, embedded) that reads the trace extension
@@ -26,15 +28,18 @@
 //! batch scheduler (a 400 under `--scheduler fifo`).
 
 pub mod api;
-pub mod engine_thread;
 pub mod error;
+pub mod fifo;
 pub mod histories;
+pub mod job;
 pub mod llama;
 pub mod llama_api;
 pub mod llama_lanes;
+pub mod llama_worker;
 pub mod methods;
 pub mod metrics;
 pub mod openapi;
+pub mod prompt;
 pub mod routes;
 pub mod sampling;
 pub mod scheduler;
@@ -42,6 +47,7 @@ pub mod serve;
 pub mod structured;
 pub mod tenant;
 pub mod tool_calls;
+pub mod toy;
 pub mod toy_lanes;
 pub mod validate;
 
@@ -51,14 +57,16 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
-pub use engine_thread::{EnginePool, Event, GenerationBackend, Job, ToyConfig};
 pub use error::ApiError;
+pub use fifo::EnginePool;
+pub use job::{Event, GenerationBackend, Job};
 pub use llama::LlamaConfig;
 pub use metrics::Metrics;
 pub use routes::AppState;
 pub use scheduler::{BatchPool, SchedulerConfig};
 pub use serve::serve;
 pub use tenant::{ApiKeys, Tenant};
+pub use toy::ToyConfig;
 
 /// HTTP-side settings.
 #[derive(Debug, Clone)]

@@ -1,26 +1,25 @@
-//! The llama.cpp worker: owns one target context (and one draft context) on its thread, reused
-//! by every request (the generation loop starts each request from an empty cache).
+//! What both llama.cpp backends share — the FIFO workers (`llama_worker.rs`) and the batch
+//! scheduler's lanes (`llama_lanes.rs`): the loaded models and methods ([`LlamaConfig`]), a job
+//! made ready through the runtime's one request preparation ([`prepare`], on
+//! [`ModelRuntime::prepare`]) with its errors as the client should read them, the served model's
+//! id, and the tokenizer and chat template behind llama-server's endpoints ([`LlamaText`]).
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Context;
 use treespec_core::TokenId;
-use treespec_engine::{Drafter, EngineError, Method, TokenConstraint};
-use treespec_grammar::{DecodingConstraint, Vocabulary};
-use treespec_llama::runtime::Prompt;
-use treespec_llama::{LlamaLm, ModelRuntime};
+use treespec_engine::{CausalLm, EngineError, Method};
+use treespec_llama::runtime::{PrepareError, Prepared, Prompt, RequestPrompt, RequestSpec};
+use treespec_llama::ModelRuntime;
 use treespec_text::ChatMessage;
 
-use crate::engine_thread::{run_generation, EnginePool, Event, RunError, RunSummary, Worker};
 use crate::error::ApiError;
 use crate::llama_api::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
-use crate::metrics::Metrics;
-use crate::tenant::Tenant;
-use crate::validate::{JobSpec, Limits, PromptInput, ToolsPrompt};
+use crate::validate::{check_lengths, JobSpec, PromptInput, ToolsPrompt};
 
-/// What the workers run on: the models, loaded once by the caller (who may also have read the
+/// What the backends run on: the models, loaded once by the caller (who may also have read the
 /// tokenizer fingerprint and the cost curves from the same runtime to build `method`), shared by
 /// every worker thread.
 #[derive(Debug, Clone)]
@@ -42,6 +41,51 @@ impl LlamaConfig {
     pub fn method(&self) -> Method {
         self.methods.default_method()
     }
+
+    /// What every backend checks before it answers anything: the default method can run on these
+    /// models (a method that needs a draft model has one), and the chat template compiles (every
+    /// chat request needs it).
+    pub fn check(&self) -> anyhow::Result<()> {
+        let method = self.methods.default_method();
+        self.runtime.check_method(&method).map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.runtime.chat_template().context("compiling the model's chat template")?;
+        Ok(())
+    }
+}
+
+/// Make `spec` ready to decode with `method` in a sequence of `context` positions, the drafter
+/// on `draft` when the method runs a draft model.
+pub fn prepare<'d, D: CausalLm + 'd>(
+    runtime: &ModelRuntime,
+    spec: &JobSpec,
+    method: &Method,
+    context: usize,
+    draft: Option<D>,
+) -> Result<Prepared<'d>, ApiError> {
+    let chat: Vec<ChatMessage>;
+    let prompt = match (&spec.prompt, &spec.tools) {
+        (PromptInput::Tokens(t), _) => RequestPrompt::Tokens(t),
+        (PromptInput::Text(t), _) => RequestPrompt::Formatted(Prompt::Text(t)),
+        (PromptInput::Chat(msgs), tools) => {
+            let (messages, declared) = chat_input(runtime, msgs, tools.as_ref());
+            chat = messages;
+            RequestPrompt::Formatted(match declared {
+                Some(tools) => Prompt::MessagesWithTools(&chat, tools),
+                None => Prompt::Messages(&chat),
+            })
+        }
+    };
+    let request = RequestSpec {
+        prompt,
+        method,
+        max_new_tokens: spec.max_tokens,
+        context,
+        sampling: spec.sampling.clone(),
+        seed: spec.seed,
+        stop: &spec.stop,
+        grammar: spec.output.grammar(),
+    };
+    runtime.prepare(&request, draft).map_err(|e| api_error(e, spec))
 }
 
 /// Tokenize a request's prompt: chat messages through the model's template (only the template's
@@ -52,178 +96,66 @@ pub fn prompt_tokens(
     runtime: &ModelRuntime,
     prompt: &PromptInput,
     tools: Option<&ToolsPrompt>,
-) -> std::result::Result<Vec<TokenId>, ApiError> {
-    let chat = chat_messages;
-    let tokens = match (prompt, tools) {
-        (PromptInput::Tokens(t), _) => return check_tokens(runtime, t).map(|()| t.clone()),
-        (PromptInput::Text(t), _) => runtime.prompt_tokens(Prompt::Text(t)),
-        (PromptInput::Chat(msgs), None) => runtime.prompt_tokens(Prompt::Messages(&chat(msgs))),
-        (PromptInput::Chat(msgs), Some(tools)) => {
-            let own = runtime.chat_template().map(|t| t.renders_tools()).unwrap_or(false);
-            if own {
-                runtime.prompt_tokens(Prompt::MessagesWithTools(&chat(msgs), &tools.declared))
-            } else {
-                runtime.prompt_tokens(Prompt::Messages(&chat(&tools.messages(msgs))))
-            }
+) -> Result<Vec<TokenId>, ApiError> {
+    let chat: Vec<ChatMessage>;
+    let request = match prompt {
+        PromptInput::Tokens(t) => RequestPrompt::Tokens(t),
+        PromptInput::Text(t) => RequestPrompt::Formatted(Prompt::Text(t)),
+        PromptInput::Chat(msgs) => {
+            let (messages, declared) = chat_input(runtime, msgs, tools);
+            chat = messages;
+            RequestPrompt::Formatted(match declared {
+                Some(tools) => Prompt::MessagesWithTools(&chat, tools),
+                None => Prompt::Messages(&chat),
+            })
         }
     };
-    tokens.map_err(|e| match (e, prompt) {
-        (EngineError::InvalidRequest(e), PromptInput::Chat(_)) => {
-            ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
-        }
-        (e, _) => ApiError::internal(e.to_string()),
-    })
+    runtime.request_tokens(request).map_err(|e| prompt_error(e, None))
+}
+
+/// The messages as the chat template takes them, and the tools' declarations when the template
+/// renders tools itself (else their note is a system message in front).
+fn chat_input<'t>(
+    runtime: &ModelRuntime,
+    msgs: &[crate::prompt::Message],
+    tools: Option<&'t ToolsPrompt>,
+) -> (Vec<ChatMessage>, Option<&'t serde_json::Value>) {
+    match tools {
+        None => (chat_messages(msgs), None),
+        Some(t) if renders_tools(runtime) => (chat_messages(msgs), Some(&t.declared)),
+        Some(t) => (chat_messages(&t.messages(msgs)), None),
+    }
+}
+
+/// Whether the model's chat template describes tools itself.
+fn renders_tools(runtime: &ModelRuntime) -> bool {
+    runtime.chat_template().map(|t| t.renders_tools()).unwrap_or(false)
 }
 
 /// Validated messages as the chat template takes them.
-fn chat_messages(msgs: &[crate::validate::Message]) -> Vec<ChatMessage> {
+fn chat_messages(msgs: &[crate::prompt::Message]) -> Vec<ChatMessage> {
     msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
 }
 
-/// Tokens a client sent must be in the vocabulary (llama.cpp aborts on any other id).
-pub fn check_tokens(runtime: &ModelRuntime, tokens: &[TokenId]) -> std::result::Result<(), ApiError> {
-    let vocab = runtime.target().vocab_size();
-    match tokens.iter().find(|&&t| t as usize >= vocab) {
-        Some(t) => {
-            Err(ApiError::invalid("prompt", format!("token {t} is outside the vocabulary of {vocab} tokens")))
-        }
-        None => Ok(()),
-    }
+/// What the client reads when its request cannot be prepared: the field at fault in a 400, or a
+/// 500 when the server is.
+fn api_error(e: PrepareError, spec: &JobSpec) -> ApiError {
+    prompt_error(e, Some(spec))
 }
 
-/// One worker's contexts.
-pub struct LlamaWorker<'m> {
-    runtime: &'m ModelRuntime,
-    target: LlamaLm<'m>,
-    draft: Option<LlamaLm<'m>>,
-    methods: Arc<ServerMethods>,
-    vocab: Arc<OnceLock<Vocabulary>>,
-}
-
-/// The target's vocabulary for grammars, built on the first structured request and shared by
-/// every worker (greedy forcing, as the CLI's `--json-schema`).
-fn vocabulary<'v>(
-    runtime: &ModelRuntime,
-    cell: &'v OnceLock<Vocabulary>,
-) -> std::result::Result<&'v Vocabulary, ApiError> {
-    if let Some(v) = cell.get() {
-        return Ok(v);
-    }
-    let table = runtime.token_table().map_err(|e| ApiError::internal(format!("token table: {e}")))?;
-    let vocab = Vocabulary::new(&table.tokens, &table.eos, &table.special)
-        .map_err(|e| ApiError::internal(format!("grammar vocabulary: {e}")))?;
-    Ok(cell.get_or_init(|| vocab))
-}
-
-/// The request's grammar state, compiled against the model's vocabulary (≈1 ms); a grammar
-/// llguidance refuses is the request's fault (400 naming its field).
-pub fn constraint(
-    runtime: &ModelRuntime,
-    cell: &OnceLock<Vocabulary>,
-    spec: &JobSpec,
-) -> std::result::Result<Option<DecodingConstraint>, ApiError> {
-    let Some(grammar) = spec.output.grammar() else { return Ok(None) };
-    let vocab = vocabulary(runtime, cell)?;
-    let compiled =
-        grammar.compile(vocab).map_err(|e| ApiError::invalid(spec.output.param(), e.to_string()))?;
-    Ok(Some(DecodingConstraint::new(compiled.constraint())))
-}
-
-impl<'m> LlamaWorker<'m> {
-    /// Make the contexts, and check that the default method builds: a request without a
-    /// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
-    /// fail every such request with a 400.
-    pub fn new(
-        runtime: &'m ModelRuntime,
-        methods: Arc<ServerMethods>,
-        vocab: Arc<OnceLock<Vocabulary>>,
-    ) -> Result<Self> {
-        let target = runtime.target().new_lm()?;
-        let mut draft = runtime.draft().map(|d| d.new_lm()).transpose()?;
-        let default = methods.default_method();
-        drafter(&default, draft.as_mut())
-            .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
-        Ok(Self { runtime, target, draft, methods, vocab })
-    }
-}
-
-/// A drafter for `method`, on the draft context when the method uses one.
-fn drafter<'a>(
-    method: &Method,
-    draft: Option<&'a mut LlamaLm<'_>>,
-) -> treespec_engine::Result<Box<dyn Drafter + 'a>> {
-    method.build(draft.filter(|_| method.uses_draft()))
-}
-
-impl Worker for LlamaWorker<'_> {
-    fn run(
-        &mut self,
-        spec: &JobSpec,
-        tenant: Tenant,
-        emit: &mut dyn FnMut(Event) -> bool,
-    ) -> Result<RunSummary, RunError> {
-        let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
-        let mut constraint = constraint(self.runtime, &self.vocab, spec)?;
-        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
-        let mut drafter = drafter(&method, self.draft.as_mut())
-            .map_err(|e| ApiError::invalid("treespec", e.to_string()))?;
-        let bytes = self.runtime.token_bytes();
-        let eos = self.runtime.eos_tokens().to_vec();
-        run_generation(
-            &mut self.target,
-            drafter.as_mut(),
-            method.name(),
-            prompt,
-            spec,
-            eos,
-            &bytes,
-            constraint.as_mut().map(|c| c as &mut dyn TokenConstraint),
-            emit,
-        )
-    }
-}
-
-impl EnginePool {
-    /// Start `workers` threads on the loaded models (each with its own contexts) behind a queue of
-    /// `queue` waiting jobs. Loads nothing: the runtime's weights are shared.
-    pub fn llama(config: LlamaConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Result<Self> {
-        let LlamaConfig { runtime: models, methods } = config;
-        let method = methods.default_method();
-        if method.needs_draft() && !models.has_draft() {
-            anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name());
-        }
-        // Every chat request needs the template: a broken one stops the server at start.
-        models.chat_template().context("compiling the model's chat template")?;
-        let limits =
-            Limits { context: models.options().ctx_size, has_draft: models.has_draft(), ..Limits::default() };
-        let id = model_id(&models.paths().model);
-        let text = Arc::new(LlamaText(models.clone()));
-        let (pool, q) = EnginePool::new(queue, id, limits, text, workers.max(1), metrics);
-        // Requests' methods resolve on the same runtime: fingerprint and curves on first need.
-        let vocab = Arc::new(OnceLock::new());
-        // Make every worker's contexts before answering anything, so a failure shows at start.
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        for i in 0..workers.max(1) {
-            let (q, models, methods, ready) = (q.clone(), models.clone(), methods.clone(), ready_tx.clone());
-            let vocab = vocab.clone();
-            std::thread::Builder::new().name(format!("treespec-engine-{i}")).spawn(move || {
-                match LlamaWorker::new(&models, methods, vocab) {
-                    Ok(mut w) => {
-                        let _ = ready.send(Ok(()));
-                        drop(ready);
-                        q.serve(&mut w);
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
-                    }
-                }
-            })?;
-        }
-        drop(ready_tx);
-        for _ in 0..workers.max(1) {
-            ready_rx.recv().context("an engine thread died while starting")??;
-        }
-        Ok(pool)
+fn prompt_error(e: PrepareError, spec: Option<&JobSpec>) -> ApiError {
+    let lengths = |prompt, max, context| {
+        check_lengths(prompt, max, context).err().unwrap_or_else(|| ApiError::internal("bad lengths"))
+    };
+    match e {
+        PrepareError::Template(_) => ApiError::invalid("messages", e.to_string()),
+        PrepareError::TokenOutOfVocabulary { .. } => ApiError::invalid("prompt", e.to_string()),
+        PrepareError::EmptyPrompt => lengths(0, None, 1),
+        PrepareError::PromptTooLong { prompt, context } => lengths(prompt, None, context),
+        PrepareError::TooManyTokens { prompt, max_new, context } => lengths(prompt, Some(max_new), context),
+        PrepareError::Grammar(g) => ApiError::invalid(spec.and_then(|s| s.output.param()), g.to_string()),
+        PrepareError::Method(m) => ApiError::invalid("treespec", m),
+        PrepareError::Internal(m) => ApiError::internal(m),
     }
 }
 
@@ -250,7 +182,7 @@ impl ModelText for LlamaText {
     }
 
     fn piece(&self, token: TokenId) -> std::result::Result<Vec<u8>, ApiError> {
-        check_tokens(&self.0, &[token]).map_err(|e| ApiError { param: Some("tokens".into()), ..e })?;
+        self.0.check_tokens(&[token]).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
         self.0.target().token_to_bytes(token, true).map_err(|e| ApiError::internal(e.to_string()))
     }
 
@@ -281,4 +213,14 @@ impl ModelText for LlamaText {
             vocab_size: target.vocab_size(),
         }
     }
+}
+
+/// Build the default method's drafter once, on `draft` when it runs one: a request without a
+/// `treespec` object uses it, so a bad one (`--budget 0`) must stop the server at start, not
+/// fail every such request with a 400.
+pub fn check_default_method<'d, D: CausalLm + 'd>(method: &Method, draft: Option<D>) -> anyhow::Result<()> {
+    method
+        .build(draft.filter(|_| method.uses_draft()))
+        .map(drop)
+        .with_context(|| format!("the server's default method '{}' is invalid", method.name()))
 }

@@ -36,8 +36,8 @@ use treespec_core::TokenId;
 use utoipa::ToSchema;
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, TreespecStats};
-use crate::engine_thread::{Event, Finished, Job};
 use crate::error::ApiError;
+use crate::job::{Event, Finished, Job};
 use crate::metrics::RequestTimer;
 use crate::routes::{body_bytes, AppState, Arrived, PROBE_EVERY};
 use crate::serve::PeerClosed;

@@ -7,12 +7,11 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use treespec_engine::batched::BatchedLm;
-use treespec_engine::{Method, SharedDraft, TokenBytes, TokenConstraint};
-use treespec_grammar::Vocabulary;
-use treespec_llama::{LlamaBatchLm, LlamaLm, ModelBytes, ModelRuntime};
+use treespec_engine::{SharedDraft, TokenBytes, TokenConstraint};
+use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 
 use crate::error::ApiError;
-use crate::llama::{constraint, model_id, prompt_tokens, LlamaConfig, LlamaText};
+use crate::llama::{check_default_method, model_id, prepare, LlamaConfig, LlamaText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
@@ -29,7 +28,6 @@ pub struct LlamaLanes<'m> {
     bytes: ModelBytes<'m>,
     draft: Option<SharedDraft<'m>>,
     methods: Arc<ServerMethods>,
-    vocab: Arc<OnceLock<Vocabulary>>,
 }
 
 impl<'m> LlamaLanes<'m> {
@@ -52,31 +50,13 @@ impl<'m> LlamaLanes<'m> {
             }
             None => None,
         };
-        let mut lanes = Self {
-            runtime,
-            lm,
-            bytes: runtime.token_bytes(),
-            draft,
-            methods,
-            vocab: Arc::new(OnceLock::new()),
+        let default = methods.default_method();
+        let lane = match (&draft, default.uses_draft()) {
+            (Some(d), true) => Some(d.lane().context("a draft lane")?),
+            _ => None,
         };
-        let default = lanes.methods.default_method();
-        lanes
-            .drafter(&default)
-            .map_err(|e| anyhow::anyhow!(e.message))
-            .with_context(|| format!("the server's default method '{}' is invalid", default.name()))?;
-        Ok(lanes)
-    }
-
-    /// A drafter for `method`, on a lane of the shared draft when the method runs the draft
-    /// model.
-    fn drafter(&mut self, method: &Method) -> Result<Box<dyn treespec_engine::Drafter + 'm>, ApiError> {
-        let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
-        let Some(draft) = self.draft.as_ref().filter(|_| method.uses_draft()) else {
-            return method.build::<LlamaLm>(None).map_err(invalid);
-        };
-        let lane = draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?;
-        method.build(Some(lane)).map_err(invalid)
+        check_default_method(&default, lane)?;
+        Ok(Self { runtime, lm, bytes: runtime.token_bytes(), draft, methods })
     }
 }
 
@@ -86,16 +66,18 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
     }
 
     fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError> {
-        let prompt = prompt_tokens(self.runtime, &spec.prompt, spec.tools.as_ref())?;
-        let constraint = constraint(self.runtime, &self.vocab, spec)?;
         let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
-        let drafter = self.drafter(&method)?;
+        // A lane of the shared draft only for a method that drafts with the model.
+        let lane = match (&self.draft, method.uses_draft()) {
+            (Some(d), true) => Some(d.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
+            _ => None,
+        };
+        let prepared = prepare(self.runtime, spec, &method, self.lm.context_size(), lane)?;
         Ok(Prepared {
-            prompt,
-            eos: self.runtime.eos_tokens().to_vec(),
+            request: prepared.request,
             method: method.name().to_string(),
-            drafter,
-            constraint: constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint + 'm>),
+            drafter: prepared.drafter,
+            constraint: prepared.constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint + 'm>),
             scope: tenant.scope(),
         })
     }
@@ -118,12 +100,8 @@ impl BatchPool {
         ctx_size: usize,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
+        config.check()?;
         let LlamaConfig { runtime, methods } = config;
-        let method = methods.default_method();
-        if method.needs_draft() && !runtime.has_draft() {
-            anyhow::bail!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name());
-        }
-        runtime.chat_template().context("compiling the model's chat template")?;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
         let text = Arc::new(LlamaText(runtime.clone()));
         let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits, text);

@@ -20,8 +20,8 @@ use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::*;
-use crate::engine_thread::{Event, Finished, GenerationBackend, Job};
 use crate::error::ApiError;
+use crate::job::{Event, Finished, GenerationBackend, Job};
 use crate::llama_api::{timings, Timings};
 use crate::metrics::{Metrics, RequestTimer};
 use crate::serve::PeerClosed;
@@ -537,98 +537,123 @@ fn sse_events(
     let call = call_text(meta.tool_call);
     // A free answer that may be a call is held back while it still may be (`tool_choice: auto`).
     let held = meta.auto_tools.as_ref().map(|_| String::new());
-    // The provenance of the coming text (traced requests).
-    let spans: Vec<TextSpan> = Vec::new();
-    let state = (rx, (meta, timer, held, spans), call, Phase::First);
-    stream::unfold(state, |(mut rx, (meta, mut timer, mut held, mut spans), mut call, phase)| async move {
-        match phase {
-            Phase::First if meta.kind == Kind::Chat => {
-                let content = (!meta.tool_call).then(String::new);
-                let e =
-                    meta.chunk(Delta { role: Some("assistant"), content, ..Delta::default() }, None, None);
-                Some((vec![e], (rx, (meta, timer, held, spans), call, Phase::Streaming)))
+    let state = SseState { rx, meta, timer, held, spans: Vec::new(), call, phase: Phase::First };
+    stream::unfold(state, |mut state| async move {
+        let events = state.next().await?;
+        Some((events, state))
+    })
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}
+
+/// What the SSE body keeps between the job's events.
+struct SseState {
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    timer: RequestTimer,
+    /// The answer held back while it may still be a tool call (`tool_choice: auto`).
+    held: Option<String>,
+    /// The provenance of the coming text (traced requests).
+    spans: Vec<TextSpan>,
+    /// Turns a forced tool call's JSON into `tool_calls` pieces.
+    call: Option<ToolCallText>,
+    phase: Phase,
+}
+
+impl SseState {
+    /// The next events to send; `None` once the stream is over.
+    async fn next(&mut self) -> Option<Vec<SseEvent>> {
+        match self.phase {
+            Phase::First if self.meta.kind == Kind::Chat => {
+                self.phase = Phase::Streaming;
+                let content = (!self.meta.tool_call).then(String::new);
+                let role = Delta { role: Some("assistant"), content, ..Delta::default() };
+                Some(vec![self.meta.chunk(role, None, None)])
             }
             Phase::First | Phase::Streaming => {
                 let out = loop {
-                    match rx.recv().await {
-                        Some(Event::Text(t)) if t.is_empty() => continue,
-                        Some(Event::Logprobs(l)) => break vec![meta.logprobs_chunk(l)],
-                        Some(Event::Trace(s)) => {
-                            if meta.trace {
-                                spans = s;
-                            }
-                            continue;
-                        }
-                        Some(Event::Text(t)) => {
-                            timer.text();
-                            let t = match held.as_mut() {
-                                Some(h) => {
-                                    h.push_str(&t);
-                                    if structured::may_be_call(h) {
-                                        continue;
-                                    }
-                                    held.take().unwrap_or_default()
-                                }
-                                None => t,
-                            };
-                            match call.as_mut() {
-                                // Spans describe the step's text as it came (a held answer's
-                                // text is not a step's).
-                                None if meta.trace && meta.auto_tools.is_none() => {
-                                    let trace = ChunkTrace {
-                                        spans: std::mem::take(&mut spans),
-                                        ..Default::default()
-                                    };
-                                    break vec![meta.traced(text_delta(t), None, None, Some(trace))];
-                                }
-                                None => break vec![meta.chunk(text_delta(t), None, None)],
-                                Some(c) => {
-                                    let pieces = c.push(&t);
-                                    if !pieces.is_empty() {
-                                        let delta = Delta { tool_calls: Some(pieces), ..Delta::default() };
-                                        break vec![meta.chunk(delta, None, None)];
-                                    }
-                                }
-                            }
-                        }
-                        Some(Event::Started { .. }) => continue,
-                        Some(Event::Done(f)) => {
-                            timer.done();
-                            let Some(h) = held.take().filter(|h| !h.is_empty()) else {
-                                break finish_chunks(&meta, call.as_mut(), &f);
-                            };
-                            // The held answer: one call of a declared tool, or text after all.
-                            let names = meta.auto_tools.as_deref().unwrap_or_default();
-                            let Some(canonical) = structured::auto_call(&h, names) else {
-                                let mut out = vec![meta.chunk(text_delta(h), None, None)];
-                                out.extend(finish_chunks(&meta, None, &f));
-                                break out;
-                            };
-                            let mut c = call_text(true).expect("a call reader");
-                            let pieces = c.push(&canonical);
-                            let mut out = vec![meta.chunk(
-                                Delta { tool_calls: Some(pieces), ..Delta::default() },
-                                None,
-                                None,
-                            )];
-                            out.extend(finish_chunks(&meta, Some(&mut c), &f));
-                            break out;
-                        }
-                        Some(Event::Error(e)) => break error_chunks(&e),
-                        None => {
-                            break error_chunks(&ApiError::internal("the generation ended without a result"))
-                        }
+                    let event = self.rx.recv().await;
+                    if let Some(out) = self.on_event(event) {
+                        break out;
                     }
                 };
                 // Only the end (finish or error, then `[DONE]`) comes as more than one event.
-                let done = out.len() > 1;
-                let next = if done { Phase::Finished } else { Phase::Streaming };
-                Some((out, (rx, (meta, timer, held, spans), call, next)))
+                self.phase = if out.len() > 1 { Phase::Finished } else { Phase::Streaming };
+                Some(out)
             }
             Phase::Finished => None,
         }
-    })
-    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+    }
+
+    /// The chunks one job event makes, if any (`None` event: the job ended without a result).
+    fn on_event(&mut self, event: Option<Event>) -> Option<Vec<SseEvent>> {
+        match event {
+            Some(Event::Text(t)) if t.is_empty() => None,
+            Some(Event::Logprobs(l)) => Some(vec![self.meta.logprobs_chunk(l)]),
+            Some(Event::Trace(s)) => {
+                if self.meta.trace {
+                    self.spans = s;
+                }
+                None
+            }
+            Some(Event::Text(t)) => self.on_text(t),
+            Some(Event::Started { .. }) => None,
+            Some(Event::Done(f)) => Some(self.on_done(&f)),
+            Some(Event::Error(e)) => Some(error_chunks(&e)),
+            None => Some(error_chunks(&ApiError::internal("the generation ended without a result"))),
+        }
+    }
+
+    /// New text: a text chunk (traced when asked), a tool call's pieces, or nothing yet (held
+    /// back as a possible call, or a call piece still incomplete).
+    fn on_text(&mut self, t: String) -> Option<Vec<SseEvent>> {
+        self.timer.text();
+        let t = match self.held.as_mut() {
+            Some(h) => {
+                h.push_str(&t);
+                if structured::may_be_call(h) {
+                    return None;
+                }
+                self.held.take().unwrap_or_default()
+            }
+            None => t,
+        };
+        let meta = &self.meta;
+        match self.call.as_mut() {
+            // Spans describe the step's text as it came (a held answer's text is not a step's).
+            None if meta.trace && meta.auto_tools.is_none() => {
+                let trace = ChunkTrace { spans: std::mem::take(&mut self.spans), ..Default::default() };
+                Some(vec![meta.traced(text_delta(t), None, None, Some(trace))])
+            }
+            None => Some(vec![meta.chunk(text_delta(t), None, None)]),
+            Some(c) => {
+                let pieces = c.push(&t);
+                (!pieces.is_empty()).then(|| {
+                    vec![meta.chunk(Delta { tool_calls: Some(pieces), ..Delta::default() }, None, None)]
+                })
+            }
+        }
+    }
+
+    /// The end: a held answer resolved (one call of a declared tool, or text after all), then
+    /// the finish chunks.
+    fn on_done(&mut self, f: &Finished) -> Vec<SseEvent> {
+        self.timer.done();
+        let meta = &self.meta;
+        let Some(h) = self.held.take().filter(|h| !h.is_empty()) else {
+            return finish_chunks(meta, self.call.as_mut(), f);
+        };
+        let names = meta.auto_tools.as_deref().unwrap_or_default();
+        let Some(canonical) = structured::auto_call(&h, names) else {
+            let mut out = vec![meta.chunk(text_delta(h), None, None)];
+            out.extend(finish_chunks(meta, None, f));
+            return out;
+        };
+        let mut c = call_text(true).expect("a call reader");
+        let pieces = c.push(&canonical);
+        let mut out = vec![meta.chunk(Delta { tool_calls: Some(pieces), ..Delta::default() }, None, None)];
+        out.extend(finish_chunks(meta, Some(&mut c), f));
+        out
+    }
 }
 
 /// The last chunks: the tool call's last piece (or its text, if it never became a call), the

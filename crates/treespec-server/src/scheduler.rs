@@ -15,25 +15,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use treespec_core::TokenId;
-use treespec_engine::batched::{step, BatchedLm, Lane, LaneStep, StepLimits};
+use treespec_engine::batched::{Batch, BatchedLm, LaneStep, StepLimits};
 use treespec_engine::SharedDraft;
-use treespec_engine::{Drafter, GenerateRequest, Generation, StopConditions};
-use treespec_engine::{Provenance, TextStream, TokenBytes, TokenConstraint, TokenLogprob};
+use treespec_engine::{Drafter, GenerateRequest, Generation};
+use treespec_engine::{TokenBytes, TokenConstraint, TokenLogprob};
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
-use crate::engine_thread::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::error::ApiError;
+use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::llama_api::ModelText;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
-use crate::validate::{check_lengths, JobSpec, Limits};
+use crate::validate::{JobSpec, Limits};
 
 /// A request made ready for a lane by [`LaneModels::prepare`].
 pub struct Prepared<'m> {
-    /// Prompt tokens.
-    pub prompt: Vec<TokenId>,
-    /// End-of-generation tokens.
-    pub eos: Vec<TokenId>,
+    /// The engine's request: prompt tokens, most new tokens (as the lane's context allows),
+    /// sampling, seed, stop strings and end tokens.
+    pub request: GenerateRequest,
     /// The method's name (for events and metrics).
     pub method: String,
     /// Its drafter.
@@ -48,7 +47,8 @@ pub struct Prepared<'m> {
 pub trait LaneModels<'m> {
     /// The batched target.
     fn lm(&mut self) -> &mut dyn BatchedLm;
-    /// Tokenize the prompt, resolve the method for `tenant` and build its drafter (and grammar).
+    /// Tokenize the prompt, check its lengths against a lane's context, resolve the method for
+    /// `tenant` and build its drafter (and grammar).
     fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError>;
     /// Token bytes, for text and stop strings.
     fn bytes(&self) -> &dyn TokenBytes;
@@ -154,7 +154,6 @@ impl GenerationBackend for BatchPool {
 /// What the scheduler keeps beside a request's lane.
 struct Served {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
-    text: TextStream,
     method: String,
     prompt_tokens: usize,
     /// Prompt tokens its lane reused from a cached or live prefix (not prefilled).
@@ -170,9 +169,8 @@ pub struct Scheduler<'m, M: LaneModels<'m>> {
     models: M,
     config: SchedulerConfig,
     metrics: Arc<Metrics>,
-    /// Active requests' lanes, and beside each (same index) what it reports to.
-    lanes: Vec<Lane<'m>>,
-    served: Vec<Served>,
+    /// Active requests, each in its lane with what it reports to.
+    batch: Batch<'m, Served>,
     waiting: VecDeque<Job>,
     /// The first waiting job, prepared, when it waits for room.
     ready: Option<Ready<'m>>,
@@ -181,7 +179,6 @@ pub struct Scheduler<'m, M: LaneModels<'m>> {
 /// A prepared job and what it reserves of the shared context.
 struct Ready<'m> {
     prepared: Prepared<'m>,
-    max_new: usize,
     reserve: usize,
 }
 
@@ -191,23 +188,15 @@ const DEFAULT_RESERVE: usize = 512;
 impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// A scheduler on `models`.
     pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
-        Self {
-            models,
-            config,
-            metrics,
-            lanes: Vec::new(),
-            served: Vec::new(),
-            waiting: VecDeque::new(),
-            ready: None,
-        }
+        Self { models, config, metrics, batch: Batch::new(), waiting: VecDeque::new(), ready: None }
     }
 
     /// Serve until every [`BatchPool`] handle is dropped and the work is done.
     pub fn run(mut self, inbox: Inbox) {
         let mut open = true;
-        while open || !self.served.is_empty() || !self.waiting.is_empty() {
+        while open || !self.batch.is_empty() || !self.waiting.is_empty() {
             // Take new jobs: block only when idle.
-            if self.served.is_empty() && self.waiting.is_empty() {
+            if self.batch.is_empty() && self.waiting.is_empty() {
                 match inbox.rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(job) => self.waiting.push_back(job),
                     Err(RecvTimeoutError::Timeout) => continue,
@@ -219,7 +208,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             }
             self.admit(&inbox.depth);
             self.drop_cancelled();
-            if self.served.is_empty() {
+            if self.batch.is_empty() {
                 continue;
             }
             self.step();
@@ -227,12 +216,12 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     }
 
     fn reserved(&self) -> usize {
-        self.served.iter().map(|s| s.reserved).sum()
+        self.batch.iter().map(|(_, s)| s.reserved).sum()
     }
 
     /// Move waiting jobs into free lanes while the context can hold them, oldest first.
     fn admit(&mut self, depth: &AtomicUsize) {
-        while self.served.len() < self.config.parallel {
+        while self.batch.len() < self.config.parallel {
             let Some(job) = self.waiting.front() else { break };
             if job.events.is_closed() {
                 self.waiting.pop_front();
@@ -260,7 +249,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             };
             // The request waits (its preparation kept) while the requests decoding leave too
             // little of the shared context for what it reserves; alone, it always fits.
-            if !self.served.is_empty() && self.reserved() + ready.reserve > self.models.lm().capacity() {
+            if !self.batch.is_empty() && self.reserved() + ready.reserve > self.models.lm().capacity() {
                 self.ready = Some(ready);
                 break;
             }
@@ -272,54 +261,50 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
     }
 
-    /// Tokenize the job, build its drafter and check its lengths.
+    /// Prepare the job and reckon what it reserves.
     fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
         let prepared = self.models.prepare(spec, tenant)?;
-        let context = self.models.lm().context_size();
-        let prompt_tokens = prepared.prompt.len();
-        let max_new = check_lengths(prompt_tokens, spec.max_tokens, context)?;
+        let (prompt_tokens, max_new) = (prepared.request.prompt.len(), prepared.request.max_new_tokens);
         // Without max_tokens a request may fill the context, but reserves only a share of it
         // (if the cache runs out, the longest request ends with `length`; see `relieve`).
         let reserve =
             prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
-        Ok(Ready { prepared, max_new, reserve })
+        Ok(Ready { prepared, reserve })
     }
 
     fn start(&mut self, job: &Job, ready: Ready<'m>) -> Result<(), RunError> {
-        let Ready { prepared, max_new, reserve } = ready;
+        let Ready { prepared, reserve } = ready;
         let spec = &job.spec;
         let lm = self.models.lm();
         let context = lm.context_size();
-        let prompt_tokens = prepared.prompt.len();
-        let request = GenerateRequest {
-            prompt: prepared.prompt,
-            max_new_tokens: max_new,
-            sampling: spec.sampling.clone(),
-            seed: spec.seed,
-            stop: StopConditions { eos: prepared.eos, stop_strings: spec.stop.clone() },
-        };
-        let mut generation = Generation::new(request, context, lm.vocab_size(), Some(self.models.bytes()))
-            .map_err(engine_error)?;
+        let prompt_tokens = prepared.request.prompt.len();
+        let mut generation =
+            Generation::new(prepared.request, context, lm.vocab_size(), Some(self.models.bytes()))
+                .map_err(engine_error)?;
         if let Some(top) = spec.logprobs {
             generation = generation.with_logprobs(top);
         }
+        let served = Served {
+            events: job.events.clone(),
+            method: prepared.method.clone(),
+            prompt_tokens,
+            cached: 0,
+            reserved: reserve,
+            trace: job.trace,
+        };
         let lm = self.models.lm();
-        let (lane, cached) = lm.open(generation.prompt_head(), prepared.scope).map_err(engine_error)?;
+        let cached = self
+            .batch
+            .join(lm, generation, prepared.drafter, prepared.constraint, prepared.scope, served)
+            .map_err(engine_error)?;
+        let k = self.batch.len() - 1;
+        self.batch.data_mut(k).cached = cached;
         if job.events.send(Event::Started { prompt_tokens, method: prepared.method.clone() }).is_err() {
-            lm.close(lane);
+            // Gone before it began: as if it never joined (its drafter learns nothing).
+            self.batch.abandon(lm, k);
             return Err(RunError::Cancelled(prepared.method));
         }
         self.metrics.in_flight(1);
-        self.lanes.push(Lane::new(lane, generation, prepared.drafter, prepared.constraint, cached));
-        self.served.push(Served {
-            events: job.events.clone(),
-            text: TextStream::new(&spec.stop),
-            method: prepared.method,
-            prompt_tokens,
-            cached,
-            reserved: reserve,
-            trace: job.trace,
-        });
         Ok(())
     }
 
@@ -335,8 +320,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
 
     /// Free the lanes of clients that went away.
     fn drop_cancelled(&mut self) {
-        for k in (0..self.served.len()).rev() {
-            if self.served[k].events.is_closed() {
+        for k in (0..self.batch.len()).rev() {
+            if self.batch.data(k).events.is_closed() {
                 self.retire(k, Err(RunError::Cancelled(String::new())));
             }
         }
@@ -344,29 +329,20 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
 
     /// End request `k`: free its lane, report it.
     fn retire(&mut self, k: usize, end: Result<(), RunError>) {
-        let mut lane = self.lanes.remove(k);
-        let mut s = self.served.remove(k);
-        self.models.lm().close(lane.lane);
+        let (s, out) = self.batch.leave(self.models.lm(), k, end.is_ok());
         self.metrics.in_flight(-1);
-        match end {
-            Ok(()) => {
-                let out = lane.generation.finish(lane.drafter.as_mut());
-                let rest = s.text.finish();
-                if !rest.is_empty() && s.events.send(Event::Text(rest)).is_err() {
-                    self.metrics.cancelled(&s.method);
-                    return;
-                }
-                self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
-                let _ =
-                    s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached, &s.text)));
-            }
-            Err(RunError::Cancelled(_)) => {
-                lane.generation.cancel(lane.drafter.as_mut());
+        // A request that ended well has its output; one that did not, its error.
+        if let Some(out) = out {
+            if !out.tail.is_empty() && s.events.send(Event::Text(out.tail.clone())).is_err() {
                 self.metrics.cancelled(&s.method);
+                return;
             }
-            Err(e) => {
-                lane.generation.cancel(lane.drafter.as_mut());
-                self.fail(&s.events, e);
+            self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
+            let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached)));
+        } else if let Err(e) = end {
+            match e {
+                RunError::Cancelled(_) => self.metrics.cancelled(&s.method),
+                e => self.fail(&s.events, e),
             }
         }
     }
@@ -375,9 +351,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// outgrew their reservation). The one holding the most context ends as if it reached its
     /// length limit, which frees room for the others.
     fn relieve(&mut self) {
-        let lm = self.models.lm();
-        let longest = (0..self.lanes.len()).max_by_key(|&k| lm.committed_len(self.lanes[k].lane));
-        if let Some(k) = longest {
+        if let Some(k) = self.batch.longest(self.models.lm()) {
             self.retire(k, Ok(()));
         }
     }
@@ -388,7 +362,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let limits = self.config.limits;
         let (lm, bytes, draft) = self.models.split();
         let started = Instant::now();
-        let (results, report) = step(lm, &mut self.lanes, limits, Some(bytes), draft);
+        let (results, report) = self.batch.step(lm, limits, Some(bytes), draft);
         if let Some(d) = draft {
             self.metrics.draft_forwards(d.counters());
         }
@@ -401,7 +375,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             self.metrics.batch_step(report.decoding, report.rows, report.prefilled, step_time, forward_time);
         }
         let mut results = results;
-        for k in (0..self.lanes.len()).rev() {
+        for k in (0..self.batch.len()).rev() {
             match std::mem::replace(&mut results[k], LaneStep::Waiting) {
                 LaneStep::Waiting => {}
                 LaneStep::Failed(e) => self.retire(k, Err(engine_error(e))),
@@ -409,23 +383,14 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                     if !o.logprobs.is_empty() {
                         let entries = logprob_entries(&o.logprobs, self.models.bytes());
                         // A client gone shows at the next send or step.
-                        let _ = self.served[k].events.send(Event::Logprobs(entries));
+                        let _ = self.batch.data(k).events.send(Event::Logprobs(entries));
                     }
-                    let s = &mut self.served[k];
-                    let bytes = self.models.bytes();
-                    let chunk = if s.trace {
-                        let spans = traced_text(&mut s.text, &o.emitted, &o.provenance, bytes);
-                        let chunk: String = spans.iter().map(|s| s.text.as_str()).collect();
-                        if !chunk.is_empty() {
-                            let _ = s.events.send(Event::Trace(spans));
-                        }
-                        chunk
-                    } else {
-                        for &t in &o.emitted {
-                            s.text.push(&bytes.token_bytes(t));
-                        }
-                        s.text.take()
-                    };
+                    let s = self.batch.data(k);
+                    let chunk = o.text();
+                    if s.trace && !chunk.is_empty() {
+                        let spans = o.text.into_iter().map(TextSpan::from).collect();
+                        let _ = s.events.send(Event::Trace(spans));
+                    }
                     let gone = !chunk.is_empty() && s.events.send(Event::Text(chunk)).is_err();
                     if gone {
                         self.retire(k, Err(RunError::Cancelled(String::new())));
@@ -436,39 +401,6 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             }
         }
     }
-}
-
-/// Push a step's tokens into `text` run by run of one provenance, taking out what each run
-/// releases (text held back for a stop string or a split character goes out with a later run, and
-/// is credited to it).
-fn traced_text(
-    text: &mut TextStream,
-    tokens: &[TokenId],
-    provenance: &[Provenance],
-    bytes: &dyn TokenBytes,
-) -> Vec<TextSpan> {
-    let by_of = |i: usize| provenance.get(i).copied().unwrap_or(Provenance::Target);
-    let mut spans: Vec<TextSpan> = Vec::new();
-    let (mut i, mut unreleased) = (0, 0);
-    while i < tokens.len() {
-        let by = by_of(i);
-        let end = (i..tokens.len()).find(|&j| by_of(j) != by).unwrap_or(tokens.len());
-        for &t in &tokens[i..end] {
-            text.push(&bytes.token_bytes(t));
-        }
-        unreleased += end - i;
-        let released = text.take();
-        match spans.last_mut() {
-            _ if released.is_empty() => {}
-            Some(last) if last.by == by => {
-                last.text.push_str(&released);
-                last.tokens += std::mem::take(&mut unreleased);
-            }
-            _ => spans.push(TextSpan { by, text: released, tokens: std::mem::take(&mut unreleased) }),
-        }
-        i = end;
-    }
-    spans
 }
 
 /// The wire form of a step's log-probabilities.

@@ -6,18 +6,16 @@
 
 use std::sync::Arc;
 
-use treespec_core::TokenId;
 use treespec_engine::batched::BatchedLm;
 use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
 use treespec_engine::{SharedDraft, TokenBytes};
 
-use crate::engine_thread::{Letters, ToyConfig, ToyWorker};
 use crate::error::ApiError;
-use crate::llama_api::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
 use crate::tenant::Tenant;
+use crate::toy::{Letters, ToyConfig, ToyText, ToyWorker};
 use crate::validate::{JobSpec, Limits};
 
 /// Toy target lanes and toy drafts.
@@ -49,7 +47,7 @@ impl LaneModels<'static> for ToyLanes {
     }
 
     fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'static>, ApiError> {
-        let prompt = ToyWorker::prompt(&self.config, spec)?;
+        let request = ToyWorker::request(&self.config, spec)?;
         let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
         let drafter = if method.uses_draft() {
@@ -59,8 +57,7 @@ impl LaneModels<'static> for ToyLanes {
             method.build::<ToyLm>(None).map_err(invalid)?
         };
         Ok(Prepared {
-            prompt,
-            eos: Vec::new(),
+            request,
             method: method.name().to_string(),
             drafter,
             constraint: None,
@@ -91,58 +88,5 @@ impl BatchPool {
         let models = ToyLanes::new(config, scheduler.parallel);
         std::thread::spawn(move || Scheduler::new(models, scheduler, metrics).run(inbox));
         pool
-    }
-}
-
-/// The toys' "tokenizer": a byte maps onto the vocabulary (byte mod its size), token `t` reads
-/// as the letter `'a' + t` ([`Letters`]); the chat template is [`ToyWorker::render`].
-#[derive(Debug, Clone, Copy)]
-pub struct ToyText {
-    /// Vocabulary size (≤ 26).
-    pub vocab: usize,
-}
-
-impl ToyText {
-    /// `text` byte by byte onto a vocabulary of `vocab` tokens.
-    pub fn tokens(vocab: usize, text: &str) -> Vec<TokenId> {
-        let vocab = vocab.clamp(1, 26) as u32;
-        text.bytes().map(|b| b as u32 % vocab).collect()
-    }
-
-    /// Every token must be in the vocabulary (a 400 naming `prompt` otherwise).
-    pub fn check(vocab: usize, tokens: &[TokenId]) -> Result<(), ApiError> {
-        let vocab = vocab.clamp(1, 26);
-        match tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(t) => Err(ApiError::invalid(
-                "prompt",
-                format!("token {t} is outside the vocabulary of {vocab} tokens"),
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
-impl ModelText for ToyText {
-    fn tokenize(
-        &self,
-        text: &str,
-        _add_special: bool,
-        _parse_special: bool,
-    ) -> Result<Vec<TokenId>, ApiError> {
-        // The toys have no special tokens.
-        Ok(Self::tokens(self.vocab, text))
-    }
-
-    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError> {
-        Self::check(self.vocab, &[token]).map_err(|e| ApiError { param: Some("tokens".into()), ..e })?;
-        Ok(Letters.token_bytes(token))
-    }
-
-    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError> {
-        Ok(ToyWorker::render(spec))
-    }
-
-    fn info(&self) -> ModelInfo {
-        ModelInfo { path: "toy".into(), chat_template: None, vocab_size: self.vocab.clamp(1, 26) }
     }
 }

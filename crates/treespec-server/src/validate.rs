@@ -6,32 +6,14 @@ use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use treespec_core::sampling::SamplingParams;
-use treespec_engine::MethodSpec;
+use treespec_core::TokenId;
+use treespec_engine::{GenerateRequest, MethodSpec, StopConditions};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
+pub use crate::prompt::{Message, PromptInput};
 use crate::sampling;
 use crate::structured::{self, Output};
-
-/// A chat message after validation (role normalised).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// Text content.
-    pub content: String,
-}
-
-/// What to generate from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PromptInput {
-    /// A conversation, rendered with the model's chat template.
-    Chat(Vec<Message>),
-    /// Raw text.
-    Text(String),
-    /// Tokens, as they are (llama-server's `/completion`, which tokenizes its prompts itself).
-    Tokens(Vec<treespec_core::TokenId>),
-}
 
 /// A validated generation request, independent of the model.
 #[derive(Debug, Clone)]
@@ -60,6 +42,25 @@ pub struct JobSpec {
     /// With `tool_choice: "auto"`: the tools, for a chat template that describes tools itself,
     /// else their description as a system note (see [`ToolsPrompt::messages`]).
     pub tools: Option<ToolsPrompt>,
+}
+
+impl JobSpec {
+    /// The engine's request for this job: `prompt` as tokenized, `max_new_tokens` as the
+    /// context allows, the job's sampling, seed and stop strings, and the model's `eos` tokens.
+    pub fn generate_request(
+        &self,
+        prompt: Vec<TokenId>,
+        max_new_tokens: usize,
+        eos: Vec<TokenId>,
+    ) -> GenerateRequest {
+        GenerateRequest {
+            prompt,
+            max_new_tokens,
+            sampling: self.sampling.clone(),
+            seed: self.seed,
+            stop: StopConditions { eos, stop_strings: self.stop.clone() },
+        }
+    }
 }
 
 /// How the tools of a `tool_choice: "auto"` request reach the model.

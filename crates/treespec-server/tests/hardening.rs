@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{Method, TokenBytes};
-use treespec_server::engine_thread::run_generation;
+use treespec_server::fifo::run_generation;
 use treespec_server::validate::{JobSpec, PromptInput};
 use treespec_server::{router, EnginePool, Event, Metrics, ServerConfig, ToyConfig};
 
@@ -156,9 +156,7 @@ fn text_of_one_token() -> String {
         &mut target,
         drafter.as_mut(),
         "plain",
-        vec![0, 1],
-        &spec,
-        Vec::new(),
+        spec.generate_request(vec![0, 1], 1, Vec::new()),
         &PartialEmoji,
         None,
         &mut |e| {

@@ -11,8 +11,6 @@
 //! (the run starts from the prior); prices beside `--suffix-history` are the history's, so a
 //! broken one is an error, as a broken history is.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,15 +21,11 @@ use serde_json::json;
 use treespec_core::ngram::TokenizerId;
 use treespec_core::suffix::history_file::PricesFile;
 use treespec_core::suffix::{HistoryFile, SuffixPricing};
-use treespec_core::TokenId;
 use treespec_engine::drafters::SuffixShared;
-use treespec_engine::{
-    generate_constrained, ExtraStats, GenerateOutput, GenerateRequest, StopConditions, TextStream,
-    TokenBytes, TokenConstraint,
-};
+use treespec_engine::{generate_constrained, ExtraStats, GenerateOutput, TokenConstraint};
 
-use treespec_llama::runtime::{default_cache_dir, Prompt};
-use treespec_llama::{ModelBytes, ModelRuntime};
+use treespec_llama::runtime::{default_cache_dir, PrepareError, Prompt, RequestPrompt, RequestSpec};
+use treespec_llama::ModelRuntime;
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve};
@@ -106,52 +100,49 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if let (Some((path, trials)), false) = (prices.as_ref().and_then(|p| p.loaded.as_ref()), args.json) {
         eprintln!("learned prices: loaded {trials} trials from {}", path.display());
     }
-    let prompt = models.prompt_tokens(Prompt::text_or_user(&text, args.chat))?;
-    let ctx = models.options().ctx_size;
-    if prompt.len() >= ctx {
-        bail!("the prompt is {} tokens long but the context holds {ctx} (raise --ctx)", prompt.len());
-    }
-
     let mut target = models.target().new_lm()?;
-    let draft = match (method.uses_draft(), models.draft()) {
+    let mut draft = match (method.uses_draft(), models.draft()) {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
     };
-    let mut drafter = method.build(draft)?;
-    let mut constraint = args.structured.constraint(&models)?;
-    let request = GenerateRequest {
-        prompt,
-        max_new_tokens: args.n,
+    let grammar = args.structured.spec()?;
+    let spec = RequestSpec {
+        prompt: RequestPrompt::Formatted(Prompt::text_or_user(&text, args.chat)),
+        method: &method,
+        max_new_tokens: None,
+        context: models.options().ctx_size,
         sampling,
         seed: args.sampling.seed,
-        stop: StopConditions { eos: models.eos_tokens().to_vec(), stop_strings: args.stop.clone() },
+        stop: &args.stop,
+        grammar: grammar.as_ref(),
     };
-    let bytes = SeenBytes { inner: models.token_bytes(), seen: RefCell::default() };
-    // The same text stream as the server: whole characters only, stop strings cut and held back.
-    let mut stream = TextStream::new(&args.stop);
-    let mut full = String::new();
+    let mut prepared = models.prepare(&spec, draft.as_mut()).map_err(|e| match e {
+        PrepareError::PromptTooLong { .. } => anyhow::anyhow!("{e} (raise --ctx)"),
+        PrepareError::Grammar(g) => anyhow::Error::new(g).context("compiling the output grammar"),
+        e => e.into(),
+    })?;
+    // `-n` is a most, not a demand: a prompt that leaves less room stops at the context's end.
+    prepared.request.max_new_tokens = args.n;
+    let bytes = models.token_bytes();
     let json = args.json;
-    let grammar = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    let grammar = prepared.constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
     let out = generate_constrained(
         &mut target,
-        drafter.as_mut(),
-        &request,
+        prepared.drafter.as_mut(),
+        &prepared.request,
         grammar,
         Some(&bytes),
-        &mut |tokens| {
-            for &t in tokens {
-                stream.push(&bytes.take(t));
-            }
-            let ready = stream.take();
+        &mut |step| {
+            let ready = step.text();
             if !json && !ready.is_empty() {
                 let mut lock = std::io::stdout().lock();
                 let _ = lock.write_all(ready.as_bytes());
                 let _ = lock.flush();
             }
-            full.push_str(&ready);
             true
         },
     )?;
+    let drafter = prepared.drafter;
 
     let saved_prices = match &prices {
         Some(p) => p.finish(history_file.as_ref())?,
@@ -162,10 +153,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             Vec::new()
         }
     };
-    let rest = stream.finish();
-    full.push_str(&rest);
     if json {
-        let mut result = json_result(&full, &out, method.name(), &drafter.extra_stats());
+        let mut result = json_result(&out.text, &out, method.name(), &drafter.extra_stats());
         result["learned_prices"] = match &prices {
             Some(p) => p.json(&saved_prices),
             None => serde_json::Value::Null,
@@ -173,7 +162,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         println!("{result}");
     } else {
         // Whatever was held back and is still part of the final text.
-        print!("{rest}");
+        print!("{}", out.tail);
         println!();
         eprintln!(
             "[{}] finish: {} | {}",
@@ -299,33 +288,4 @@ fn json_result(text: &str, out: &GenerateOutput, method: &str, extra: &ExtraStat
             "extra": extra,
         }
     })
-}
-
-/// Token bytes that `generate` looked up (it does so for stop strings only), kept for the text
-/// stream so that no token is detokenized twice.
-struct SeenBytes<'a> {
-    inner: ModelBytes<'a>,
-    seen: RefCell<VecDeque<(TokenId, Vec<u8>)>>,
-}
-
-impl SeenBytes<'_> {
-    /// `token`'s bytes: the ones `generate` already looked up, else a fresh lookup.
-    fn take(&self, token: TokenId) -> Vec<u8> {
-        let mut seen = self.seen.borrow_mut();
-        match seen.pop_front() {
-            Some((t, b)) if t == token => b,
-            _ => {
-                seen.clear();
-                self.inner.token_bytes(token)
-            }
-        }
-    }
-}
-
-impl TokenBytes for SeenBytes<'_> {
-    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
-        let b = self.inner.token_bytes(token);
-        self.seen.borrow_mut().push_back((token, b.clone()));
-        b
-    }
 }

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use treespec_grammar::{DecodingConstraint, GrammarSpec, Vocabulary};
-use treespec_llama::ModelRuntime;
+use treespec_grammar::GrammarSpec;
 
 /// The output grammar (at most one).
 #[derive(Debug, Clone, Args)]
@@ -43,14 +42,5 @@ impl StructuredArgs {
         } else {
             self.json_object.then_some(GrammarSpec::JsonObject)
         })
-    }
-
-    /// A fresh request constraint for the target's vocabulary, if a grammar was given.
-    pub fn constraint(&self, runtime: &ModelRuntime) -> Result<Option<DecodingConstraint>> {
-        let Some(spec) = self.spec()? else { return Ok(None) };
-        let table = runtime.token_table()?;
-        let vocab = Vocabulary::new(&table.tokens, &table.eos, &table.special)?;
-        let grammar = spec.compile(&vocab).context("compiling the output grammar")?;
-        Ok(Some(DecodingConstraint::new(grammar.constraint())))
     }
 }

@@ -19,10 +19,10 @@ use treespec_core::TokenId;
 
 use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter};
 use crate::auto_budget::SharedCosts;
+use crate::backend::CausalLm;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
-use crate::model::CausalLm;
 
 /// Knobs of the `auto` method.
 #[derive(Debug, Clone, PartialEq)]

@@ -26,10 +26,10 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::chain::draft_chain;
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::model::CausalLm;
 
 /// Which stop rule DISCO uses.
 #[derive(Debug, Clone, Default)]

@@ -46,11 +46,11 @@ use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
 use crate::auto_budget::{AutoBudget, SharedCosts};
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::ExtraStats;
-use crate::model::CausalLm;
 
 /// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

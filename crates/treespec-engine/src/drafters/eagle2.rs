@@ -21,10 +21,10 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler};
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::model::CausalLm;
 
 /// EAGLE-2 knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,11 +32,11 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScore};
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, GsdCounts};
-use crate::model::CausalLm;
 
 /// GSD knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]

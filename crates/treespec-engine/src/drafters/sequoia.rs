@@ -17,10 +17,10 @@ use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::model::CausalLm;
 
 /// Knobs of [`SequoiaDrafter`].
 #[derive(Debug, Clone, PartialEq)]

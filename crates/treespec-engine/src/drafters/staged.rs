@@ -32,10 +32,10 @@ use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
+use crate::backend::{CausalLm, Logits, TreeBatch};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, StagedCounts};
-use crate::model::{CausalLm, Logits, TreeBatch};
 
 /// Staged-drafting knobs.
 #[derive(Debug, Clone)]

@@ -10,10 +10,10 @@ use treespec_core::tree::{TokenTree, ROOT};
 use treespec_core::TokenId;
 
 use super::sample::{draw_children, SampleMode};
+use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::model::CausalLm;
 
 /// Drafts a tree with per-depth branching widths.
 pub struct TreeDrafter<M: CausalLm> {

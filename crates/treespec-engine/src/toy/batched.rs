@@ -6,9 +6,8 @@ use treespec_core::TokenId;
 
 use super::slots::ToySlots;
 use super::{ToyLm, ToyModel};
-use crate::batched::{BatchRoom, BatchedLm, LaneId, LaneWork};
+use crate::backend::{BatchRoom, BatchedLm, CausalLm, LaneId, LaneWork, Logits};
 use crate::error::Result;
-use crate::model::{CausalLm, Logits};
 
 /// Up to `lanes` toy sequences of `context` positions each.
 #[derive(Debug, Clone)]

@@ -4,10 +4,8 @@
 
 use super::slots::ToySlots;
 use super::ToyModel;
-use crate::batched::LaneId;
+use crate::backend::{CausalLm, DraftFeed, DraftLanes, LaneId, Logits};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, Logits};
-use crate::shared_draft::{DraftFeed, DraftLanes};
 
 /// Up to `lanes` toy draft sequences of `context` positions each.
 #[derive(Debug, Clone)]

@@ -4,8 +4,8 @@
 use treespec_core::TokenId;
 
 use super::model::ToyModel;
+use crate::backend::{CausalLm, Logits, TreeBatch};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, Logits, TreeBatch};
 
 /// A toy model with a "KV cache": the committed tokens and the pending tree.
 #[derive(Debug, Clone)]

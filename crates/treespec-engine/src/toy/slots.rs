@@ -2,7 +2,7 @@
 //! per open lane.
 
 use super::{ToyLm, ToyModel};
-use crate::batched::LaneId;
+use crate::backend::LaneId;
 use crate::error::{EngineError, Result};
 
 /// Up to a fixed number of toy sequences of `context` positions each.

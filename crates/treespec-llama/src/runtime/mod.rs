@@ -21,6 +21,7 @@
 mod costs;
 mod fingerprint;
 mod models;
+mod prepare;
 mod token_table;
 
 use std::path::PathBuf;
@@ -36,6 +37,7 @@ use treespec_text::{ChatMessage, ChatTemplate};
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
 pub use models::{ModelBytes, ModelPaths, Prompt};
+pub use prepare::{room, PrepareError, Prepared, RequestPrompt, RequestSpec};
 pub use token_table::TokenTable;
 
 use crate::load::{LlamaModel, LoadOptions};
@@ -53,6 +55,8 @@ pub struct ModelRuntime {
     template: OnceLock<std::result::Result<ChatTemplate, String>>,
     tokenizer: OnceLock<TokenizerId>,
     token_table: OnceLock<TokenTable>,
+    /// The vocabulary grammars compile against, built from the token table on first use.
+    grammar_vocabulary: OnceLock<treespec_grammar::Vocabulary>,
     costs: CostCache,
 }
 
@@ -76,6 +80,7 @@ impl ModelRuntime {
             template: OnceLock::new(),
             tokenizer: OnceLock::new(),
             token_table: OnceLock::new(),
+            grammar_vocabulary: OnceLock::new(),
             costs: CostCache::new(default_cache_dir()),
         })
     }

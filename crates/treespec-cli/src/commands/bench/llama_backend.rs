@@ -2,13 +2,13 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
 use treespec_bench::{Backend, Prompt, Session};
 use treespec_core::TokenId;
 use treespec_engine::{CausalLm, Method, StopConditions, TokenConstraint};
-use treespec_grammar::{DecodingConstraint, GrammarSpec, Vocabulary};
-use treespec_llama::runtime::Prompt as PromptText;
+use treespec_grammar::GrammarSpec;
+use treespec_llama::runtime::{Prompt as PromptText, RequestPrompt};
 use treespec_llama::{LlamaLm, ModelRuntime};
 
 /// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
@@ -36,10 +36,10 @@ pub fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path:
 
 /// The llama.cpp models behind the runner's seam: one target context and one draft context,
 /// made once and reused by every run (`generate` and the drafters truncate them at the start).
+/// Each part of a request is prepared by the runtime's request preparation (prompt tokens,
+/// grammar, the method's draft-model check), as for `generate` and the server.
 pub struct LlamaBackend<'m> {
     models: &'m ModelRuntime,
-    /// The grammar vocabulary, built on the first constrained run.
-    vocabulary: Option<Vocabulary>,
     target: LlamaLm<'m>,
     draft: Option<LlamaLm<'m>>,
     chat: bool,
@@ -49,13 +49,14 @@ impl<'m> LlamaBackend<'m> {
     pub fn new(models: &'m ModelRuntime, chat: bool) -> Result<Self> {
         let target = models.target().new_lm()?;
         let draft = models.draft().map(|d| d.new_lm()).transpose()?;
-        Ok(Self { models, vocabulary: None, target, draft, chat })
+        Ok(Self { models, target, draft, chat })
     }
 }
 
 impl Backend for LlamaBackend<'_> {
     fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>> {
-        Ok(self.models.prompt_tokens(PromptText::text_or_user(&prompt.text, self.chat))?)
+        let text = RequestPrompt::Formatted(PromptText::text_or_user(&prompt.text, self.chat));
+        Ok(self.models.request_tokens(text)?)
     }
     fn context_size(&self) -> usize {
         self.target.context_size()
@@ -65,26 +66,16 @@ impl Backend for LlamaBackend<'_> {
     }
     fn session(&mut self, method: &Method) -> Result<Session<'_>> {
         // `auto` uses a draft model when one is given and does without otherwise.
-        let draft = match (method.uses_draft(), self.draft.as_mut()) {
-            (true, Some(d)) => Some(d),
-            (true, None) if method.needs_draft() => {
-                return Err(anyhow!("method '{}' needs a draft model (--md DRAFT.gguf)", method.name()))
-            }
-            _ => None,
-        };
-        let drafter = method.build(draft)?;
+        self.models.check_method(method)?;
+        let drafter = method.build(self.draft.as_mut().filter(|_| method.uses_draft()))?;
         Ok(Session { target: Box::new(&mut self.target), drafter })
     }
     fn constraint(&mut self, prompt: &Prompt) -> Result<Option<Box<dyn TokenConstraint>>> {
         let Some(schema) = &prompt.schema else { return Ok(None) };
-        if self.vocabulary.is_none() {
-            let t = self.models.token_table()?;
-            self.vocabulary = Some(Vocabulary::new(&t.tokens, &t.eos, &t.special)?);
-        }
-        let vocab = self.vocabulary.as_ref().expect("built above");
-        let grammar = GrammarSpec::JsonSchema(schema.clone())
-            .compile(vocab)
+        let grammar = self
+            .models
+            .compile_grammar(&GrammarSpec::JsonSchema(schema.clone()))
             .with_context(|| format!("the schema of prompt {}", prompt.id))?;
-        Ok(Some(Box::new(DecodingConstraint::new(grammar.constraint()))))
+        Ok(Some(Box::new(grammar)))
     }
 }

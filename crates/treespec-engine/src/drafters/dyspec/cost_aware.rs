@@ -25,10 +25,10 @@ use treespec_core::tree::{NodeId, TokenTree, ROOT};
 
 use super::{DySpecDrafter, Event, Growth};
 use crate::auto_budget::AutoBudget;
+use crate::backend::CausalLm;
 use crate::draft_model::DraftModel;
 use crate::drafter::ProposeContext;
 use crate::error::Result;
-use crate::model::CausalLm;
 
 /// Most frontier nodes fed in one draft forward.
 const MAX_FEED: usize = 4;

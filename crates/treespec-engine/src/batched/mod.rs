@@ -1,0 +1,145 @@
+//! Continuous batching: many requests, each in its own *lane* of one model, decoded together —
+//! every step is ONE forward holding every active request's rows (prompt chunks and draft trees).
+//!
+//! [`BatchedLm`] is the backend seam (llama.cpp: one context whose KV cache holds every lane's
+//! sequence; toys: one toy model per lane). [`step`] runs one step over a set of [`Lane`]s with the
+//! same per-request machine as [`generate`](crate::generate()) ([`Generation`]), so each request
+//! keeps its own tree, verifier, random streams and stop handling: batching changes when its rows
+//! are scored, never what it emits. Cost-aware drafters see the rows already in the forward
+//! ([`ProposeContext::batch_rows`](crate::ProposeContext)) and price their nodes at the marginal
+//! cost of the merged forward, so speculation shrinks on its own as the batch grows.
+//!
+//! A [`Batch`] is the loop's core: the requests decoding together, each lane beside its owner's
+//! data, joining, stepping and leaving. [`run_batched`] (tests and benchmarks) runs on it.
+//!
+//! - `phases`: one step as a sequence of phases (prompt chunks → propose → cut → forward →
+//!   complete and commit → settle).
+//! - `propose`: the trees of a step, in turn or together on a shared draft model.
+//! - `cut`: the batch budget over every request's cuttable nodes.
+//! - `batch`: [`Batch`]; `run`: [`run_batched`].
+
+use std::time::Duration;
+
+use crate::constraint::TokenConstraint;
+use crate::drafter::Drafter;
+use crate::error::EngineError;
+use crate::generation::{Generation, StepOutcome};
+
+mod batch;
+mod cut;
+mod phases;
+mod propose;
+mod run;
+
+pub use crate::backend::{BatchRoom, BatchedLm, LaneId, LaneWork};
+pub use batch::Batch;
+pub use phases::step;
+pub use run::{run_batched, BatchJob};
+
+/// One request being decoded in a lane.
+pub struct Lane<'d> {
+    /// The lane it holds.
+    pub lane: LaneId,
+    /// Its generation.
+    pub generation: Generation,
+    /// Its drafter.
+    pub drafter: Box<dyn Drafter + 'd>,
+    /// Its grammar state, when it asked for structured output.
+    pub constraint: Option<Box<dyn TokenConstraint + 'd>>,
+    /// Prompt-head tokens the lane holds so far (prefill progress).
+    pub prefilled: usize,
+    /// Time spent in forwards that carried its prompt.
+    pub prefill_time: Duration,
+    /// Whether its drafter has begun (at the first step after the request joined).
+    pub begun: bool,
+    /// Rows its tree put in the last forward it decoded in (1 before its first): what the other
+    /// lanes expect of it when all propose at once.
+    last_rows: usize,
+}
+
+impl std::fmt::Debug for Lane<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("lane", &self.lane)
+            .field("prefilled", &self.prefilled)
+            .field("begun", &self.begun)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'d> Lane<'d> {
+    /// A request in `lane`, which already holds `cached` tokens of its prompt head.
+    pub fn new(
+        lane: LaneId,
+        generation: Generation,
+        mut drafter: Box<dyn Drafter + 'd>,
+        constraint: Option<Box<dyn TokenConstraint + 'd>>,
+        cached: usize,
+    ) -> Self {
+        drafter.join_batch();
+        Self {
+            lane,
+            generation,
+            drafter,
+            constraint,
+            prefilled: cached,
+            prefill_time: Duration::ZERO,
+            begun: false,
+            last_rows: 1,
+        }
+    }
+
+    fn prefill_left(&self) -> usize {
+        self.generation.prompt_head().len() - self.prefilled
+    }
+}
+
+/// What a step did for one lane.
+#[derive(Debug)]
+pub enum LaneStep {
+    /// Its prompt is (still) being prefilled, or it waited for room this step.
+    Waiting,
+    /// It decoded a step.
+    Stepped(StepOutcome),
+    /// It failed; the others go on.
+    Failed(EngineError),
+}
+
+/// Knobs of [`step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Most prompt tokens one step prefills (chunked prefill: a long prompt does not stall
+    /// everyone's decoding).
+    pub prefill_chunk: usize,
+    /// Most drafted nodes one lane's tree may hold.
+    pub max_tree: usize,
+    /// One value-ordered budget over every request's cuttable draft nodes (the default): when
+    /// two or more requests decode in a step, their [`Cuttable`](crate::Cuttable) proposals are
+    /// cut together where the next node no longer pays on the merged forward
+    /// ([`batch_cut`](treespec_core::budget::batch_cut)). Off, each request prices its own
+    /// tree on the rows proposed before it.
+    pub batch_budget: bool,
+    /// With a shared draft model (the default): the requests of a step propose together, so
+    /// their draft forwards batch. Off, they propose one after another, each running its own
+    /// draft forwards.
+    pub batch_draft: bool,
+}
+
+impl Default for StepLimits {
+    fn default() -> Self {
+        Self { prefill_chunk: 256, max_tree: 64, batch_budget: true, batch_draft: true }
+    }
+}
+
+/// What one step cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Rows in the forward (prompt chunks and tree nodes).
+    pub rows: usize,
+    /// Lanes that decoded a step.
+    pub decoding: usize,
+    /// Prompt tokens prefilled.
+    pub prefilled: usize,
+    /// Time in the forward itself (the rest of a step is proposing, verifying and settling).
+    pub forward_time: Duration,
+}

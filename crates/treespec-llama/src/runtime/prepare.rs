@@ -1,0 +1,219 @@
+//! One request made ready to generate, the same way for every front end: the CLI's `generate`,
+//! the benchmark, the server's FIFO workers and its batch scheduler all call
+//! [`ModelRuntime::prepare`]. It turns what a front end was asked for ([`RequestSpec`]) into
+//! what the engine runs ([`Prepared`]): the prompt as tokens (through the chat template when it
+//! is a chat), the grammar compiled against the target's vocabulary, the drafter of the method
+//! (on the caller's draft model when the method runs one), the stop strings with the target's
+//! end tokens, and the most new tokens the context leaves room for.
+//!
+//! Errors say which part of the request is at fault ([`PrepareError`]), so the server can answer
+//! a 400 naming the field and the CLI a sentence.
+
+use treespec_core::sampling::SamplingParams;
+use treespec_core::TokenId;
+use treespec_engine::{CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions};
+use treespec_grammar::{DecodingConstraint, GrammarSpec, Vocabulary};
+
+use super::{ModelRuntime, Prompt};
+
+/// The prompt of a request: text to format, or tokens a client sent.
+#[derive(Debug, Clone, Copy)]
+pub enum RequestPrompt<'a> {
+    /// Text or messages, tokenized by [`ModelRuntime::prompt_tokens`].
+    Formatted(Prompt<'a>),
+    /// Tokens as they are (checked against the vocabulary: llama.cpp aborts on any other id).
+    Tokens(&'a [TokenId]),
+}
+
+/// What a front end asks of one generation.
+#[derive(Debug, Clone)]
+pub struct RequestSpec<'a> {
+    /// The prompt.
+    pub prompt: RequestPrompt<'a>,
+    /// The method that decodes it.
+    pub method: &'a Method,
+    /// Most new tokens (None: as many as the context leaves).
+    pub max_new_tokens: Option<usize>,
+    /// Positions the request's sequence may hold (the target context, or a batch lane's).
+    pub context: usize,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Seed of the draft and verifier streams.
+    pub seed: u64,
+    /// Stop strings.
+    pub stop: &'a [String],
+    /// Structured output: the grammar every token must follow.
+    pub grammar: Option<&'a GrammarSpec>,
+}
+
+/// A request ready for the engine.
+pub struct Prepared<'d> {
+    /// Prompt tokens, most new tokens, sampling, seed, stop strings and the target's end tokens.
+    pub request: GenerateRequest,
+    /// The method's drafter.
+    pub drafter: Box<dyn Drafter + 'd>,
+    /// The grammar state, for structured output.
+    pub constraint: Option<DecodingConstraint>,
+}
+
+/// What is wrong with a request, by the part at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The chat template refused the messages.
+    #[error("the chat template refused the messages: {0}")]
+    Template(String),
+    /// A prompt token is not in the vocabulary.
+    #[error("token {token} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfVocabulary {
+        /// The token.
+        token: TokenId,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// Nothing to start from.
+    #[error("the prompt is empty after tokenization")]
+    EmptyPrompt,
+    /// The prompt fills the context.
+    #[error("the prompt is {prompt} tokens long but the context holds {context}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Context positions.
+        context: usize,
+    },
+    /// The prompt and the asked-for tokens do not fit.
+    #[error(
+        "the prompt ({prompt} tokens) plus max_tokens ({max_new}) exceeds the context of {context} tokens"
+    )]
+    TooManyTokens {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Most new tokens asked for.
+        max_new: usize,
+        /// Context positions.
+        context: usize,
+    },
+    /// The grammar does not compile (the request's schema, grammar or regex).
+    #[error("{0}")]
+    Grammar(treespec_grammar::GrammarError),
+    /// The method cannot run: it needs a draft model none was loaded for, or its knobs are
+    /// invalid.
+    #[error("{0}")]
+    Method(String),
+    /// Not the request's fault.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl PrepareError {
+    /// True when the request itself is at fault (a client error), not the server.
+    pub fn is_request_error(&self) -> bool {
+        !matches!(self, PrepareError::Internal(_))
+    }
+}
+
+impl ModelRuntime {
+    /// Make `spec` ready to generate (see the module documentation). The drafter runs on `draft`
+    /// when the method runs a draft model (the caller need only make one when
+    /// [`Method::uses_draft`]).
+    pub fn prepare<'d, D: CausalLm + 'd>(
+        &self,
+        spec: &RequestSpec<'_>,
+        draft: Option<D>,
+    ) -> Result<Prepared<'d>, PrepareError> {
+        let prompt = self.request_tokens(spec.prompt)?;
+        let constraint = spec.grammar.map(|g| self.compile_grammar(g)).transpose()?;
+        let drafter = self.drafter(spec.method, draft)?;
+        let max_new_tokens = room(prompt.len(), spec.max_new_tokens, spec.context)?;
+        let stop = StopConditions { eos: self.eos_tokens().to_vec(), stop_strings: spec.stop.to_vec() };
+        let request = GenerateRequest {
+            prompt,
+            max_new_tokens,
+            sampling: spec.sampling.clone(),
+            seed: spec.seed,
+            stop,
+        };
+        Ok(Prepared { request, drafter, constraint })
+    }
+
+    /// The prompt as tokens.
+    pub fn request_tokens(&self, prompt: RequestPrompt<'_>) -> Result<Vec<TokenId>, PrepareError> {
+        match prompt {
+            RequestPrompt::Tokens(tokens) => {
+                self.check_tokens(tokens)?;
+                Ok(tokens.to_vec())
+            }
+            RequestPrompt::Formatted(p) => self.prompt_tokens(p).map_err(|e| match (e, p) {
+                (EngineError::InvalidRequest(e), Prompt::Messages(_) | Prompt::MessagesWithTools(..)) => {
+                    PrepareError::Template(e)
+                }
+                (e, _) => PrepareError::Internal(e.to_string()),
+            }),
+        }
+    }
+
+    /// Tokens a client sent must be in the vocabulary (llama.cpp aborts on any other id).
+    pub fn check_tokens(&self, tokens: &[TokenId]) -> Result<(), PrepareError> {
+        let vocab = self.target().vocab_size();
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&token) => Err(PrepareError::TokenOutOfVocabulary { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// The target's vocabulary for grammars, built from the token table on first use and kept
+    /// (greedy forcing: the grammar's forced tokens are drafted for free).
+    pub fn grammar_vocabulary(&self) -> Result<&Vocabulary, PrepareError> {
+        if let Some(v) = self.grammar_vocabulary.get() {
+            return Ok(v);
+        }
+        let table = self.token_table().map_err(|e| PrepareError::Internal(format!("token table: {e}")))?;
+        let vocab = Vocabulary::new(&table.tokens, &table.eos, &table.special)
+            .map_err(|e| PrepareError::Internal(format!("grammar vocabulary: {e}")))?;
+        Ok(self.grammar_vocabulary.get_or_init(|| vocab))
+    }
+
+    /// A fresh grammar state for `grammar` (≈1 ms to compile).
+    pub fn compile_grammar(&self, grammar: &GrammarSpec) -> Result<DecodingConstraint, PrepareError> {
+        let compiled = grammar.compile(self.grammar_vocabulary()?).map_err(PrepareError::Grammar)?;
+        Ok(DecodingConstraint::new(compiled.constraint()))
+    }
+
+    /// Whether this runtime can run `method`: one that needs a draft model needs one loaded.
+    pub fn check_method(&self, method: &Method) -> Result<(), PrepareError> {
+        if method.needs_draft() && !self.has_draft() {
+            return Err(PrepareError::Method(format!(
+                "method '{}' needs a draft model (--md DRAFT.gguf)",
+                method.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `method`'s drafter, on `draft` when the method runs a draft model.
+    fn drafter<'d, D: CausalLm + 'd>(
+        &self,
+        method: &Method,
+        draft: Option<D>,
+    ) -> Result<Box<dyn Drafter + 'd>, PrepareError> {
+        self.check_method(method)?;
+        method.build(draft.filter(|_| method.uses_draft())).map_err(|e| PrepareError::Method(e.to_string()))
+    }
+}
+
+/// Most new tokens for a prompt of `prompt` tokens in `context` positions: `max_new` when it
+/// fits, else the whole rest of the context.
+pub fn room(prompt: usize, max_new: Option<usize>, context: usize) -> Result<usize, PrepareError> {
+    if prompt == 0 {
+        return Err(PrepareError::EmptyPrompt);
+    }
+    if prompt >= context {
+        return Err(PrepareError::PromptTooLong { prompt, context });
+    }
+    let room = context - prompt;
+    match max_new {
+        None => Ok(room),
+        Some(n) if n > room => Err(PrepareError::TooManyTokens { prompt, max_new: n, context }),
+        Some(n) => Ok(n),
+    }
+}

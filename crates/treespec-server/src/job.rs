@@ -1,0 +1,155 @@
+//! What the HTTP layer and the generation backends say to each other: a [`Job`] goes in through
+//! a [`GenerationBackend`], its [`Event`]s come out. Both backends — the FIFO worker pool
+//! (`fifo.rs`) and the batch scheduler (`scheduler.rs`) — speak these types and nothing of each
+//! other.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
+use treespec_core::stats::DecodeStats;
+use treespec_engine::{EngineError, GenerateOutput};
+
+use crate::error::ApiError;
+use crate::llama_api::ModelText;
+use crate::tenant::Tenant;
+use crate::validate::{check_lengths, JobSpec, Limits};
+
+/// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
+/// `Error`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The prompt was accepted.
+    Started {
+        /// Prompt length in tokens.
+        prompt_tokens: usize,
+        /// The method decoding it.
+        method: String,
+    },
+    /// New text (stop strings already cut away, possible stop-string prefixes held back).
+    Text(String),
+    /// Log-probabilities of the tokens of one step (only when the request asked for them; sent
+    /// before that step's text).
+    Logprobs(Vec<crate::api::LogprobEntry>),
+    /// How the text of the step's coming `Text` was produced, in runs (batch scheduler only; sent
+    /// just before that text).
+    Trace(Vec<crate::api::TextSpan>),
+    /// Finished.
+    Done(Finished),
+    /// Failed; nothing more follows.
+    Error(ApiError),
+}
+
+/// The end of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// `stop` (end-of-generation token or stop string) or `length`.
+    pub finish_reason: &'static str,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Leading prompt tokens whose KV came from a cached or live prefix (a tenant's earlier
+    /// request) instead of being prefilled: OpenAI's `prompt_tokens_details.cached_tokens`,
+    /// llama-server's `timings.cache_n`. Always 0 on the FIFO workers, which prefill every prompt
+    /// whole.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// The method.
+    pub method: String,
+    /// The engine's statistics of the generation (forwards, acceptance, timings).
+    pub stats: DecodeStats,
+    /// The stop string that ended it, if one did (llama-server's `stopping_word`).
+    pub stopping_word: Option<String>,
+}
+
+/// What a finished run reports to the metrics.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// The method that decoded it.
+    pub method: String,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// The engine's statistics.
+    pub stats: DecodeStats,
+}
+
+/// One queued request.
+#[derive(Debug)]
+pub struct Job {
+    /// The validated request.
+    pub spec: JobSpec,
+    /// Whose request it is (what it teaches the server stays the tenant's).
+    pub tenant: Tenant,
+    /// Report how each step's text was produced ([`Event::Trace`]): only a client that asked
+    /// for it pays for the runs.
+    pub trace: bool,
+    /// Where its events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the HTTP layer depends on.
+pub trait GenerationBackend: Send + Sync + 'static {
+    /// The served model's id.
+    fn model_id(&self) -> String;
+    /// Request limits (context size, whether a draft is loaded).
+    fn limits(&self) -> Limits;
+    /// Queue a job; a full queue is a 503.
+    fn submit(&self, job: Job) -> Result<(), ApiError>;
+    /// Jobs waiting for a worker.
+    fn queue_depth(&self) -> usize;
+    /// The model's tokenizer and chat template, for llama-server's `/tokenize`, `/detokenize`,
+    /// `/apply-template` and `/props` (see [`crate::llama_api`]).
+    fn model_text(&self) -> Arc<dyn ModelText>;
+    /// Requests decoded at once (llama-server's slots).
+    fn slots(&self) -> usize;
+    /// The plain decoding rate of this server's target (1000 / T(1) on the measured cost curve),
+    /// when known.
+    fn plain_tokens_per_second(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// Why a run ended without finishing.
+#[derive(Debug)]
+pub enum RunError {
+    /// The client disconnected.
+    Cancelled(String),
+    /// Report this to the client.
+    Api(ApiError),
+}
+
+impl From<ApiError> for RunError {
+    fn from(e: ApiError) -> Self {
+        RunError::Api(e)
+    }
+}
+
+/// What a failed generation tells the client: its own mistakes are 400s, the rest 500s.
+pub fn engine_error(e: EngineError) -> RunError {
+    match e {
+        EngineError::Cancelled => RunError::Cancelled(String::new()),
+        EngineError::InvalidRequest(m) | EngineError::Incompatible(m) => ApiError::invalid(None, m).into(),
+        EngineError::PromptTooLong { prompt, context } => check_lengths(prompt, None, context)
+            .err()
+            .unwrap_or_else(|| ApiError::internal("prompt too long"))
+            .into(),
+        e => ApiError::internal(format!("generation failed: {e}")).into(),
+    }
+}
+
+/// The `Done` event of a finished generation, `cached_tokens` of whose prompt were reused from
+/// a cached prefix.
+pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, cached_tokens: usize) -> Finished {
+    let finish_reason = match out.finish_reason {
+        treespec_engine::FinishReason::Length => "length",
+        _ => "stop",
+    };
+    Finished {
+        finish_reason,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens: out.tokens.len(),
+        method: method.to_string(),
+        stats: out.stats.clone(),
+        stopping_word: out.stopped_by.clone(),
+    }
+}
