@@ -22,13 +22,13 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use treespec_engine::{EngineError, Result};
 
 use crate::backend;
 use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
-use crate::prompt::ControlTexts;
 use crate::threads::{available_cores, effective_threads};
 
 /// llama.cpp's hard limit on sequence ids (`LLAMA_MAX_SEQ` = 256) minus the two we reserve: the
@@ -81,6 +81,10 @@ impl LoadOptions {
         Ok(())
     }
 }
+
+/// The texts of a vocabulary's control (and unknown) tokens: what llama.cpp turns into special
+/// tokens only when asked to parse them. Filled on first use by `prompt.rs`.
+pub(crate) type ControlTexts = OnceLock<Vec<String>>;
 
 /// A loaded GGUF model. Make contexts with [`LlamaModel::new_lm`]; tokenizer and metadata helpers
 /// live in `vocab.rs` and `meta.rs`.

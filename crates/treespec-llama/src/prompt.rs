@@ -5,17 +5,11 @@
 //! tokenized with special tokens parsed, and any control-token text inside a message as plain
 //! text, so no message can open or close a turn of its own (see `treespec_text::guard`).
 
-use std::sync::OnceLock;
-
 use treespec_core::TokenId;
 use treespec_engine::{EngineError, Result};
 use treespec_text::{ChatMessage, ChatTemplate, Piece};
 
 use crate::load::LlamaModel;
-
-/// The texts of a vocabulary's control (and unknown) tokens: what llama.cpp turns into special
-/// tokens only when asked to parse them.
-pub(crate) type ControlTexts = OnceLock<Vec<String>>;
 
 impl LlamaModel {
     /// Tokenize raw text as a prompt: BOS as the tokenizer config says, no special tokens parsed.

@@ -26,9 +26,13 @@ use treespec_engine::batched::{BatchRoom, BatchedLm, LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result};
 
 use crate::backend;
-use crate::kv::{PendingTree, Plan};
-use crate::lm::{backend_err, lend_rows, seq_rm, undo_plan, BatchBuf};
+use crate::kv::PendingTree;
+use crate::lm::{backend_err, seq_rm, BatchBuf};
 use crate::load::LlamaModel;
+
+mod forward;
+
+use forward::StepPlan;
 
 /// llama.cpp's limit on sequence ids in one context.
 pub(crate) const SEQ_IDS: usize = 256;
@@ -111,10 +115,6 @@ impl std::fmt::Debug for LlamaBatchLm<'_> {
 }
 
 const SCRATCH: i32 = SEQ_IDS as i32 - 1;
-
-/// Dead cells (finished requests, cached prefixes) tolerated before a compaction, however few
-/// the live ones.
-const COMPACT_MIN_DEAD: usize = 1024;
 
 impl LlamaModel {
     /// A context of `ctx_size` cells with every sequence id, for up to `lanes` lanes (`what`
@@ -302,189 +302,26 @@ impl BatchedLm for LlamaBatchLm<'_> {
         }
     }
 
+    /// One `llama_decode` of every lane's work, in steps (`forward.rs`): make room, plan every
+    /// lane's rows, copy the planned paths' KV and decode; then commit the prompt chunks and lend
+    /// the trees' logits. A failure after planning began rolls the whole step back.
     fn forward(&mut self, work: &[LaneWork<'_>]) -> Result<Logits<'_>> {
         if !self.placed.is_empty() {
             return Err(EngineError::State("forward before the last step was settled".into()));
         }
-        let rows: usize = work
-            .iter()
-            .map(|w| match w {
-                LaneWork::Prefill { tokens, .. } => tokens.len(),
-                LaneWork::Tree { batch, .. } => batch.len(),
-            })
-            .sum();
+        let rows = forward::step_rows(work);
         if rows == 0 {
             return Ok(Logits::new(self.n_vocab, Vec::new()));
         }
-        let first_tree = work.iter().position(|w| matches!(w, LaneWork::Tree { .. })).unwrap_or(work.len());
-        if work[first_tree..].iter().any(|w| matches!(w, LaneWork::Prefill { .. })) {
-            return Err(EngineError::State(
-                "prompt chunks must come before the trees in a batched forward".into(),
-            ));
-        }
-        let paths: usize =
-            work.iter().map(|w| if let LaneWork::Tree { batch, .. } = w { batch.len() } else { 0 }).sum();
-        // Compact when the cache is full, short of sequence ids, or holding more dead cells
-        // (finished requests, cached prefixes) than live ones: every query scans the occupied
-        // cells, masked or not, so dead cells cost attention time on every step.
-        let live = self.live_cells();
-        let dead = self.used - live.min(self.used);
-        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > live.max(COMPACT_MIN_DEAD)
-        {
-            self.compact()?;
-        }
-        if self.used + rows > self.n_ctx {
-            return Err(EngineError::InvalidRequest(format!(
-                "a forward of {rows} rows does not fit the {} free cells of the {}-cell context",
-                self.n_ctx - self.used,
-                self.n_ctx
-            )));
-        }
-        // Plan every lane's rows: prefill rows on the lane's base sequence, trees on path ids
-        // from the pool.
-        let mut plans: Vec<(LaneId, Plan)> = Vec::new();
-        let mut placed = Vec::with_capacity(work.len());
-        let mut start = 0;
-        let mut fail: Option<EngineError> = None;
-        for w in work {
-            match *w {
-                LaneWork::Prefill { lane, tokens } => {
-                    if let Err(e) = self.lane(lane) {
-                        fail = Some(e);
-                        break;
-                    }
-                    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-                        fail = Some(EngineError::State(format!("token {t} is outside the vocabulary")));
-                        break;
-                    }
-                    placed.push(Placed { lane, start, rows: tokens.len(), tree: false });
-                    start += tokens.len();
-                }
-                LaneWork::Tree { lane, batch } => {
-                    let leaves = {
-                        let mut has_child = vec![false; batch.len()];
-                        batch.parents.iter().flatten().for_each(|&p| {
-                            if p < has_child.len() {
-                                has_child[p] = true
-                            }
-                        });
-                        has_child.iter().filter(|&&c| !c).count().max(1)
-                    };
-                    if leaves > self.free_seqs.len() {
-                        fail = Some(EngineError::InvalidRequest(
-                            "no sequence ids left for the step's trees".into(),
-                        ));
-                        break;
-                    }
-                    if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-                        fail = Some(EngineError::State(format!("token {t} is outside the vocabulary")));
-                        break;
-                    }
-                    let ids: Vec<i32> = (0..leaves).filter_map(|_| self.free_seqs.pop()).collect();
-                    let (base, committed) = match self.lane(lane) {
-                        Ok(l) => (l.seq, l.tokens.len()),
-                        Err(e) => {
-                            self.free_seqs.extend(ids);
-                            fail = Some(e);
-                            break;
-                        }
-                    };
-                    let mut tree = PendingTree::with_ids(base, ids);
-                    match tree.extend(batch, committed) {
-                        Ok(plan) => {
-                            plans.push((lane, plan));
-                            if let Ok(l) = self.lane_mut(lane) {
-                                l.tree = Some((tree, batch.tokens.clone()));
-                            }
-                        }
-                        Err(e) => {
-                            self.free_seqs.extend(tree.ids());
-                            fail = Some(e);
-                            break;
-                        }
-                    }
-                    placed.push(Placed { lane, start, rows: batch.len(), tree: true });
-                    start += batch.len();
-                }
-            }
-        }
-        let mut copy_err = None;
-        if fail.is_none() {
-            for (_, plan) in &plans {
-                for c in &plan.copies {
-                    if let Err(e) = self.ctx.copy_kv_cache_seq(c.src, c.dst, None, Some(c.end as u32)) {
-                        copy_err = Some(kv_err("KV cache copy failed", e));
-                    }
-                }
-            }
-        }
-        let decoded = match fail.or(copy_err) {
-            Some(e) => Err(e),
-            None => {
-                let lanes = &self.lanes;
-                let rows_iter =
-                    work.iter().flat_map(|w| -> Box<dyn Iterator<Item = (TokenId, usize, &[i32], bool)>> {
-                        match *w {
-                            LaneWork::Prefill { lane, tokens } => {
-                                let l = lanes[lane].as_ref().expect("checked above");
-                                let committed = l.tokens.len();
-                                let seq = std::slice::from_ref(&l.seq);
-                                Box::new(
-                                    tokens
-                                        .iter()
-                                        .enumerate()
-                                        .map(move |(i, &t)| (t, committed + i, seq, false)),
-                                )
-                            }
-                            LaneWork::Tree { lane, batch } => {
-                                let l = lanes[lane].as_ref().expect("checked above");
-                                let committed = l.tokens.len();
-                                let (tree, _) = l.tree.as_ref().expect("planned above");
-                                Box::new((0..batch.len()).map(move |i| {
-                                    let (depth, seqs) = tree.row(i);
-                                    (batch.tokens[i], committed + depth, seqs, true)
-                                }))
-                            }
-                        }
-                    });
-                self.batch.decode(&mut self.ctx, self.n_ctx, rows, rows_iter)
-            }
-        };
-        if let Err(e) = decoded {
-            // Take every planned path and prefill row back out.
-            for (lane, plan) in &plans {
-                undo_plan(&mut self.ctx, plan);
-                if let Ok(l) = self.lane_mut(*lane) {
-                    if let Some((t, _)) = l.tree.take() {
-                        let ids = t.ids().to_vec();
-                        self.free_seqs.extend(ids);
-                    }
-                }
-            }
-            for p in placed.iter().filter(|p| !p.tree) {
-                if let Ok(l) = self.lane(p.lane) {
-                    let (seq, from) = (l.seq, l.tokens.len());
-                    let _ = self.seq_rm(seq, Some(from), None);
-                }
-            }
-            // Whatever llama.cpp left behind, the invariant is restored by rewriting the lanes.
-            let _ = self.compact();
+        forward::check_prefills_first(work)?;
+        self.make_room(work, rows)?;
+        let mut step = StepPlan::default();
+        if let Err(e) = self.plan_and_decode(work, rows, &mut step) {
+            self.roll_back(&step);
             return Err(e);
         }
-        // Prefill rows are committed at once.
-        for w in work {
-            if let LaneWork::Prefill { lane, tokens } = *w {
-                if let Ok(l) = self.lane_mut(lane) {
-                    l.tokens.extend_from_slice(tokens);
-                }
-            }
-        }
-        self.used += rows;
-        self.counters.forwards += 1;
-        self.counters.rows += rows as u64;
-        let wanted: Vec<bool> = placed.iter().flat_map(|p| std::iter::repeat_n(p.tree, p.rows)).collect();
-        self.placed = placed;
-        Ok(lend_rows(&self.ctx, self.n_vocab, &wanted))
+        self.book_step(work, rows, step.placed);
+        Ok(self.lend_tree_rows())
     }
 
     fn commit(&mut self, lane: LaneId, path: &[usize]) -> Result<()> {
