@@ -39,8 +39,8 @@ use treespec_core::tree::{NodeId, TokenTree};
 use treespec_core::verify::{verify, TargetDists};
 use treespec_core::{Dist, TokenId};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::drafter::{Drafter, ProposeContext};
 use treespec_engine::drafters::{SuffixConfig, SuffixDrafter};
+use treespec_engine::{Drafter, ProposeContext};
 
 /// Times and tokens of one category (or of all answers).
 #[derive(Default)]

@@ -10,6 +10,7 @@ use treespec_core::TokenId;
 
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
+use crate::registry::MethodKind;
 
 /// How an emitted token was produced: accepted from a draft copied out of earlier text, from a
 /// draft model's draft, from the grammar's forced tokens, or sampled by the target itself (each
@@ -98,8 +99,14 @@ pub struct Cuttable<'a> {
 /// each on its own thread, so their draft-model forwards can meet in one batched draft forward
 /// ([`SharedDraft`](crate::SharedDraft)).
 pub trait Drafter: Send {
-    /// Short method name (as on the command line).
-    fn name(&self) -> &str;
+    /// The method this drafter runs (its registry entry: the name on the command line, in a
+    /// request's `treespec` object and in statistics).
+    fn kind(&self) -> MethodKind;
+
+    /// The method's name (as on the command line).
+    fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
 
     /// Where the drafted nodes of the last proposal came from: copied from earlier text
     /// ([`Provenance::Copied`]: suffix and lookup drafts) or drafted by a model (the default).
@@ -158,8 +165,8 @@ pub trait Drafter: Send {
 pub struct PlainDrafter;
 
 impl Drafter for PlainDrafter {
-    fn name(&self) -> &str {
-        "plain"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Plain
     }
     fn begin(&mut self, _: &[TokenId], _: &Sampler, _: u64) -> Result<()> {
         Ok(())

@@ -9,13 +9,13 @@
 
 use std::time::Instant;
 
+use crate::backend::TokenBytes;
 use crate::backend::{CausalLm, TreeBatch};
 use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::{EngineError, Result};
 use crate::generation::{Generation, ProposeAt, Scored, StepOutcome};
 use crate::request::{GenerateOutput, GenerateRequest};
-use crate::stop::TokenBytes;
 
 /// Run one generation. `on_step` receives each step's outcome (its emitted tokens and the text
 /// they released) and returns false to cancel. `bytes` decodes the text (and is needed for stop

@@ -19,11 +19,12 @@ use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
 use crate::backend::Logits;
+use crate::backend::TokenBytes;
 use crate::constraint::TokenConstraint;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::request::{GenerateOutput, GenerateRequest};
-use crate::stop::{FinishReason, StopConditions, TokenBytes};
+use crate::stop::{FinishReason, StopConditions};
 use crate::text_stream::TextStream;
 
 /// The state of one generation between steps.

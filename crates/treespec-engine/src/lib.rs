@@ -4,27 +4,26 @@
 pub mod auto_budget;
 pub mod backend;
 pub mod batched;
-pub mod constraint;
+mod constraint;
 pub mod draft_model;
-pub mod drafter;
+mod drafter;
 pub mod drafters;
-pub mod error;
-pub mod extra_stats;
-pub mod generate;
-pub mod generation;
-pub mod methods;
-pub mod model;
+mod error;
+mod extra_stats;
+mod generate;
+mod generation;
+mod methods;
 pub mod offline_measure;
 pub mod profile;
 pub mod registry;
-pub mod request;
+mod request;
 pub mod shared_draft;
-pub mod stop;
-pub mod text_stream;
+mod stop;
+mod text_stream;
 pub mod toy;
 
 pub use backend::{
-    BatchRoom, BatchedLm, CausalLm, DraftFeed, DraftLanes, LaneId, LaneWork, Logits, TreeBatch,
+    BatchRoom, BatchedLm, CausalLm, DraftFeed, DraftLanes, LaneId, LaneWork, Logits, TokenBytes, TreeBatch,
 };
 pub use constraint::{DfaConstraint, TokenConstraint, WithoutForcing};
 pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext, Provenance};
@@ -36,5 +35,5 @@ pub use methods::Method;
 pub use registry::{MethodKind, MethodSpec, METHOD_NAMES};
 pub use request::{GenerateOutput, GenerateRequest};
 pub use shared_draft::{DraftLane, SharedDraft};
-pub use stop::{FinishReason, StopConditions, TokenBytes};
+pub use stop::{FinishReason, StopConditions};
 pub use text_stream::TextStream;

@@ -28,8 +28,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use treespec_core::TokenId;
 
-use crate::backend::{CausalLm, LaneId, Logits, TreeBatch};
-pub use crate::backend::{DraftFeed, DraftLanes};
+use crate::backend::{CausalLm, DraftFeed, DraftLanes, LaneId, Logits, TreeBatch};
 use crate::error::{EngineError, Result};
 
 /// Draft forwards counted for reports and tests.

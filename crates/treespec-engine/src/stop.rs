@@ -25,12 +25,6 @@ impl FinishReason {
     }
 }
 
-/// Maps tokens to their bytes, for stop strings.
-pub trait TokenBytes {
-    /// The raw bytes a token decodes to (may be a partial UTF-8 sequence).
-    fn token_bytes(&self, token: TokenId) -> Vec<u8>;
-}
-
 /// Stop conditions for one generation.
 #[derive(Debug, Clone, Default)]
 pub struct StopConditions {

@@ -131,8 +131,8 @@ struct Recorder<'a> {
 }
 
 impl Drafter for Recorder<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
+    fn kind(&self) -> treespec_engine::MethodKind {
+        self.inner.kind()
     }
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> treespec_engine::Result<()> {
         self.inner.begin(prompt, sampler, seed)

@@ -492,8 +492,8 @@ fn ngram_file_for_another_tokenizer_is_an_error() {
 struct Checked<'a>(&'a mut dyn Drafter);
 
 impl Drafter for Checked<'_> {
-    fn name(&self) -> &str {
-        self.0.name()
+    fn kind(&self) -> treespec_engine::MethodKind {
+        self.0.kind()
     }
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> treespec_engine::Result<()> {
         self.0.begin(prompt, sampler, seed)

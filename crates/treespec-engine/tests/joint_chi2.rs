@@ -42,8 +42,8 @@ impl Checked {
 }
 
 impl Drafter for Checked {
-    fn name(&self) -> &str {
-        self.inner.name()
+    fn kind(&self) -> treespec_engine::MethodKind {
+        self.inner.kind()
     }
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> treespec_engine::Result<()> {
         self.inner.begin(prompt, sampler, seed)

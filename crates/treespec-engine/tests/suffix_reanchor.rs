@@ -273,7 +273,7 @@ impl treespec_core::verify::TargetDists for Answer<'_> {
 fn replay_recorded_answers_with_and_without_re_anchoring() {
     use std::collections::BTreeMap;
     use treespec_core::rng::{Stream, StreamRng};
-    use treespec_engine::drafter::ProposeContext;
+    use treespec_engine::ProposeContext;
     let (Ok(tokens), Ok(curve)) =
         (std::env::var("TREESPEC_REPLAY_TOKENS"), std::env::var("TREESPEC_REPLAY_CURVE"))
     else {

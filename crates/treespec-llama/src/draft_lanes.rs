@@ -13,8 +13,7 @@
 
 use llama_cpp_2::context::LlamaContext;
 
-use treespec_engine::batched::LaneId;
-use treespec_engine::shared_draft::{DraftFeed, DraftLanes};
+use treespec_engine::backend::{DraftFeed, DraftLanes, LaneId};
 use treespec_engine::{EngineError, Logits, Result};
 
 use crate::batch_lm::SEQ_IDS;

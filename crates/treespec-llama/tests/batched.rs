@@ -8,9 +8,10 @@ mod common;
 
 use std::sync::OnceLock;
 
-use treespec_engine::batched::{run_batched, BatchJob, BatchedLm, LaneWork, StepLimits};
+use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
 use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
 use treespec_engine::{generate, GenerateRequest, Method, SharedDraft};
+use treespec_engine::{BatchedLm, LaneWork};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
 
 /// Prompts beyond `common::CHAT_PROMPTS`: eight in all for the mixed-method runs, twenty for the

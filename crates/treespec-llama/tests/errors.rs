@@ -141,7 +141,7 @@ fn contexts_smaller_than_their_sequence_count_work() {
     let e = lm.prefill(&[7; 60]).unwrap_err();
     assert!(matches!(e, EngineError::PromptTooLong { .. } | EngineError::State(_)), "{e:?}");
     let batch = model.new_batch_lm(40, 2).unwrap();
-    assert_eq!(treespec_engine::batched::BatchedLm::context_size(&batch), 40);
+    assert_eq!(treespec_engine::BatchedLm::context_size(&batch), 40);
 }
 
 #[test]

@@ -6,8 +6,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::llama_api::Timings;
-
 /// One chat message as sent by a client. `content` is a string or an array of text parts.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(default)]
@@ -480,4 +478,34 @@ pub struct ModelList {
     pub object: &'static str,
     /// The served model.
     pub data: Vec<ModelCard>,
+}
+
+/// Prompt and generation timings, in llama-server's form (its `timings`, with the same field
+/// names): also in the OpenAI routes' answers (non-streamed, and the last streamed chunk).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, ToSchema)]
+pub struct Timings {
+    /// Prompt tokens reused from the prefix cache (not prefilled); `prompt_n + cache_n` is the
+    /// whole prompt.
+    pub cache_n: usize,
+    /// Prompt tokens prefilled (the prompt less `cache_n`).
+    pub prompt_n: usize,
+    /// Milliseconds reading the prompt.
+    pub prompt_ms: f64,
+    /// Per prefilled prompt token.
+    pub prompt_per_token_ms: f64,
+    /// Prefilled prompt tokens a second.
+    pub prompt_per_second: f64,
+    /// Generated tokens.
+    pub predicted_n: usize,
+    /// Milliseconds generating.
+    pub predicted_ms: f64,
+    /// Per generated token.
+    pub predicted_per_token_ms: f64,
+    /// Generated tokens a second.
+    pub predicted_per_second: f64,
+    /// Drafted tokens (tree nodes) the target verified, over the whole generation (0 without
+    /// drafts).
+    pub draft_n: u64,
+    /// Of those, accepted (never more than `draft_n`).
+    pub draft_n_accepted: u64,
 }

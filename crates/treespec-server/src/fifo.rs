@@ -15,8 +15,8 @@ use treespec_engine::{
 };
 
 use crate::error::ApiError;
+use crate::job::ModelText;
 use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, RunSummary};
-use crate::llama_api::ModelText;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};

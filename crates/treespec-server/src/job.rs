@@ -9,10 +9,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use treespec_core::stats::DecodeStats;
 use treespec_engine::{EngineError, GenerateOutput};
 
+use crate::api::Timings;
 use crate::error::ApiError;
-use crate::llama_api::ModelText;
 use crate::tenant::Tenant;
 use crate::validate::{check_lengths, JobSpec, Limits};
+use treespec_core::TokenId;
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
 /// `Error`).
@@ -97,7 +98,7 @@ pub trait GenerationBackend: Send + Sync + 'static {
     /// Jobs waiting for a worker.
     fn queue_depth(&self) -> usize;
     /// The model's tokenizer and chat template, for llama-server's `/tokenize`, `/detokenize`,
-    /// `/apply-template` and `/props` (see [`crate::llama_api`]).
+    /// `/apply-template` and `/props` (llama-server's routes, `llama_api.rs`).
     fn model_text(&self) -> Arc<dyn ModelText>;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;
@@ -151,5 +152,63 @@ pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, cached
         method: method.to_string(),
         stats: out.stats.clone(),
         stopping_word: out.stopped_by.clone(),
+    }
+}
+
+/// What llama-server's endpoints need from the model besides generation: its tokenizer and chat
+/// template. Tokenizing may take a while on a long text: callers run it off the async threads.
+pub trait ModelText: Send + Sync + 'static {
+    /// Tokenize `text`: `add_special` adds BOS (as the tokenizer config asks), `parse_special`
+    /// turns special-token text (`<|im_start|>`) into its token.
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<TokenId>, ApiError>;
+    /// A token's bytes, special tokens as their text; a token outside the vocabulary is a 400
+    /// naming `tokens`.
+    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError>;
+    /// A validated chat request's messages (and tools) through the chat template, ending where
+    /// the reply starts: the text a chat request's prompt is.
+    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError>;
+    /// The model file, its chat template and vocabulary size.
+    fn info(&self) -> ModelInfo;
+}
+
+/// What `/props` says about the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The model file (`model_path`).
+    pub path: String,
+    /// The chat template's source, if the model has one.
+    pub chat_template: Option<String>,
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+}
+
+impl Finished {
+    /// llama-server's timings from the engine's: prompt time is the prefill, the rest generation;
+    /// the prompt tokens served from the prefix cache are `cache_n`, the others `prompt_n`.
+    pub fn timings(&self) -> Timings {
+        let f = self;
+        let prefill = f.stats.times.prefill;
+        let rate = |n: usize, ms: f64| {
+            (if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 }, if n > 0 { ms / n as f64 } else { 0.0 })
+        };
+        let prompt_ms = prefill.as_secs_f64() * 1e3;
+        let predicted_ms = f.stats.wall.saturating_sub(prefill).as_secs_f64() * 1e3;
+        let cache_n = f.cached_tokens.min(f.prompt_tokens);
+        let prompt_n = f.prompt_tokens - cache_n;
+        let (prompt_per_second, prompt_per_token_ms) = rate(prompt_n, prompt_ms);
+        let (predicted_per_second, predicted_per_token_ms) = rate(f.completion_tokens, predicted_ms);
+        Timings {
+            cache_n,
+            prompt_n,
+            prompt_ms,
+            prompt_per_token_ms,
+            prompt_per_second,
+            predicted_n: f.completion_tokens,
+            predicted_ms,
+            predicted_per_token_ms,
+            predicted_per_second,
+            draft_n: f.stats.drafted,
+            draft_n_accepted: f.stats.accepted,
+        }
     }
 }

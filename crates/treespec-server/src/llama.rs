@@ -15,7 +15,7 @@ use treespec_llama::ModelRuntime;
 use treespec_text::ChatMessage;
 
 use crate::error::ApiError;
-use crate::llama_api::{ModelInfo, ModelText};
+use crate::job::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
 use crate::validate::{check_lengths, JobSpec, PromptInput, ToolsPrompt};
 

@@ -35,41 +35,14 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use treespec_core::TokenId;
 use utoipa::ToSchema;
 
-use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, TreespecStats};
+use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, Timings, TreespecStats};
 use crate::error::ApiError;
-use crate::job::{Event, Finished, Job};
+use crate::job::{Event, Finished, Job, ModelText};
 use crate::metrics::RequestTimer;
 use crate::routes::{body_bytes, AppState, Arrived, PROBE_EVERY};
 use crate::serve::PeerClosed;
 use crate::tenant::Tenant;
 use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
-
-/// What llama-server's endpoints need from the model besides generation: its tokenizer and chat
-/// template. Tokenizing may take a while on a long text: callers run it off the async threads.
-pub trait ModelText: Send + Sync + 'static {
-    /// Tokenize `text`: `add_special` adds BOS (as the tokenizer config asks), `parse_special`
-    /// turns special-token text (`<|im_start|>`) into its token.
-    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<TokenId>, ApiError>;
-    /// A token's bytes, special tokens as their text; a token outside the vocabulary is a 400
-    /// naming `tokens`.
-    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError>;
-    /// A validated chat request's messages (and tools) through the chat template, ending where
-    /// the reply starts: the text a chat request's prompt is.
-    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError>;
-    /// The model file, its chat template and vocabulary size.
-    fn info(&self) -> ModelInfo;
-}
-
-/// What `/props` says about the model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelInfo {
-    /// The model file (`model_path`).
-    pub path: String,
-    /// The chat template's source, if the model has one.
-    pub chat_template: Option<String>,
-    /// Tokens in the vocabulary.
-    pub vocab_size: usize,
-}
 
 /// The routes (behind the same API keys as `/v1/*`).
 pub fn routes() -> Router<AppState> {
@@ -152,36 +125,6 @@ pub struct GenerationSettings {
     /// The treespec method asked for (null: the server's default).
     #[serde(rename = "treespec.method")]
     pub method: Option<String>,
-}
-
-/// Prompt and generation timings, in llama-server's form (its `timings`, with the same field
-/// names): also in the OpenAI routes' answers (non-streamed, and the last streamed chunk).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, ToSchema)]
-pub struct Timings {
-    /// Prompt tokens reused from the prefix cache (not prefilled); `prompt_n + cache_n` is the
-    /// whole prompt.
-    pub cache_n: usize,
-    /// Prompt tokens prefilled (the prompt less `cache_n`).
-    pub prompt_n: usize,
-    /// Milliseconds reading the prompt.
-    pub prompt_ms: f64,
-    /// Per prefilled prompt token.
-    pub prompt_per_token_ms: f64,
-    /// Prefilled prompt tokens a second.
-    pub prompt_per_second: f64,
-    /// Generated tokens.
-    pub predicted_n: usize,
-    /// Milliseconds generating.
-    pub predicted_ms: f64,
-    /// Per generated token.
-    pub predicted_per_token_ms: f64,
-    /// Generated tokens a second.
-    pub predicted_per_second: f64,
-    /// Drafted tokens (tree nodes) the target verified, over the whole generation (0 without
-    /// drafts).
-    pub draft_n: u64,
-    /// Of those, accepted (never more than `draft_n`).
-    pub draft_n_accepted: u64,
 }
 
 /// The answer of `/completion`, and the last chunk of a streamed one (`stop: true`).
@@ -534,7 +477,7 @@ impl Answer {
             truncated: f.finish_reason == "length" && f.prompt_tokens + f.completion_tokens >= self.n_ctx,
             stop_type,
             stopping_word: f.stopping_word.clone().unwrap_or_default(),
-            timings: timings(f),
+            timings: f.timings(),
             treespec: stats,
         }
     }
@@ -546,34 +489,6 @@ fn treespec_stats(f: &Finished) -> TreespecStats {
         method: f.method.clone(),
         target_forwards: f.stats.target_forwards,
         mean_accepted: f.stats.mean_accepted(),
-    }
-}
-
-/// llama-server's timings from the engine's: prompt time is the prefill, the rest generation;
-/// the prompt tokens served from the prefix cache are `cache_n`, the others `prompt_n`.
-pub(crate) fn timings(f: &Finished) -> Timings {
-    let prefill = f.stats.times.prefill;
-    let rate = |n: usize, ms: f64| {
-        (if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 }, if n > 0 { ms / n as f64 } else { 0.0 })
-    };
-    let prompt_ms = prefill.as_secs_f64() * 1e3;
-    let predicted_ms = f.stats.wall.saturating_sub(prefill).as_secs_f64() * 1e3;
-    let cache_n = f.cached_tokens.min(f.prompt_tokens);
-    let prompt_n = f.prompt_tokens - cache_n;
-    let (prompt_per_second, prompt_per_token_ms) = rate(prompt_n, prompt_ms);
-    let (predicted_per_second, predicted_per_token_ms) = rate(f.completion_tokens, predicted_ms);
-    Timings {
-        cache_n,
-        prompt_n,
-        prompt_ms,
-        prompt_per_token_ms,
-        prompt_per_second,
-        predicted_n: f.completion_tokens,
-        predicted_ms,
-        predicted_per_token_ms,
-        predicted_per_second,
-        draft_n: f.stats.drafted,
-        draft_n_accepted: f.stats.accepted,
     }
 }
 

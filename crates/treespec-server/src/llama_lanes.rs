@@ -6,8 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
-use treespec_engine::batched::BatchedLm;
-use treespec_engine::{SharedDraft, TokenBytes, TokenConstraint};
+use treespec_engine::{BatchedLm, SharedDraft, TokenBytes, TokenConstraint};
 use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 
 use crate::error::ApiError;

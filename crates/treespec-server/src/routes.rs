@@ -19,10 +19,10 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::api::Timings;
 use crate::api::*;
 use crate::error::ApiError;
 use crate::job::{Event, Finished, GenerationBackend, Job};
-use crate::llama_api::{timings, Timings};
 use crate::metrics::{Metrics, RequestTimer};
 use crate::serve::PeerClosed;
 use crate::structured;
@@ -389,7 +389,7 @@ impl Meta {
                     model: self.model.clone(),
                     choices: vec![ChatChoice { index: 0, message, logprobs, finish_reason }],
                     usage,
-                    timings: timings(f),
+                    timings: f.timings(),
                     treespec: stats,
                 })
             }
@@ -405,7 +405,7 @@ impl Meta {
                     finish_reason: Some(f.finish_reason),
                 }],
                 usage: Some(usage),
-                timings: Some(timings(f)),
+                timings: Some(f.timings()),
                 treespec: Some(stats),
             }),
         }
@@ -687,7 +687,7 @@ fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> 
     // As llama-server does, the last chunk before `[DONE]` (the usage chunk when asked for, else
     // the finish chunk) carries the timings; the usage chunk also the statistics (a finish chunk
     // gets none: its `treespec` is the trace's, or absent as in OpenAI's).
-    let finish_timings = (!meta.include_usage).then(|| timings(f));
+    let finish_timings = (!meta.include_usage).then(|| f.timings());
     out.push(meta.last(
         Delta::default(),
         Some(finish),
@@ -697,7 +697,7 @@ fn finish_chunks(meta: &Meta, call: Option<&mut ToolCallText>, f: &Finished) -> 
     ));
     if meta.include_usage {
         let stats = Some(ChunkTreespec::Stats(TreespecStats::of(f)));
-        out.push(meta.last(Delta::default(), None, Some(usage(f)), stats, Some(timings(f))));
+        out.push(meta.last(Delta::default(), None, Some(usage(f)), stats, Some(f.timings())));
     }
     out.push(SseEvent::default().data("[DONE]"));
     out

@@ -15,15 +15,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use treespec_core::TokenId;
-use treespec_engine::batched::{Batch, BatchedLm, LaneStep, StepLimits};
+use treespec_engine::batched::{Batch, LaneStep, StepLimits};
+use treespec_engine::BatchedLm;
 use treespec_engine::SharedDraft;
 use treespec_engine::{Drafter, GenerateRequest, Generation};
 use treespec_engine::{TokenBytes, TokenConstraint, TokenLogprob};
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
+use crate::job::ModelText;
 use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
-use crate::llama_api::ModelText;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};

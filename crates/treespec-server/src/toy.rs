@@ -13,7 +13,7 @@ use treespec_engine::{GenerateRequest, Method, TokenBytes};
 use crate::error::ApiError;
 use crate::fifo::{run_generation, EnginePool, Worker};
 use crate::job::{Event, RunError, RunSummary};
-use crate::llama_api::{ModelInfo, ModelText};
+use crate::job::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;

@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use treespec_engine::batched::BatchedLm;
 use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
-use treespec_engine::{SharedDraft, TokenBytes};
+use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 
 use crate::error::ApiError;
 use crate::methods::ServerMethods;

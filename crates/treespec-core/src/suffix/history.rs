@@ -9,7 +9,6 @@
 use std::collections::VecDeque;
 use std::path::Path;
 
-use super::history_file::HistoryFile;
 use super::index::{LookupLimits, Occurrence, SuffixIndex, BREAK, MAX_STORE_TOKENS};
 use crate::ngram::TokenizerId;
 use crate::{Error, Result, TokenId};
@@ -152,13 +151,6 @@ impl GlobalHistory {
             .collect();
         out.truncate(limits.want);
         out
-    }
-
-    /// Write the history to `path`, tagged with the tokenizer its ids belong to: through a
-    /// [`HistoryFile`] (a symlink is followed, a unique temporary file is renamed over the target
-    /// under an advisory lock). A caller that saves more than once should keep a [`HistoryFile`].
-    pub fn save(&self, path: &Path, tokenizer: TokenizerId) -> Result<()> {
-        HistoryFile::open(path)?.save(self, tokenizer)
     }
 
     /// The bytes of a saved history (what [`Self::from_bytes`] reads back).

@@ -538,6 +538,15 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+impl GlobalHistory {
+    /// Write the history to `path`, tagged with the tokenizer its ids belong to: through a
+    /// [`HistoryFile`] (a symlink is followed, a unique temporary file is renamed over the target
+    /// under an advisory lock). A caller that saves more than once should keep a [`HistoryFile`].
+    pub fn save(&self, path: &Path, tokenizer: TokenizerId) -> Result<()> {
+        HistoryFile::open(path)?.save(self, tokenizer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

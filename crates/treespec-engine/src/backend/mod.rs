@@ -7,6 +7,7 @@
 //!   (continuous batching, [`crate::batched`]).
 //! - [`DraftLanes`]: one draft model holding many lanes, each lane's [`DraftFeed`] scored in one
 //!   forward (the draft the requests of a batch share, [`SharedDraft`](crate::SharedDraft)).
+//! - [`TokenBytes`]: a token's bytes (the text a generation releases, and its stop strings).
 //!
 //! The llama.cpp crate and the toy models implement these; the engine depends on nothing else of
 //! a backend, and nothing here depends on the engine's decoding code.
@@ -14,7 +15,9 @@
 mod batched_lm;
 mod causal_lm;
 mod draft_lanes;
+mod token_bytes;
 
 pub use batched_lm::{BatchRoom, BatchedLm, LaneId, LaneWork};
 pub use causal_lm::{CausalLm, Logits, TreeBatch};
 pub use draft_lanes::{DraftFeed, DraftLanes};
+pub use token_bytes::TokenBytes;

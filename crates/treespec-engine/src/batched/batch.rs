@@ -4,13 +4,13 @@
 use super::phases::step_lanes;
 use super::{Lane, LaneStep, StepLimits, StepReport};
 use crate::backend::BatchedLm;
+use crate::backend::TokenBytes;
 use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::Result;
 use crate::generation::Generation;
 use crate::request::GenerateOutput;
 use crate::shared_draft::SharedDraft;
-use crate::stop::TokenBytes;
 
 /// The requests decoding together on one [`BatchedLm`], in the order they joined: each a
 /// [`Lane`] with its owner's data `T` beside it (what the owner reports to, its job's index…),

@@ -20,6 +20,7 @@
 
 use std::time::Duration;
 
+use crate::backend::LaneId;
 use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::EngineError;
@@ -31,7 +32,6 @@ mod phases;
 mod propose;
 mod run;
 
-pub use crate::backend::{BatchRoom, BatchedLm, LaneId, LaneWork};
 pub use batch::Batch;
 pub use phases::step;
 pub use run::{run_batched, BatchJob};

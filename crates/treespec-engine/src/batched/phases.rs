@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use super::cut::cut_together;
 use super::propose::{propose_trees, Proposals};
 use super::{Lane, LaneStep, StepLimits, StepReport};
+use crate::backend::TokenBytes;
 use crate::backend::{BatchedLm, LaneWork, Logits, TreeBatch};
 use crate::error::{EngineError, Result};
 use crate::generation::{Scored, StepOutcome};
 use crate::shared_draft::SharedDraft;
-use crate::stop::TokenBytes;
 
 /// A prompt chunk of the step: member `member` feeds the next `tokens` tokens of its prompt head.
 #[derive(Debug, Clone, Copy)]

@@ -2,14 +2,14 @@
 
 use std::collections::VecDeque;
 
-use super::{Batch, BatchedLm, LaneStep, StepLimits};
+use super::{Batch, LaneStep, StepLimits};
+use crate::backend::{BatchedLm, TokenBytes};
 use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::{EngineError, Result};
 use crate::generation::Generation;
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::shared_draft::SharedDraft;
-use crate::stop::TokenBytes;
 
 /// A request for [`run_batched`]: what to generate, with its own drafter (and grammar).
 pub struct BatchJob<'d> {

@@ -23,6 +23,7 @@ use crate::backend::CausalLm;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
+use crate::registry::MethodKind;
 
 /// Knobs of the `auto` method.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,8 +88,8 @@ impl<M: CausalLm> AutoDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for AutoDrafter<M> {
-    fn name(&self) -> &str {
-        "auto"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Auto
     }
 
     /// The proposal the last step verified: the free one is a copy, the model's a draft.

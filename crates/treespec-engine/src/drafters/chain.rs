@@ -11,6 +11,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// Drafts a chain of `k` tokens with a draft model.
 pub struct ChainDrafter<M: CausalLm> {
@@ -30,8 +31,8 @@ impl<M: CausalLm> ChainDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for ChainDrafter<M> {
-    fn name(&self) -> &str {
-        "chain"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Chain
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {

@@ -30,6 +30,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// Which stop rule DISCO uses.
 #[derive(Debug, Clone, Default)]
@@ -135,8 +136,8 @@ fn keep_going(
 }
 
 impl<M: CausalLm> Drafter for DiscoDrafter<M> {
-    fn name(&self) -> &str {
-        "disco"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Disco
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {

@@ -51,6 +51,7 @@ use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::ExtraStats;
+use crate::registry::MethodKind;
 
 /// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -196,8 +197,8 @@ impl<M: CausalLm> DySpecDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for DySpecDrafter<M> {
-    fn name(&self) -> &str {
-        "dyspec"
+    fn kind(&self) -> MethodKind {
+        MethodKind::DySpec
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {

@@ -25,6 +25,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// EAGLE-2 knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +102,8 @@ impl<M: CausalLm> Eagle2Drafter<M> {
 }
 
 impl<M: CausalLm> Drafter for Eagle2Drafter<M> {
-    fn name(&self) -> &str {
-        "eagle2"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Eagle2
     }
 
     /// EAGLE-2 draws nothing at random (candidates are ranked), so the seed is unused.

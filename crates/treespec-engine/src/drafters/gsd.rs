@@ -37,6 +37,7 @@ use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, GsdCounts};
+use crate::registry::MethodKind;
 
 /// GSD knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -169,8 +170,8 @@ impl<M: CausalLm> GsdDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for GsdDrafter<M> {
-    fn name(&self) -> &str {
-        "gsd"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Gsd
     }
 
     /// GSD draws nothing at random (candidates are ranked), so the seed is unused.

@@ -20,6 +20,7 @@ use treespec_core::TokenId;
 
 use crate::drafter::{Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// Prompt-lookup knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,8 +168,8 @@ impl LookupDrafter {
 const TABLE_CONFIDENCE: f32 = 0.1;
 
 impl Drafter for LookupDrafter {
-    fn name(&self) -> &str {
-        "lookup"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Lookup
     }
 
     fn source(&self) -> Provenance {

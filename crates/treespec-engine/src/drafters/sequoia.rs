@@ -21,6 +21,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// Knobs of [`SequoiaDrafter`].
 #[derive(Debug, Clone, PartialEq)]
@@ -126,8 +127,8 @@ fn key(budget: usize, depth: Option<usize>) -> (usize, Option<usize>) {
 }
 
 impl<M: CausalLm> Drafter for SequoiaDrafter<M> {
-    fn name(&self) -> &str {
-        "sequoia"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Sequoia
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {

@@ -36,6 +36,7 @@ use crate::backend::{CausalLm, Logits, TreeBatch};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, StagedCounts};
+use crate::registry::MethodKind;
 
 /// Staged-drafting knobs.
 #[derive(Debug, Clone)]
@@ -263,8 +264,8 @@ impl<M: CausalLm> StagedDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for StagedDrafter<M> {
-    fn name(&self) -> &str {
-        "staged"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Staged
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {

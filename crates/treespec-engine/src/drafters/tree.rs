@@ -14,6 +14,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
+use crate::registry::MethodKind;
 
 /// Drafts a tree with per-depth branching widths.
 pub struct TreeDrafter<M: CausalLm> {
@@ -41,10 +42,10 @@ impl<M: CausalLm> TreeDrafter<M> {
 }
 
 impl<M: CausalLm> Drafter for TreeDrafter<M> {
-    fn name(&self) -> &str {
+    fn kind(&self) -> MethodKind {
         match self.mode {
-            SampleMode::WithoutReplacement => "tree",
-            SampleMode::Iid => "specinfer",
+            SampleMode::WithoutReplacement => MethodKind::Tree,
+            SampleMode::Iid => MethodKind::SpecInfer,
         }
     }
 

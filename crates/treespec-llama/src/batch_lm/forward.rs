@@ -7,7 +7,7 @@
 //! lanes planned before the failure.
 
 use treespec_core::TokenId;
-use treespec_engine::batched::{LaneId, LaneWork};
+use treespec_engine::backend::{LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result, TreeBatch};
 
 use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};

@@ -22,7 +22,7 @@ use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
 
 use treespec_core::TokenId;
-use treespec_engine::batched::{BatchRoom, BatchedLm, LaneId, LaneWork};
+use treespec_engine::backend::{BatchRoom, BatchedLm, LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result};
 
 use crate::backend;

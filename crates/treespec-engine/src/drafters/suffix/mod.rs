@@ -68,6 +68,7 @@ use crate::auto_budget::AutoBudget;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
+use crate::registry::MethodKind;
 
 /// The suffix drafter (see the module docs).
 pub struct SuffixDrafter {
@@ -176,8 +177,8 @@ impl SuffixDrafter {
 }
 
 impl Drafter for SuffixDrafter {
-    fn name(&self) -> &str {
-        "suffix"
+    fn kind(&self) -> MethodKind {
+        MethodKind::Suffix
     }
 
     fn source(&self) -> Provenance {
