@@ -33,7 +33,7 @@ pub use batch_lm::{BatchCounters, LlamaBatchLm};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
-pub use lm::LlamaLm;
+pub use lm::{LlamaLm, PrefillProgress};
 pub use load::{models_loaded, LlamaModel, LoadOptions, MAX_PATHS};
 pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;

@@ -45,7 +45,12 @@ pub struct LlamaLm<'m> {
     n_vocab: usize,
     committed: usize,
     tree: PendingTree,
+    /// Told `(done, total)` prompt tokens as a prefill goes (`treespec generate`'s progress bar).
+    prefill_progress: Option<PrefillProgress>,
 }
+
+/// What [`LlamaLm::set_prefill_progress`] calls.
+pub type PrefillProgress = Box<dyn FnMut(usize, usize) + Send>;
 
 impl std::fmt::Debug for LlamaLm<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,6 +102,7 @@ impl LlamaModel {
             n_vocab,
             committed: 0,
             tree: PendingTree::new(o.n_seq_max),
+            prefill_progress: None,
         })
     }
 
@@ -160,6 +166,14 @@ impl LlamaModel {
 }
 
 impl<'m> LlamaLm<'m> {
+    /// Report each prefill's progress to `progress` as `(done, total)` prompt tokens (None:
+    /// stop reporting). With a reporter, a prefill runs one `llama_decode` per `n_ubatch` tokens
+    /// — the micro-batches llama.cpp splits one call into anyway, so the cache and every logit
+    /// stay the same — and reports after each.
+    pub fn set_prefill_progress(&mut self, progress: Option<PrefillProgress>) {
+        self.prefill_progress = progress;
+    }
+
     /// The model this context runs.
     pub fn model(&self) -> &'m LlamaModel {
         self.model
@@ -340,13 +354,25 @@ impl CausalLm for LlamaLm<'_> {
             });
         }
         self.check_tokens(tokens)?;
-        let committed = self.committed;
-        let rows = tokens.iter().enumerate().map(|(i, &t)| (t, committed + i, &[BASE_SEQ][..], false));
-        if let Err(e) = self.batch.decode(&mut self.ctx, self.n_ctx, tokens.len(), rows) {
-            let _ = seq_rm(&mut self.ctx, BASE_SEQ, Some(self.committed), None);
-            return Err(e);
+        let start = self.committed;
+        // One call, or one per micro-batch when someone watches the progress.
+        let chunk = match self.prefill_progress {
+            Some(_) => self.model.options().n_ubatch.clamp(1, self.n_ctx),
+            None => tokens.len(),
+        };
+        for (k, part) in tokens.chunks(chunk).enumerate() {
+            let at = start + k * chunk;
+            let rows = part.iter().enumerate().map(|(i, &t)| (t, at + i, &[BASE_SEQ][..], false));
+            if let Err(e) = self.batch.decode(&mut self.ctx, self.n_ctx, part.len(), rows) {
+                let _ = seq_rm(&mut self.ctx, BASE_SEQ, Some(start), None);
+                self.committed = start;
+                return Err(e);
+            }
+            self.committed = at + part.len();
+            if let Some(report) = self.prefill_progress.as_mut() {
+                report(self.committed - start, tokens.len());
+            }
         }
-        self.committed += tokens.len();
         Ok(())
     }
 

@@ -11,7 +11,7 @@
 //! (the run starts from the prior); prices beside `--suffix-history` are the history's, so a
 //! broken one is an error, as a broken history is.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,8 +24,9 @@ use treespec_core::suffix::{HistoryFile, SuffixPricing};
 use treespec_engine::drafters::SuffixShared;
 use treespec_engine::{generate_constrained, ExtraStats, GenerateOutput, TokenConstraint};
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_llama::runtime::{default_cache_dir, PrepareError, Prompt, RequestPrompt, RequestSpec};
-use treespec_llama::ModelRuntime;
+use treespec_llama::{ModelRuntime, PrefillProgress};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve};
@@ -123,6 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     })?;
     // `-n` is a most, not a demand: a prompt that leaves less room stops at the context's end.
     prepared.request.max_new_tokens = args.n;
+    target.set_prefill_progress(prefill_bar(prepared.request.prompt.len()));
     let bytes = models.token_bytes();
     let json = args.json;
     let grammar = prepared.constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
@@ -172,6 +174,30 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Prompts at least this long show a progress bar while the target reads them (seconds on a
+/// small CPU).
+const PREFILL_BAR_TOKENS: usize = 1024;
+
+/// A progress bar on a terminal's stderr while the target reads a long prompt, with an ETA.
+fn prefill_bar(prompt: usize) -> Option<PrefillProgress> {
+    if prompt < PREFILL_BAR_TOKENS || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(prompt as u64), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "[treespec] reading the prompt, {pos}/{len} tokens, ~{eta} left {wide_bar}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    Some(Box::new(move |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        if done >= total {
+            bar.finish_and_clear();
+        }
+    }))
 }
 
 /// The suffix drafter's learned prices over one run (see the module docs).
