@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Single prompts as a user runs the CLI (issue #26): one `treespec generate` per prompt, cold —
+# a fresh cache with only this machine's cost curves (no learned prices, no history) — beside
+# llama.cpp's own tools (one process per prompt as well), interleaved prompt by prompt.
+#
+#   scripts/cold-bench.sh OUT [PROMPTS.jsonl]
+#
+# Prompts: by default 14 held out from the main benchmark (which takes the first 5 of each
+# Spec-Bench task): Spec-Bench prompts 41 and 42 of translation, summarization, qa,
+# math_reasoning and rag, and coding prompts 6–9 (../shared/data/spec-bench/question.jsonl).
+# For each prompt, in turn: treespec plain, treespec auto (with the draft), then llama.cpp plain,
+# ngram-mod and lookup through `scripts/peer-bench.sh run` on that one prompt (same chat-formatted
+# tokens: `treespec bench --dump-prompts`). Greedy, N new tokens (default 128), 2 threads.
+# OUT/cold.jsonl holds one line per run; OUT/cold.md the medians, each family ÷ its plain.
+#
+# Environment: TARGET, DRAFT (the Qwen pair by default), N (128).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${1:?usage: scripts/cold-bench.sh OUT [PROMPTS.jsonl]}"
+TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
+DRAFT="${DRAFT-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
+N="${N:-128}"
+bin=target/release/treespec
+[[ -x "$bin" ]] || { echo "no $bin: cargo build --release -p treespec-cli" >&2; exit 1; }
+mkdir -p "$out"
+prompts="${2:-$out/held-out.jsonl}"
+if [[ -z "${2:-}" ]]; then
+    python3 - ../shared/data/spec-bench/question.jsonl "$prompts" <<'EOF'
+import json, sys
+picks = {c: (40, 41) for c in ("translation", "summarization", "qa", "math_reasoning", "rag")}
+picks["coding"] = (5, 6, 7, 8)
+seen, out = {}, []
+for line in open(sys.argv[1]):
+    q = json.loads(line)
+    c = q["category"]
+    i = seen.get(c, 0)
+    seen[c] = i + 1
+    if i in picks.get(c, ()):
+        out.append(json.dumps(q))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+EOF
+fi
+# The cost curves only: a cache of this machine's curves, nothing learned.
+cache="$out/cache"
+rm -rf "$cache" && mkdir -p "$cache/costs"
+src="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}/costs"
+cp "$src"/*.json "$cache/costs/" 2>/dev/null || true
+"$bin" bench -m "$TARGET" --prompts "$prompts" --dump-prompts "$out/formatted.jsonl" 2>/dev/null
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$out/load.txt"
+: >"$out/cold.jsonl"
+draft=()
+[[ -n "$DRAFT" ]] && draft=(--draft "$DRAFT")
+i=0
+while IFS= read -r line; do
+    i=$((i + 1))
+    text="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["turns"][0])' "$line")"
+    id="$(python3 -c 'import json,sys; q=json.loads(sys.argv[1]); print(q.get("question_id", q.get("id")))' "$line")"
+    category="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["category"])' "$line")"
+    for method in plain auto; do
+        args=(-m "$TARGET" -t 2 --method "$method" --chat -n "$N" --json -p "$text")
+        [[ "$method" == auto ]] && args+=("${draft[@]}")
+        # A fresh cache per run: each one starts cold, with the curves.
+        rm -rf "$cache/prices" "$cache/history"
+        TREESPEC_CACHE_DIR="$cache" "$bin" generate "${args[@]}" 2>/dev/null |
+            python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'id':'$id','category':'$category','tool':'treespec $method','tokens_per_s':r['stats']['tokens_per_s']}))" \
+            >>"$out/cold.jsonl"
+    done
+    jq -c --arg id "$id" 'select(.id == $id)' "$out/formatted.jsonl" >"$out/one.jsonl"
+    bash scripts/peer-bench.sh run "$out/one.jsonl" "$out/one-peers.jsonl" -m "$TARGET" -n "$N" -t 2 2>/dev/null
+    cat "$out/one-peers.jsonl" >>"$out/cold.jsonl"
+    echo "[cold-bench] $i: $category $id" >&2
+done <"$prompts"
+rm -f "$out/one.jsonl" "$out/one-peers.jsonl"
+rm -rf "$cache"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/load.txt"
+
+python3 - "$out" <<'EOF'
+import json, statistics, sys
+out = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{out}/cold.jsonl") if l.strip()]
+by = {}
+for r in rows:
+    if r["tokens_per_s"]:
+        by[(r["id"], r["tool"])] = r["tokens_per_s"]
+ids = sorted({r["id"] for r in rows})
+cats = {r["id"]: r["category"] for r in rows}
+def ratios(tool, plain, ids):
+    return [by[(i, tool)] / by[(i, plain)] for i in ids if (i, tool) in by and (i, plain) in by]
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+tools = [("treespec auto", "treespec plain"), ("llama.cpp ngram-mod", "llama.cpp plain"),
+         ("llama.cpp lookup", "llama.cpp plain")]
+groups = [("all", ids)] + [(c, [i for i in ids if cats[i] == c]) for c in sorted(set(cats.values()))]
+lines = ["| tool ÷ its plain | " + " | ".join(g for g, _ in groups) + " |",
+         "|---|" + "---:|" * len(groups)]
+for tool, plain in tools:
+    lines.append(f"| {tool} | " + " | ".join(f"{med(ratios(tool, plain, g)):.2f}×" for _, g in groups) + " |")
+a = med(ratios("treespec auto", "treespec plain", ids))
+n = med(ratios("llama.cpp ngram-mod", "llama.cpp plain", ids))
+lines += ["", f"Median over {len(ids)} prompts of each prompt's speed-up. `auto` ÷ ngram-mod's gain: {a / n:.3f}×.",
+          "treespec plain ÷ llama.cpp plain: " + f"{med([by[(i, 'treespec plain')] / by[(i, 'llama.cpp plain')] for i in ids if (i, 'treespec plain') in by and (i, 'llama.cpp plain') in by]):.2f}×.",
+          "", open(f"{out}/load.txt").read().strip()]
+open(f"{out}/cold.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
