@@ -10,6 +10,7 @@
 #   treespec:plain      treespec serve -m T -t 2 --method plain
 #   treespec:auto       treespec serve -m T --draft D -t 2 --method auto   (without D: --method suffix)
 #   treespec:suffix     treespec serve -m T -t 2 --method suffix            (optional)
+#   treespec:auto-chunkN  treespec:auto with --prefill-chunk N                 (optional)
 #   llama:plain         llama-server -m T -t 2 -tb 2 -ngl 0 --jinja --no-webui
 #   llama:ngram-mod     the same with --spec-type ngram-mod (llama.cpp's default n-gram drafter)
 #   llama:draft         the same with -md D (optional)
@@ -65,6 +66,11 @@ server_cmd() {
         fi
         ;;
     treespec:suffix) echo "$TREESPEC_BIN" serve -m "$TARGET" -t 2 --method suffix --port "$port" "${ts_slots[@]}" ;;
+    treespec:auto-chunk*)
+        # `auto` with a larger prefill chunk (treespec:auto-chunk2048: --prefill-chunk 2048).
+        echo "$TREESPEC_BIN" serve -m "$TARGET" "${draft[@]}" -t 2 --method auto --prefill-chunk "${name#treespec:auto-chunk}" \
+            --port "$port" "${ts_slots[@]}"
+        ;;
     llama:plain) echo "$LLAMA_SERVER_BIN" -m "$TARGET" -t 2 -tb 2 -ngl 0 --jinja --no-webui --port "$port" "${ll_slots[@]}" ;;
     llama:ngram-mod)
         echo "$LLAMA_SERVER_BIN" -m "$TARGET" -t 2 -tb 2 -ngl 0 --jinja --no-webui --spec-type ngram-mod \
