@@ -127,8 +127,6 @@ pub struct StepOutcome {
     pub done: bool,
     /// The emitted tokens' log-probabilities, when asked for ([`Generation::with_logprobs`]).
     pub logprobs: Vec<TokenLogprob>,
-    /// How each emitted token was produced (same length as `emitted`).
-    pub provenance: Vec<Provenance>,
     /// The text this step released (whole characters, never the start of a possible stop
     /// string), in runs of one provenance; empty without token bytes.
     pub text: Vec<TextRun>,
@@ -328,15 +326,7 @@ impl Generation {
         self.stats.times.overhead += t.elapsed();
         let mut logprobs = logprobs;
         logprobs.truncate(emitted.len());
-        let provenance = (0..emitted.len()).map(by).collect();
-        Ok(StepOutcome {
-            path: outcome.path(),
-            emitted,
-            done: self.finish.is_some(),
-            logprobs,
-            provenance,
-            text,
-        })
+        Ok(StepOutcome { path: outcome.path(), emitted, done: self.finish.is_some(), logprobs, text })
     }
 
     /// End the generation: the drafter learns the text (prompt and emitted tokens).

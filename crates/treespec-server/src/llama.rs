@@ -17,7 +17,7 @@ use treespec_text::ChatMessage;
 use crate::error::ApiError;
 use crate::job::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
-use crate::validate::{check_lengths, JobSpec, PromptInput, ToolsPrompt};
+use crate::validate::{length_error, JobSpec, PromptInput, ToolsPrompt};
 
 /// What the backends run on: the models, loaded once by the caller (who may also have read the
 /// tokenizer fingerprint and the cost curves from the same runtime to build `method`), shared by
@@ -62,30 +62,20 @@ pub fn prepare<'d, D: CausalLm + 'd>(
     context: usize,
     draft: Option<D>,
 ) -> Result<Prepared<'d>, ApiError> {
-    let chat: Vec<ChatMessage>;
-    let prompt = match (&spec.prompt, &spec.tools) {
-        (PromptInput::Tokens(t), _) => RequestPrompt::Tokens(t),
-        (PromptInput::Text(t), _) => RequestPrompt::Formatted(Prompt::Text(t)),
-        (PromptInput::Chat(msgs), tools) => {
-            let (messages, declared) = chat_input(runtime, msgs, tools.as_ref());
-            chat = messages;
-            RequestPrompt::Formatted(match declared {
-                Some(tools) => Prompt::MessagesWithTools(&chat, tools),
-                None => Prompt::Messages(&chat),
-            })
-        }
-    };
-    let request = RequestSpec {
-        prompt,
-        method,
-        max_new_tokens: spec.max_tokens,
-        context,
-        sampling: spec.sampling.clone(),
-        seed: spec.seed,
-        stop: &spec.stop,
-        grammar: spec.output.grammar(),
-    };
-    runtime.prepare(&request, draft).map_err(|e| api_error(e, spec))
+    with_request_prompt(runtime, &spec.prompt, spec.tools.as_ref(), |prompt| {
+        let request = RequestSpec {
+            prompt,
+            method,
+            max_new_tokens: spec.max_tokens,
+            context,
+            sampling: spec.sampling.clone(),
+            seed: spec.seed,
+            stop: &spec.stop,
+            grammar: spec.output.grammar(),
+        };
+        runtime.prepare(&request, draft)
+    })
+    .map_err(|e| prepare_error(e, spec.output.param()))
 }
 
 /// Tokenize a request's prompt: chat messages through the model's template (only the template's
@@ -97,20 +87,29 @@ pub fn prompt_tokens(
     prompt: &PromptInput,
     tools: Option<&ToolsPrompt>,
 ) -> Result<Vec<TokenId>, ApiError> {
-    let chat: Vec<ChatMessage>;
-    let request = match prompt {
-        PromptInput::Tokens(t) => RequestPrompt::Tokens(t),
-        PromptInput::Text(t) => RequestPrompt::Formatted(Prompt::Text(t)),
+    with_request_prompt(runtime, prompt, tools, |p| runtime.request_tokens(p))
+        .map_err(|e| prepare_error(e, None))
+}
+
+/// `f` on the prompt as the runtime's preparation takes it (the chat messages, with the tools as
+/// [`chat_input`] hands them to the template, live only for the call).
+fn with_request_prompt<R>(
+    runtime: &ModelRuntime,
+    prompt: &PromptInput,
+    tools: Option<&ToolsPrompt>,
+    f: impl FnOnce(RequestPrompt<'_>) -> R,
+) -> R {
+    match prompt {
+        PromptInput::Tokens(t) => f(RequestPrompt::Tokens(t)),
+        PromptInput::Text(t) => f(RequestPrompt::Formatted(Prompt::Text(t))),
         PromptInput::Chat(msgs) => {
-            let (messages, declared) = chat_input(runtime, msgs, tools);
-            chat = messages;
-            RequestPrompt::Formatted(match declared {
+            let (chat, declared) = chat_input(runtime, msgs, tools);
+            f(RequestPrompt::Formatted(match declared {
                 Some(tools) => Prompt::MessagesWithTools(&chat, tools),
                 None => Prompt::Messages(&chat),
-            })
+            }))
         }
-    };
-    runtime.request_tokens(request).map_err(|e| prompt_error(e, None))
+    }
 }
 
 /// The messages as the chat template takes them, and the tools' declarations when the template
@@ -137,23 +136,16 @@ fn chat_messages(msgs: &[crate::prompt::Message]) -> Vec<ChatMessage> {
     msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
 }
 
-/// What the client reads when its request cannot be prepared: the field at fault in a 400, or a
-/// 500 when the server is.
-fn api_error(e: PrepareError, spec: &JobSpec) -> ApiError {
-    prompt_error(e, Some(spec))
-}
-
-fn prompt_error(e: PrepareError, spec: Option<&JobSpec>) -> ApiError {
-    let lengths = |prompt, max, context| {
-        check_lengths(prompt, max, context).err().unwrap_or_else(|| ApiError::internal("bad lengths"))
-    };
+/// What the client reads when its request cannot be prepared: the field at fault in a 400
+/// (`grammar_param` names the request's structured-output field), or a 500 when the server is.
+fn prepare_error(e: PrepareError, grammar_param: Option<&'static str>) -> ApiError {
     match e {
         PrepareError::Template(_) => ApiError::invalid("messages", e.to_string()),
         PrepareError::TokenOutOfVocabulary { .. } => ApiError::invalid("prompt", e.to_string()),
-        PrepareError::EmptyPrompt => lengths(0, None, 1),
-        PrepareError::PromptTooLong { prompt, context } => lengths(prompt, None, context),
-        PrepareError::TooManyTokens { prompt, max_new, context } => lengths(prompt, Some(max_new), context),
-        PrepareError::Grammar(g) => ApiError::invalid(spec.and_then(|s| s.output.param()), g.to_string()),
+        PrepareError::EmptyPrompt
+        | PrepareError::PromptTooLong { .. }
+        | PrepareError::TooManyTokens { .. } => length_error(e),
+        PrepareError::Grammar(g) => ApiError::invalid(grammar_param, g.to_string()),
         PrepareError::Method(m) => ApiError::invalid("treespec", m),
         PrepareError::Internal(m) => ApiError::internal(m),
     }
@@ -194,15 +186,9 @@ impl ModelText for LlamaText {
             ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
         };
         let template = self.0.chat_template().map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        let chat = chat_messages;
-        // The tools as `prompt_tokens` hands them to the template.
-        match &spec.tools {
-            Some(t) if template.renders_tools() => {
-                template.render_with_tools(&chat(msgs), true, Some(&t.declared)).map_err(refused)
-            }
-            Some(t) => template.render(&chat(&t.messages(msgs)), true).map_err(refused),
-            None => template.render(&chat(msgs), true).map_err(refused),
-        }
+        // The messages and tools as `prompt_tokens` hands them to the template.
+        let (chat, declared) = chat_input(&self.0, msgs, spec.tools.as_ref());
+        template.render_with_tools(&chat, true, declared).map_err(refused)
     }
 
     fn info(&self) -> ModelInfo {

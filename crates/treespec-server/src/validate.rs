@@ -8,6 +8,7 @@ use serde_json::Value;
 use treespec_core::sampling::SamplingParams;
 use treespec_core::TokenId;
 use treespec_engine::{GenerateRequest, MethodSpec, StopConditions};
+use treespec_llama::runtime::{room, PrepareError};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
@@ -428,32 +429,29 @@ fn engine_message(e: treespec_engine::EngineError) -> String {
     }
 }
 
-/// The check that needs the tokenized prompt: prompt and answer must fit the context. Returns
-/// the number of new tokens to generate.
+/// Most new tokens for a prompt of `prompt_tokens` in `context` positions: `max_tokens` when it
+/// fits, else the rest of the context (the rules are the runtime's, [`room`]); a prompt that does
+/// not fit is a 400 naming the field at fault.
 pub fn check_lengths(
     prompt_tokens: usize,
     max_tokens: Option<usize>,
     context: usize,
 ) -> Result<usize, ApiError> {
-    if prompt_tokens == 0 {
-        return Err(ApiError::invalid("messages", "the prompt is empty after tokenization"));
-    }
-    if prompt_tokens >= context {
-        return Err(ApiError::invalid(
-            "messages",
-            format!("the prompt is {prompt_tokens} tokens long but the context holds {context}"),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    let room = context - prompt_tokens;
-    match max_tokens {
-        None => Ok(room),
-        Some(n) if n > room => Err(ApiError::invalid(
-            "max_tokens",
-            format!("the prompt ({prompt_tokens} tokens) plus max_tokens ({n}) exceeds the context of {context} tokens"),
-        )
-        .with_code("context_length_exceeded")),
-        Some(n) => Ok(n),
+    room(prompt_tokens, max_tokens, context).map_err(length_error)
+}
+
+/// The 400 of a request whose lengths do not fit its context (`context_length_exceeded` when it
+/// is too long); any other preparation error is the server's.
+pub fn length_error(e: PrepareError) -> ApiError {
+    match e {
+        PrepareError::EmptyPrompt => ApiError::invalid("messages", e.to_string()),
+        PrepareError::PromptTooLong { .. } => {
+            ApiError::invalid("messages", e.to_string()).with_code("context_length_exceeded")
+        }
+        PrepareError::TooManyTokens { .. } => {
+            ApiError::invalid("max_tokens", e.to_string()).with_code("context_length_exceeded")
+        }
+        e => ApiError::internal(e.to_string()),
     }
 }
 

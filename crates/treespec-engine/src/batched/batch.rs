@@ -62,7 +62,7 @@ impl<'d, T> Batch<'d, T> {
         Ok(cached)
     }
 
-    /// One step over every member ([`step`](super::step)): what it did for each, in member order,
+    /// One step over every member (the phases of `phases.rs`): what it did for each, in member order,
     /// and what it cost.
     pub fn step(
         &mut self,

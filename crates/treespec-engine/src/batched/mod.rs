@@ -1,8 +1,8 @@
 //! Continuous batching: many requests, each in its own *lane* of one model, decoded together —
 //! every step is ONE forward holding every active request's rows (prompt chunks and draft trees).
 //!
-//! [`BatchedLm`] is the backend seam (llama.cpp: one context whose KV cache holds every lane's
-//! sequence; toys: one toy model per lane). [`step`] runs one step over a set of [`Lane`]s with the
+//! [`BatchedLm`](crate::BatchedLm) is the backend seam (llama.cpp: one context whose KV cache holds every lane's
+//! sequence; toys: one toy model per lane). [`Batch::step`] runs one step over its [`Lane`]s with the
 //! same per-request machine as [`generate`](crate::generate()) ([`Generation`]), so each request
 //! keeps its own tree, verifier, random streams and stop handling: batching changes when its rows
 //! are scored, never what it emits. Cost-aware drafters see the rows already in the forward
@@ -33,7 +33,6 @@ mod propose;
 mod run;
 
 pub use batch::Batch;
-pub use phases::step;
 pub use run::{run_batched, BatchJob};
 
 /// One request being decoded in a lane.
@@ -105,7 +104,7 @@ pub enum LaneStep {
     Failed(EngineError),
 }
 
-/// Knobs of [`step`].
+/// Knobs of [`Batch::step`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepLimits {
     /// Most prompt tokens one step prefills (chunked prefill: a long prompt does not stall

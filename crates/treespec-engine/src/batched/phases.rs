@@ -38,20 +38,10 @@ type Completed = (Duration, Vec<Result<StepOutcome>>);
 /// seeing the rows before it — or, with a shared `draft` model and two or more lanes to propose,
 /// all at once, so their draft forwards batch too. A lane's own failure fails only that lane; a
 /// failed forward fails every lane that had rows in it.
-pub fn step(
-    lm: &mut dyn BatchedLm,
-    lanes: &mut [Lane<'_>],
-    limits: StepLimits,
-    bytes: Option<&dyn TokenBytes>,
-    draft: Option<&SharedDraft<'_>>,
-) -> (Vec<LaneStep>, StepReport) {
-    let mut lanes: Vec<&mut Lane<'_>> = lanes.iter_mut().collect();
-    step_lanes(lm, &mut lanes, limits, bytes, draft)
-}
-
-/// [`step`] over lanes wherever their owner keeps them (a [`Batch`](super::Batch) keeps each
-/// beside its data): the phases in order, each one's results (a failure, a finished request)
-/// filed in `results` by member.
+///
+/// The lanes are wherever their owner keeps them (a [`Batch`](super::Batch) keeps each beside
+/// its data): the phases in order, each one's results (a failure, a finished request) filed in
+/// `results` by member.
 pub(super) fn step_lanes(
     lm: &mut dyn BatchedLm,
     lanes: &mut [&mut Lane<'_>],

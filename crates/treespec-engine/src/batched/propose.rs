@@ -33,7 +33,6 @@ impl Proposals {
                     emitted: Vec::new(),
                     done: true,
                     logprobs: Vec::new(),
-                    provenance: Vec::new(),
                     text: Vec::new(),
                 });
                 0

@@ -105,13 +105,6 @@ pub enum PrepareError {
     Internal(String),
 }
 
-impl PrepareError {
-    /// True when the request itself is at fault (a client error), not the server.
-    pub fn is_request_error(&self) -> bool {
-        !matches!(self, PrepareError::Internal(_))
-    }
-}
-
 impl ModelRuntime {
     /// Make `spec` ready to generate (see the module documentation). The drafter runs on `draft`
     /// when the method runs a draft model (the caller need only make one when
