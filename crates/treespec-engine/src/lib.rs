@@ -5,6 +5,7 @@ pub mod auto_budget;
 pub mod backend;
 pub mod batched;
 mod constraint;
+mod cpu_time;
 pub mod draft_model;
 mod drafter;
 pub mod drafters;

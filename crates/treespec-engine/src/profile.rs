@@ -2,12 +2,13 @@
 //! curves (`treespec costs`) that the cost-aware drafters in [`crate::auto_budget`] decide on.
 
 use std::cell::Cell;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use treespec_core::cost::fit::{agree, fit_samples, Fitted};
 use treespec_core::cost::CostCurve;
 
 use crate::backend::{CausalLm, TreeBatch};
+use crate::cpu_time::{others_busy_cores, process_cpu_ms};
 use crate::error::{EngineError, Result};
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
@@ -50,6 +51,9 @@ pub struct ProfileSpec<'a> {
     pub prefix: usize,
     /// Logits for the last row only (a prompt batch) instead of every row (a verify batch).
     pub last_only: bool,
+    /// Threads the model computes with (to tell a forward that had its cores from one that
+    /// shared them).
+    pub threads: usize,
 }
 
 /// The timing of one batch size.
@@ -63,11 +67,26 @@ pub struct TimedSize {
     pub min_ms: f64,
 }
 
+/// One timed forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Wall milliseconds.
+    pub ms: f64,
+    /// The share of those milliseconds our threads ran on a CPU (the process's CPU time ÷ (wall
+    /// time × threads)): about 1 when the forward had its cores, about ½ when another busy
+    /// process shared each of them. None where the platform does not say.
+    pub on_cpu: Option<f64>,
+}
+
 /// The only way a profile reads time: one timed forward of `n` rows. [`LmTimer`] runs them on
 /// a [`CausalLm`]; tests put a synthetic machine (spikes, a busy neighbour) behind it.
 pub trait ForwardTimer {
-    /// Milliseconds one forward of `n` rows took.
-    fn time_ms(&mut self, n: usize) -> Result<f64>;
+    /// Time one forward of `n` rows.
+    fn time(&mut self, n: usize) -> Result<Timing>;
+
+    /// Wait, at most `max_ms`, until no other process keeps the cores busy; the milliseconds
+    /// waited. (A synthetic machine advances its clock instead.)
+    fn wait_for_cores(&mut self, max_ms: f64) -> f64;
 }
 
 /// Times chain forwards on a model, on top of a committed prefix (after a warm-up of the
@@ -77,11 +96,19 @@ pub struct LmTimer<'a> {
     lm: &'a mut dyn CausalLm,
     tail: Vec<u32>,
     last_only: bool,
+    threads: usize,
 }
 
 impl<'a> LmTimer<'a> {
-    /// Prefill `prefix` tokens and warm up for batches of up to `max_n` rows.
-    pub fn new(lm: &'a mut dyn CausalLm, prefix: usize, max_n: usize, last_only: bool) -> Result<Self> {
+    /// Prefill `prefix` tokens and warm up for batches of up to `max_n` rows, on a model that
+    /// computes with `threads` threads.
+    pub fn new(
+        lm: &'a mut dyn CausalLm,
+        prefix: usize,
+        max_n: usize,
+        last_only: bool,
+        threads: usize,
+    ) -> Result<Self> {
         if max_n == 0 {
             return Err(EngineError::InvalidRequest("a cost profile needs batch sizes ≥ 1".into()));
         }
@@ -97,9 +124,9 @@ impl<'a> LmTimer<'a> {
         let tail = tokens.split_off(prefix);
         lm.truncate(0)?;
         lm.prefill(&tokens)?;
-        let mut timer = Self { lm, tail, last_only };
+        let mut timer = Self { lm, tail, last_only, threads: threads.max(1) };
         for n in [1, max_n] {
-            timer.time_ms(n)?;
+            timer.time(n)?;
         }
         Ok(timer)
     }
@@ -111,7 +138,26 @@ impl<'a> LmTimer<'a> {
 }
 
 impl ForwardTimer for LmTimer<'_> {
-    fn time_ms(&mut self, n: usize) -> Result<f64> {
+    fn wait_for_cores(&mut self, max_ms: f64) -> f64 {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spare = cpus.saturating_sub(self.threads) as f64 + FREE_CORES_SLACK;
+        let t = Instant::now();
+        let waited = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        while waited(t) < max_ms {
+            match others_busy_cores(Duration::from_millis(WATCH_MS)) {
+                Some(busy) if busy > spare => continue,
+                Some(_) => break,
+                // Nothing to watch: one plain pause.
+                None => {
+                    std::thread::sleep(Duration::from_millis(4 * WATCH_MS));
+                    break;
+                }
+            }
+        }
+        waited(t)
+    }
+
+    fn time(&mut self, n: usize) -> Result<Timing> {
         let tokens = self.tail.get(..n).ok_or_else(|| {
             EngineError::InvalidRequest(format!(
                 "{n} rows exceed the {} the timer was made for",
@@ -119,11 +165,13 @@ impl ForwardTimer for LmTimer<'_> {
             ))
         })?;
         let batch = TreeBatch::chain(tokens, None, 0, self.last_only);
+        let cpu = process_cpu_ms();
         let t = Instant::now();
         self.lm.forward(&batch)?;
         let ms = (t.elapsed().as_secs_f64() * 1e3).max(1e-6);
+        let on_cpu = cpu.zip(process_cpu_ms()).map(|(a, b)| (b - a) / (ms * self.threads as f64));
         self.lm.commit(&[])?;
-        Ok(ms)
+        Ok(Timing { ms, on_cpu })
     }
 }
 
@@ -133,8 +181,13 @@ impl ForwardTimer for LmTimer<'_> {
 pub fn time_forwards(lm: &mut dyn CausalLm, spec: ProfileSpec) -> Result<Vec<TimedSize>> {
     check_sizes(spec.sizes, spec.repeat)?;
     let max_n = spec.sizes.iter().copied().max().unwrap_or(0);
-    let mut timer = LmTimer::new(lm, spec.prefix, max_n, spec.last_only)?;
-    let opts = MeasureOptions { rounds: spec.repeat, extra_rounds: 0, ..MeasureOptions::default() };
+    let mut timer = LmTimer::new(lm, spec.prefix, max_n, spec.last_only, spec.threads)?;
+    let opts = MeasureOptions {
+        rounds: spec.repeat,
+        extra_rounds: 0,
+        threads: spec.threads,
+        ..MeasureOptions::default()
+    };
     let timed = time_rounds(&mut timer, spec.sizes, &opts, &mut |_| {})?;
     timer.finish()?;
     Ok(timed
@@ -171,13 +224,28 @@ pub struct MeasureOptions {
     /// Threads the model computes with: a 1-minute load average above this + 0.5 means other
     /// processes compete for the cores.
     pub threads: usize,
+    /// A forward whose threads ran on a CPU for less than this share of its wall time (see
+    /// [`Timing::on_cpu`]) shared its cores and is timed again once they are free.
+    pub min_on_cpu: f64,
+    /// The most milliseconds a whole measurement spends waiting for its cores (pauses, and the
+    /// forwards that shared them); after that a forward that shared them is kept, and the
+    /// curve is reported noisy.
+    pub max_wait_ms: f64,
 }
 
 impl Default for MeasureOptions {
     fn default() -> Self {
-        Self { rounds: 3, extra_rounds: 4, agree: 0.05, threads: 1 }
+        Self { rounds: 3, extra_rounds: 4, agree: 0.05, threads: 1, min_on_cpu: 0.8, max_wait_ms: 240_000.0 }
     }
 }
+
+/// How long [`LmTimer`] watches the machine at a time while it waits for its cores: a
+/// forward is timed again after the first window in which other processes kept less than
+/// [`FREE_CORES_SLACK`] cores busy beyond those our threads leave over.
+const WATCH_MS: u64 = 200;
+
+/// See [`WATCH_MS`].
+const FREE_CORES_SLACK: f64 = 0.3;
 
 /// Where a measurement stands, for a progress display.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -197,6 +265,8 @@ pub struct Progress {
     pub rounds: usize,
     /// Which part of the profile: "short cache" or "long cache".
     pub phase: &'static str,
+    /// Milliseconds spent so far waiting for the cores (another process was using them).
+    pub waited_ms: f64,
 }
 
 /// What a forward costs beyond its rows, in rows, for [`Progress`]'s work units.
@@ -215,6 +285,14 @@ pub struct Interference {
     pub spikes: Vec<usize>,
     /// Extra rounds run.
     pub extra_rounds: usize,
+    /// Forwards that shared their cores with another process (timed again after a pause).
+    pub shared: usize,
+    /// Of those, the ones kept because the wait for free cores ran out.
+    pub kept_shared: usize,
+    /// Milliseconds spent waiting for the cores.
+    pub waited_ms: f64,
+    /// Sizes no forward was timed alone for (interpolated from the others).
+    pub unmeasured: Vec<usize>,
 }
 
 impl Interference {
@@ -225,7 +303,11 @@ impl Interference {
 
     /// Whether the measurement is suspect: the machine was loaded, or some sizes never settled.
     pub fn noisy(&self) -> bool {
-        self.loaded() || !self.unsettled.is_empty() || !self.spikes.is_empty()
+        self.loaded()
+            || !self.unsettled.is_empty()
+            || !self.spikes.is_empty()
+            || self.kept_shared > 0
+            || !self.unmeasured.is_empty()
     }
 
     /// One line for a warning ("" when not noisy).
@@ -241,6 +323,16 @@ impl Interference {
         if !self.spikes.is_empty() {
             why.push(format!("spikes at n = {:?}", self.spikes));
         }
+        if self.kept_shared > 0 {
+            why.push(format!(
+                "{} forwards shared their cores with another process after {:.0} s of waiting",
+                self.kept_shared,
+                self.waited_ms / 1e3
+            ));
+        }
+        if !self.unmeasured.is_empty() {
+            why.push(format!("never timed alone, interpolated: n = {:?}", self.unmeasured));
+        }
         why.join("; ")
     }
 
@@ -252,6 +344,10 @@ impl Interference {
         self.unsettled.extend(other.unsettled);
         self.spikes.extend(other.spikes);
         self.extra_rounds += other.extra_rounds;
+        self.shared += other.shared;
+        self.kept_shared += other.kept_shared;
+        self.waited_ms += other.waited_ms;
+        self.unmeasured.extend(other.unmeasured);
     }
 }
 
@@ -279,7 +375,8 @@ impl Timed {
 /// Time every size in `opts.rounds` interleaved rounds, then re-time the sizes whose two
 /// fastest repeats disagree by more than `opts.agree`, or whose time the fit judges a spike, in
 /// up to `opts.extra_rounds` further rounds; the load average is read before and after each
-/// round. `progress` hears of every forward.
+/// round. A forward that shared its cores with another process is timed again once they are
+/// free (see [`time_alone`]). `progress` hears of every forward and every pause.
 pub fn time_rounds(
     timer: &mut dyn ForwardTimer,
     sizes: &[usize],
@@ -309,16 +406,29 @@ fn time_rounds_in(
         round: 0,
         rounds: opts.rounds,
         phase,
+        waited_ms: 0.0,
     };
     plan(p.work_total);
-    let mut round = |which: &[usize], p: &mut Progress, samples: &mut Vec<(usize, Vec<f64>)>| -> Result<()> {
+    // Forwards kept although they shared their cores (once the wait for free cores is spent).
+    let mut shared: Vec<(usize, Vec<f64>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
+    let mut round = |which: &[usize],
+                     p: &mut Progress,
+                     samples: &mut Vec<(usize, Vec<f64>)>,
+                     noise: &mut Interference|
+     -> Result<()> {
         p.round += 1;
         p.sizes = which.len();
         p.sizes_done = 0;
         for n in round_order(which, p.round) {
-            let ms = timer.time_ms(n)?;
-            if let Some(s) = samples.iter_mut().find(|s| s.0 == n) {
-                s.1.push(ms);
+            let timed = |s: &[(usize, Vec<f64>)]| s.iter().any(|s| s.0 == n && !s.1.is_empty());
+            // Once the wait for free cores is spent, a size already timed is not timed again:
+            // on cores that stay shared every forward takes many times its cost.
+            if !((timed(samples) || timed(&shared)) && noise.waited_ms >= opts.max_wait_ms) {
+                let (ms, alone) = time_alone(timer, n, opts, noise, p, progress)?;
+                let into = if alone { &mut *samples } else { &mut shared };
+                if let Some(s) = into.iter_mut().find(|s| s.0 == n) {
+                    s.1.push(ms);
+                }
             }
             p.work_done += n + OVERHEAD_ROWS;
             p.sizes_done += 1;
@@ -327,7 +437,7 @@ fn time_rounds_in(
         Ok(())
     };
     for _ in 0..opts.rounds {
-        round(sizes, &mut p, &mut samples)?;
+        round(sizes, &mut p, &mut samples, &mut noise)?;
         noise.merge(Interference { load: load_average(), ..Interference::default() });
     }
     let unsettled = |samples: &[(usize, Vec<f64>)]| -> Vec<usize> {
@@ -335,19 +445,67 @@ fn time_rounds_in(
         samples.iter().filter(|(n, s)| !agree(s, opts.agree) || spikes.contains(n)).map(|(n, _)| *n).collect()
     };
     let mut redo = if opts.rounds >= 2 { unsettled(&samples) } else { Vec::new() };
-    while !redo.is_empty() && noise.extra_rounds < opts.extra_rounds {
+    while !redo.is_empty() && noise.extra_rounds < opts.extra_rounds && noise.waited_ms < opts.max_wait_ms {
         noise.extra_rounds += 1;
         p.rounds += 1;
         p.work_total += work(&redo);
         plan(work(&redo));
-        round(&redo, &mut p, &mut samples)?;
+        round(&redo, &mut p, &mut samples, &mut noise)?;
         noise.merge(Interference { load: load_average(), ..Interference::default() });
         redo = unsettled(&samples);
     }
     let spikes = fit_samples(&samples).spikes;
     noise.spikes = redo.iter().copied().filter(|n| spikes.contains(n)).collect();
     noise.unsettled = redo.into_iter().filter(|n| !noise.spikes.contains(n)).collect();
+    noise.unmeasured = samples.iter().filter(|s| s.1.is_empty()).map(|s| s.0).collect();
+    stand_in_shared(&mut samples, shared, noise.unmeasured.len());
     Ok(Timed { samples, interference: noise })
+}
+
+/// A size never timed alone is interpolated from the sizes that were; only when fewer than a
+/// quarter were (`unmeasured` of them were not) do the times of forwards that shared their cores
+/// stand in (the curve is then reported noisy anyway).
+fn stand_in_shared(samples: &mut [(usize, Vec<f64>)], shared: Vec<(usize, Vec<f64>)>, unmeasured: usize) {
+    if (samples.len() - unmeasured) * 4 < samples.len() {
+        for (s, extra) in samples.iter_mut().zip(shared) {
+            s.1.extend(extra.1);
+        }
+    }
+}
+
+/// Time one forward of `n` rows while the process has its cores. A forward whose threads ran
+/// on a CPU for less than `opts.min_on_cpu` of its wall time shared them with another process,
+/// and its time says how busy the machine was rather than what a forward costs (llama.cpp's
+/// threads wait for each other after every operation, so a shared core slows a forward far more
+/// than twice): it is timed again once the other processes leave the cores (see
+/// [`ForwardTimer::wait_for_cores`]), until a forward runs alone or the measurement has spent
+/// `opts.max_wait_ms` in all waiting and on shared forwards; then the shared time is returned,
+/// marked (`false`: not alone), and counted in `noise`.
+fn time_alone(
+    timer: &mut dyn ForwardTimer,
+    n: usize,
+    opts: &MeasureOptions,
+    noise: &mut Interference,
+    p: &mut Progress,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(f64, bool)> {
+    loop {
+        let t = timer.time(n)?;
+        if t.on_cpu.is_none_or(|share| share >= opts.min_on_cpu) {
+            return Ok((t.ms, true));
+        }
+        noise.shared += 1;
+        if noise.waited_ms >= opts.max_wait_ms {
+            noise.kept_shared += 1;
+            return Ok((t.ms, false));
+        }
+        noise.waited_ms += t.ms;
+        p.waited_ms += t.ms;
+        let wait = timer.wait_for_cores((opts.max_wait_ms - noise.waited_ms).max(0.0));
+        noise.waited_ms += wait;
+        p.waited_ms += wait;
+        progress(p);
+    }
 }
 
 /// The order of round `round` (1-based) over `sizes`: the first as given, every later one a
@@ -406,7 +564,7 @@ pub fn measure_curve(
     let mut report = |p: &Progress| {
         progress(&Progress { work_done: done.get() + p.work_done, work_total: planned.get(), ..*p });
     };
-    let mut timer = LmTimer::new(lm, PROFILE_PREFIX, largest, false)?;
+    let mut timer = LmTimer::new(lm, PROFILE_PREFIX, largest, false, opts.threads)?;
     let short = time_rounds_in(&mut timer, sizes, opts, "short cache", plan, &mut report);
     timer.finish()?;
     let short = short?;
@@ -419,8 +577,11 @@ pub fn measure_curve(
     // What the long phase planned ahead is re-planned by it.
     planned.set(planned.get() - long_work);
     done.set(short.samples.iter().map(|(n, s)| (n + OVERHEAD_ROWS) * s.len()).sum::<usize>());
-    let mut timer = LmTimer::new(lm, long, long_largest, false)?;
-    let long_timed = time_rounds_in(&mut timer, &again, opts, "long cache", plan, &mut report);
+    // One wait for free cores for the whole measurement.
+    let long_opts =
+        MeasureOptions { max_wait_ms: (opts.max_wait_ms - interference.waited_ms).max(0.0), ..opts.clone() };
+    let mut timer = LmTimer::new(lm, long, long_largest, false, opts.threads)?;
+    let long_timed = time_rounds_in(&mut timer, &again, &long_opts, "long cache", plan, &mut report);
     timer.finish()?;
     let long_timed = long_timed?;
     let long_points = long_timed.fitted().points;
@@ -469,7 +630,7 @@ pub fn check_curve(
 ) -> Result<CurveCheck> {
     let sizes: Vec<usize> = CHECK_SIZES.iter().copied().filter(|&n| n <= curve.max_n()).collect();
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    let mut timer = LmTimer::new(lm, curve.profiled_context().max(1), largest, false)?;
+    let mut timer = LmTimer::new(lm, curve.profiled_context().max(1), largest, false, opts.threads)?;
     let timed = time_rounds(&mut timer, &sizes, opts, progress);
     timer.finish()?;
     let timed = timed?;

@@ -5,7 +5,7 @@
 
 use treespec_core::cost::CostCurve;
 use treespec_engine::profile::{
-    round_order, time_rounds, ForwardTimer, MeasureOptions, Timed, PROFILE_SIZES,
+    round_order, time_rounds, ForwardTimer, MeasureOptions, Timed, Timing, PROFILE_SIZES,
 };
 use treespec_engine::Result;
 
@@ -30,6 +30,9 @@ impl Rng {
 /// A machine with a synthetic clock: each forward takes its clean time plus up to 0.5%
 /// jitter, times `slow` when another process takes the cores: with probability `spike_p` in
 /// one forward, and for the whole of each burst (`bursts`: start and end on the clock, ms).
+/// With `reports_cpu`, a forward slowed by a burst says so (our threads ran for only
+/// 1/`burst` of its wall time), as a real one does through the process's CPU time; a spike
+/// stays invisible (a page fault, a cache flush: the threads were on their cores).
 struct Machine {
     rng: Rng,
     clock: f64,
@@ -37,7 +40,9 @@ struct Machine {
     spike: f64,
     bursts: Vec<(f64, f64)>,
     burst: f64,
+    reports_cpu: bool,
     calls: Vec<usize>,
+    paused_ms: f64,
 }
 
 impl Machine {
@@ -49,23 +54,43 @@ impl Machine {
             spike: 1.0,
             bursts: Vec::new(),
             burst: 1.0,
+            reports_cpu: false,
             calls: Vec::new(),
+            paused_ms: 0.0,
         }
     }
 }
 
 impl ForwardTimer for Machine {
-    fn time_ms(&mut self, n: usize) -> Result<f64> {
+    fn time(&mut self, n: usize) -> Result<Timing> {
         self.calls.push(n);
         let mut ms = clean(n) * (1.0 + 0.005 * self.rng.next());
+        let mut on_cpu = 0.97;
         if self.rng.next() < self.spike_p {
             ms *= self.spike + 20.0 * self.rng.next();
         }
         if self.bursts.iter().any(|&(a, b)| (a..b).contains(&self.clock)) {
             ms *= self.burst;
+            on_cpu /= self.burst;
         }
         self.clock += ms;
-        Ok(ms)
+        Ok(Timing { ms, on_cpu: self.reports_cpu.then_some(on_cpu) })
+    }
+
+    fn wait_for_cores(&mut self, max_ms: f64) -> f64 {
+        // Watch in windows of 200 ms until one sees no burst.
+        let mut waited = 0.0;
+        while waited < max_ms {
+            let step = (max_ms - waited).min(200.0);
+            let clock = self.clock;
+            self.clock += step;
+            waited += step;
+            if !self.bursts.iter().any(|&(a, b)| a < clock + step && clock < b) {
+                break;
+            }
+        }
+        self.paused_ms += waited;
+        waited
     }
 }
 
@@ -156,4 +181,64 @@ fn a_machine_that_stays_noisy_is_reported_after_a_bounded_number_of_extra_rounds
     assert!(m.calls.len() <= 5 * PROFILE_SIZES.len());
     let p = last.unwrap();
     assert_eq!((p.round, p.rounds, p.work_done), (5, 5, p.work_total));
+}
+
+/// Another process busy on every core for seconds at a time, half of the time (an IDE
+/// indexing, a browser, a build step): every forward in a burst is far slower.
+fn duty_cycle(on_ms: f64, off_ms: f64, until_ms: f64) -> Vec<(f64, f64)> {
+    let mut bursts = Vec::new();
+    let mut t = 500.0;
+    while t < until_ms {
+        bursts.push((t, t + on_ms));
+        t += on_ms + off_ms;
+    }
+    bursts
+}
+
+#[test]
+fn forwards_that_shared_their_cores_are_timed_again_once_the_cores_are_free() {
+    let opts = MeasureOptions { threads: 2, max_wait_ms: 600_000.0, ..MeasureOptions::default() };
+    for seed in 1..=10u64 {
+        // Three of every 4 s the cores are shared and each forward takes 8× its time: without
+        // the CPU-time signal most sizes would see a slow repeat in most rounds.
+        let mut m = Machine::new(seed * 104_729, 0.0);
+        m.bursts = duty_cycle(3_000.0, 1_000.0, 1e9);
+        m.burst = 8.0;
+        m.reports_cpu = true;
+        let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap();
+        assert_within(&curve(&timed), 0.02);
+        let i = &timed.interference;
+        assert!(i.shared > 0 && i.kept_shared == 0, "seed {seed}: {i:?}");
+        assert!(i.waited_ms > m.paused_ms && m.paused_ms > 0.0, "{i:?}");
+        // (Not `noisy()`: that also reads this machine's real load average.)
+        assert!(
+            i.unsettled.is_empty() && i.spikes.is_empty() && i.unmeasured.is_empty(),
+            "seed {seed}: {i:?}"
+        );
+    }
+}
+
+#[test]
+fn a_neighbour_that_never_leaves_costs_a_bounded_wait_and_a_noisy_curve() {
+    let opts = MeasureOptions { threads: 2, max_wait_ms: 30_000.0, ..MeasureOptions::default() };
+    let mut m = Machine::new(17, 0.0);
+    m.bursts = vec![(0.0, f64::INFINITY)];
+    m.burst = 3.0;
+    m.reports_cpu = true;
+    let mut waits = Vec::new();
+    let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |p| waits.push(p.waited_ms)).unwrap();
+    let i = &timed.interference;
+    // The wait (pauses and shared forwards) stops at the budget, within one forward.
+    assert!((30_000.0..30_000.0 + 3.0 * 800.0).contains(&i.waited_ms), "{i:?}");
+    assert!(m.paused_ms > 0.0 && m.paused_ms < i.waited_ms);
+    // Every size was still timed (the curve is complete) and the report says why it is noisy.
+    assert_eq!(timed.samples.iter().filter(|(_, s)| s.is_empty()).count(), 0);
+    assert!(i.kept_shared > 0 && i.noisy(), "{i:?}");
+    assert!(i.describe().contains("shared their cores"), "{}", i.describe());
+    // Once the wait is spent, no size is timed twice more on shared cores: at most one round
+    // beyond the forwards the wait covered.
+    assert!(i.kept_shared <= PROFILE_SIZES.len(), "{i:?}");
+    assert_eq!(i.extra_rounds, 0);
+    // The progress display heard of the waiting.
+    assert!(waits.last().is_some_and(|&w| w > 0.0 && w <= i.waited_ms));
 }

@@ -72,10 +72,15 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     let paths = ModelPaths::new(args.models.model.clone(), None);
     let runtime = ModelRuntime::load(paths, args.models.runtime.load_options())?;
     let model = runtime.target();
-    let spec =
-        ProfileSpec { sizes: &sizes, repeat: args.repeat, prefix: args.prefix, last_only: args.last_only };
-    let points = time_forwards(&mut model.new_lm()?, spec)?;
     let threads = model.options().threads;
+    let spec = ProfileSpec {
+        sizes: &sizes,
+        repeat: args.repeat,
+        prefix: args.prefix,
+        last_only: args.last_only,
+        threads,
+    };
+    let points = time_forwards(&mut model.new_lm()?, spec)?;
     if args.json {
         let rows: Vec<_> =
             points.iter().map(|p| json!({"n": p.n, "ms": p.median_ms, "min_ms": p.min_ms})).collect();

@@ -330,8 +330,13 @@ impl Bar {
             bar.set_length(p.work_total as u64);
             bar.set_position(p.work_done as u64);
             let extra = if p.round > p.rounds.min(ROUNDS) { " (again: repeats disagreed)" } else { "" };
+            let waited = if p.waited_ms > 0.0 {
+                format!("; waited {:.0} s for cores another process was using", p.waited_ms / 1e3)
+            } else {
+                String::new()
+            };
             bar.set_message(format!(
-                "{}/{} batch sizes, round {}/{} on the {}{extra}",
+                "{}/{} batch sizes, round {}/{} on the {}{extra}{waited}",
                 p.sizes_done, p.sizes, p.round, p.rounds, p.phase
             ));
         }
@@ -372,7 +377,16 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<Cache
         curve.row_ms_per_context_token() * 1e3,
         t.elapsed().as_secs_f64()
     );
-    let noisy = if measured.interference.noisy() { measured.interference.describe() } else { String::new() };
+    let i = &measured.interference;
+    if i.shared > 0 {
+        eprintln!(
+            "[treespec]   {} forwards shared their cores with another process and were timed again \
+             ({:.0} s spent waiting for the cores)",
+            i.shared,
+            i.waited_ms / 1e3
+        );
+    }
+    let noisy = if i.noisy() { i.describe() } else { String::new() };
     if !noisy.is_empty() {
         eprintln!(
             "[treespec] warning: the machine was busy while the cost curve was measured ({noisy}); \
