@@ -55,7 +55,8 @@ trap cleanup EXIT
 server_cmd() {
     local name="$1" port="$2" draft=() ts_slots=() ll_slots=(-np "$CONCURRENCY" --kv-unified -c $((CTX * CONCURRENCY)))
     [[ -n "$DRAFT" ]] && draft=(--draft "$DRAFT")
-    ts_slots=(--parallel "$CONCURRENCY" -c "$CTX")
+    # Both servers get the same cells: CTX per session, one cache shared by all of them.
+    ts_slots=(--parallel "$CONCURRENCY" -c $((CTX * CONCURRENCY)))
     case "$name" in
     treespec:plain) echo "$TREESPEC_BIN" serve -m "$TARGET" -t 2 --method plain --port "$port" "${ts_slots[@]}" ;;
     treespec:auto)

@@ -29,7 +29,7 @@ mod threads;
 mod vocab;
 
 pub use backend::LOG_ENV;
-pub use batch_lm::{BatchCounters, LlamaBatchLm};
+pub use batch_lm::{BatchCounters, LlamaBatchLm, KEEP_CACHED_ROWS};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};

@@ -203,3 +203,56 @@ fn cached_prefixes_are_reused_only_within_their_scope() {
     assert!(reused > 0, "scope 1 reuses its own prefix");
     lm.close(same);
 }
+
+/// Prefill `tokens` into `lane` in chunks of 256 rows, settling each step.
+fn prefill(lm: &mut treespec_llama::LlamaBatchLm<'_>, lane: usize, tokens: &[u32]) {
+    for chunk in tokens.chunks(256) {
+        lm.forward(&[LaneWork::Prefill { lane, tokens: chunk }]).unwrap();
+        lm.settle().unwrap();
+    }
+}
+
+/// Distinct ordinary tokens: `n` of them from `seed`.
+fn tokens(seed: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| 100 + (seed * 131 + i * 7) % 3000).collect()
+}
+
+/// Three conversations between turns hold more cached cells than any live lane: the cache
+/// keeps them (each next turn reuses its whole history) until the forwards since have fed
+/// `KEEP_CACHED_ROWS` rows; a compaction after that drops them.
+#[test]
+fn finished_turns_stay_cached_until_they_have_cost_their_keep() {
+    if common::skip_model_tests("finished_turns_stay_cached_until_they_have_cost_their_keep") {
+        return;
+    }
+    let mut lm = model().new_batch_lm(8192, 3).unwrap();
+    let first: Vec<Vec<u32>> = (1..=3).map(|k| tokens(k, 1100)).collect();
+    for (scope, turn) in (1u64..).zip(&first) {
+        let (lane, reused) = lm.open(turn, scope).unwrap();
+        assert_eq!(reused, 0);
+        prefill(&mut lm, lane, turn);
+        lm.close(lane);
+    }
+    // Two conversations come back with a next turn: each reuses its whole first turn, though
+    // the cached cells outnumbered the live ones (dropping every cached prefix at that point
+    // re-prefilled the second conversation's history).
+    for (scope, turn) in (1u64..).zip(&first).take(2) {
+        let next: Vec<u32> = turn.iter().copied().chain(tokens(10 + scope as u32, 50)).collect();
+        let (lane, reused) = lm.open(&next, scope).unwrap();
+        assert_eq!(reused, turn.len(), "conversation {scope}: {:?}", lm.counters);
+        prefill(&mut lm, lane, &next[reused..]);
+        lm.close(lane);
+    }
+    assert_eq!(lm.counters.compactions, 0, "{:?}", lm.counters);
+    // A long fourth conversation: once its rows have paid the others' keep, the cells they
+    // hold are dead, and a compaction drops them (the cache has room for all of it).
+    let d = tokens(4, 2300);
+    assert!(d.len() >= treespec_llama::KEEP_CACHED_ROWS as usize);
+    let (lane, _) = lm.open(&d, 4).unwrap();
+    prefill(&mut lm, lane, &d);
+    lm.close(lane);
+    assert!(lm.counters.compactions > 0 && lm.counters.dropped_prefixes >= 3, "{:?}", lm.counters);
+    let (lane, reused) = lm.open(&first[2], 3).unwrap();
+    assert_eq!(reused, 0, "a prefix past its keep was dropped");
+    lm.close(lane);
+}

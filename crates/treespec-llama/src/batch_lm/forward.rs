@@ -14,8 +14,8 @@ use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};
 use crate::kv::{PendingTree, Plan};
 use crate::lm::{lend_rows, undo_plan};
 
-/// Dead cells (finished requests, cached prefixes) tolerated before a compaction, however few
-/// the live ones.
+/// Dead cells (finished requests, cached prefixes no longer kept) tolerated before a compaction,
+/// however few the kept ones.
 const COMPACT_MIN_DEAD: usize = 1024;
 
 /// What a forward has planned so far: what a failure must take back out, and, once decoded,
@@ -108,15 +108,21 @@ fn batch_rows<'a>(
 
 impl LlamaBatchLm<'_> {
     /// Make room for a step of `rows` rows, or say why there is none. Compact when the cache is
-    /// full, short of sequence ids, or holding more dead cells (finished requests, cached
-    /// prefixes) than live ones: every query scans the occupied cells, masked or not, so dead
-    /// cells cost attention time on every step.
+    /// full, short of sequence ids, or holding more dead cells (cached prefixes past their keep,
+    /// see [`super::KEEP_CACHED_ROWS`]) than kept ones: every query scans the occupied cells,
+    /// masked or not, so dead cells cost attention time on every step. When the lanes need the
+    /// room or the ids, the oldest cached prefixes are given up first.
     pub(super) fn make_room(&mut self, work: &[LaneWork<'_>], rows: usize) -> Result<()> {
         let paths = tree_nodes(work);
-        let live = self.live_cells();
-        let dead = self.used - live.min(self.used);
-        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > live.max(COMPACT_MIN_DEAD)
+        let kept = self.live_cells() + self.kept_cells();
+        let dead = self.used - kept.min(self.used);
+        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > kept.max(COMPACT_MIN_DEAD)
         {
+            let freed_ids = |b: &Self| b.cached.iter().filter(|c| c.rent >= super::KEEP_CACHED_ROWS).count();
+            while (self.live_cells() + self.kept_cells() + rows > self.n_ctx
+                || paths > self.free_seqs.len() + freed_ids(self))
+                && self.give_up_oldest_cached()
+            {}
             self.compact()?;
         }
         if self.used + rows > self.n_ctx {
@@ -241,6 +247,7 @@ impl LlamaBatchLm<'_> {
             }
         }
         self.used += rows;
+        self.charge_cached(rows);
         self.counters.forwards += 1;
         self.counters.rows += rows as u64;
         self.placed = placed;

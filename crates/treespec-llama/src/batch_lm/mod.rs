@@ -14,9 +14,11 @@
 //! the multi-row trees. `settle` keeps each lane's accepted path: rows before the first dropped
 //! row stay where they are; the kept rows above it are saved (`state_seq_get`, a few KB per
 //! token), every row of the step's paths is freed, and the saved rows are restored right above,
-//! in lane order. A finished lane's cells stay (a cached prefix a later request may reuse); when
-//! the cache runs out of room or sequence ids, a compaction evicts the cached prefixes and
-//! rewrites every live lane contiguously. Both moves keep each lane's cells in position order.
+//! in lane order. A finished lane's cells stay (a cached prefix a later request may reuse, such
+//! as the next turn of a conversation); when the cache runs out of room or sequence ids, or
+//! holds too many cells nobody will read, a compaction rewrites every live lane and every cached
+//! prefix still worth its keep contiguously, and drops the rest (see [`KEEP_CACHED_ROWS`]).
+//! Both moves keep each sequence's cells in position order.
 
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
@@ -52,13 +54,33 @@ struct LaneSeq {
     scope: u64,
 }
 
-/// A finished lane's tokens, kept for prefix reuse until the next compaction.
+/// A finished lane's tokens, kept for prefix reuse.
 #[derive(Debug)]
 struct Cached {
     seq: i32,
     tokens: Vec<TokenId>,
     scope: u64,
+    /// Rows the forwards since it was cached have fed: what its cells have cost in attention
+    /// (see [`KEEP_CACHED_ROWS`]); set to that bound once a later lane took most of it over.
+    rent: u64,
 }
+
+/// How long a cached prefix survives compactions, in rows fed since it was cached.
+///
+/// Every row of every forward attends to every occupied cell, masked or not, so a kept cell
+/// costs each later step a little; a dropped one costs a prefill if the prefix is asked for
+/// again (a conversation's next turn, an agent's next call). Measured on the 1.5B target (2 AMD
+/// cores): a prompt token prefills in about 10 ms (T(64)/64) and a row pays about 5 µs per
+/// occupied cell (the cost curve's context cost), so keeping a cell for 2,000 rows costs what
+/// re-prefilling it would. Keeping a prefix until then and dropping it after is the ski-rental
+/// rule: whenever (or whether) the next turn comes, it never costs more than twice the better
+/// choice in hindsight, where dropping every cached prefix at the first compaction re-prefilled
+/// whole conversations that came back a moment later.
+pub const KEEP_CACHED_ROWS: u64 = 2_048;
+
+/// A lane that reuses at least this share of a cached prefix takes it over: the prefix is then
+/// dropped at the next compaction (the lane's own tokens, cached when it closes, carry it on).
+const TAKE_OVER_SHARE: f64 = 0.5;
 
 /// Where a step's rows went: `rows` rows of `lane` from row `start` (cell `used + start`).
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +100,12 @@ pub struct BatchCounters {
     pub rows: u64,
     /// Kept rows moved by `settle` (saved and restored above the step's first dropped row).
     pub moved_rows: u64,
-    /// Compactions (cached prefixes evicted, live lanes rewritten contiguously).
+    /// Compactions (live lanes and the cached prefixes kept rewritten contiguously).
     pub compactions: u64,
+    /// Cached prefixes a compaction kept (counted once per compaction).
+    pub kept_prefixes: u64,
+    /// Cached prefixes a compaction dropped.
+    pub dropped_prefixes: u64,
     /// Prompt tokens served from a cached prefix instead of being prefilled.
     pub reused_tokens: u64,
 }
@@ -181,9 +207,34 @@ impl<'m> LlamaBatchLm<'m> {
             .ok_or_else(|| EngineError::State(format!("lane {lane} is not open")))
     }
 
-    /// Cells the live lanes hold (what a compaction keeps).
+    /// Cells the live lanes hold.
     fn live_cells(&self) -> usize {
         self.lanes.iter().flatten().map(|l| l.tokens.len()).sum()
+    }
+
+    /// Cells the cached prefixes still worth their keep hold (what a compaction keeps beside
+    /// the live lanes).
+    fn kept_cells(&self) -> usize {
+        self.cached.iter().filter(|c| c.rent < KEEP_CACHED_ROWS).map(|c| c.tokens.len()).sum()
+    }
+
+    /// Charge every cached prefix for a forward of `rows` rows.
+    fn charge_cached(&mut self, rows: usize) {
+        for c in &mut self.cached {
+            c.rent = c.rent.saturating_add(rows as u64);
+        }
+    }
+
+    /// Give up the oldest cached prefix still kept (a compaction then drops it); false when
+    /// none is left.
+    fn give_up_oldest_cached(&mut self) -> bool {
+        match self.cached.iter_mut().filter(|c| c.rent < KEEP_CACHED_ROWS).max_by_key(|c| c.rent) {
+            Some(c) => {
+                c.rent = KEEP_CACHED_ROWS;
+                true
+            }
+            None => false,
+        }
     }
 
     fn seq_rm(&mut self, seq: i32, from: Option<usize>, to: Option<usize>) -> Result<()> {
@@ -216,29 +267,41 @@ impl<'m> LlamaBatchLm<'m> {
         self.seq_rm(SCRATCH, None, None)
     }
 
-    /// Evict every cached prefix and rewrite the live lanes contiguously from cell 0, freeing
-    /// the cells of finished requests and the cells a prefix shared.
+    /// Rewrite the live lanes and the cached prefixes still worth their keep contiguously from
+    /// cell 0, dropping the other cached prefixes: frees the cells nobody will read again (and
+    /// the cells two sequences shared, each now holding its own).
     fn compact(&mut self) -> Result<()> {
-        let mut blobs = Vec::new();
-        for lane in self.lanes.iter().flatten().filter(|l| !l.tokens.is_empty()) {
+        let (kept, dropped): (Vec<Cached>, Vec<Cached>) =
+            std::mem::take(&mut self.cached).into_iter().partition(|c| c.rent < KEEP_CACHED_ROWS);
+        let seqs: Vec<i32> = self
+            .lanes
+            .iter()
+            .flatten()
+            .filter(|l| !l.tokens.is_empty())
+            .map(|l| l.seq)
+            .chain(kept.iter().map(|c| c.seq))
+            .collect();
+        let mut blobs = Vec::with_capacity(seqs.len());
+        for seq in seqs {
             backend::clear_captured();
             let blob = self
                 .ctx
-                .state_seq_get(lane.seq, LlamaStateSeqFlags::empty())
-                .map_err(|e| backend_err("cannot save a lane for compaction", e))?;
-            blobs.push((lane.seq, blob));
+                .state_seq_get(seq, LlamaStateSeqFlags::empty())
+                .map_err(|e| backend_err("cannot save a sequence for compaction", e))?;
+            blobs.push((seq, blob));
         }
         self.ctx.clear_kv_cache();
-        for c in self.cached.drain(..) {
-            self.free_seqs.push(c.seq);
-        }
+        self.counters.dropped_prefixes += dropped.len() as u64;
+        self.counters.kept_prefixes += kept.len() as u64;
+        self.free_seqs.extend(dropped.iter().map(|c| c.seq));
+        self.cached = kept;
         for (seq, blob) in &blobs {
             backend::clear_captured();
             self.ctx
                 .state_seq_set(blob, *seq)
-                .map_err(|e| backend_err("cannot restore a lane after compaction", e))?;
+                .map_err(|e| backend_err("cannot restore a sequence after compaction", e))?;
         }
-        self.used = self.live_cells();
+        self.used = self.live_cells() + self.kept_cells();
         self.counters.compactions += 1;
         Ok(())
     }
@@ -262,6 +325,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
             return Err(EngineError::InvalidRequest("every lane is busy".into()));
         };
         if self.free_seqs.is_empty() {
+            self.give_up_oldest_cached();
             self.compact()?;
         }
         let seq = self.free_seqs.pop().ok_or_else(|| EngineError::State("no free sequence id".into()))?;
@@ -284,6 +348,11 @@ impl BatchedLm for LlamaBatchLm<'_> {
             if self.seq_cp(src, seq, None, Some(n)).is_ok() {
                 reused = n;
                 self.counters.reused_tokens += n as u64;
+                if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
+                    if n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64 {
+                        c.rent = KEEP_CACHED_ROWS;
+                    }
+                }
             }
         }
         self.lanes[slot] =
@@ -398,7 +467,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
             if l.tokens.is_empty() {
                 self.free_seqs.push(l.seq);
             } else {
-                self.cached.push(Cached { seq: l.seq, tokens: l.tokens, scope: l.scope });
+                self.cached.push(Cached { seq: l.seq, tokens: l.tokens, scope: l.scope, rent: 0 });
             }
         }
     }
