@@ -18,7 +18,8 @@ OUT=${1:-bench/curve-under-load}
 T=${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
-cargo build --release -p treespec-cli -p treespec-bench --example suffix_replay
+cargo build --release -p treespec-cli
+cargo build --release -p treespec-bench --example suffix_replay
 BIN=target/release/treespec
 
 measure() { # NAME [LOAD]

@@ -293,6 +293,9 @@ pub struct Interference {
     pub waited_ms: f64,
     /// Sizes no forward was timed alone for (interpolated from the others).
     pub unmeasured: Vec<usize>,
+    /// Too few sizes were timed alone, and forwards that shared their cores stood in: the curve
+    /// says how busy the machine was, not what a forward costs (use it for now, keep it not).
+    pub stood_in: bool,
 }
 
 impl Interference {
@@ -348,6 +351,7 @@ impl Interference {
         self.kept_shared += other.kept_shared;
         self.waited_ms += other.waited_ms;
         self.unmeasured.extend(other.unmeasured);
+        self.stood_in |= other.stood_in;
     }
 }
 
@@ -458,19 +462,25 @@ fn time_rounds_in(
     noise.spikes = redo.iter().copied().filter(|n| spikes.contains(n)).collect();
     noise.unsettled = redo.into_iter().filter(|n| !noise.spikes.contains(n)).collect();
     noise.unmeasured = samples.iter().filter(|s| s.1.is_empty()).map(|s| s.0).collect();
-    stand_in_shared(&mut samples, shared, noise.unmeasured.len());
+    noise.stood_in = stand_in_shared(&mut samples, shared, noise.unmeasured.len());
     Ok(Timed { samples, interference: noise })
 }
 
 /// A size never timed alone is interpolated from the sizes that were; only when fewer than a
 /// quarter were (`unmeasured` of them were not) do the times of forwards that shared their cores
-/// stand in (the curve is then reported noisy anyway).
-fn stand_in_shared(samples: &mut [(usize, Vec<f64>)], shared: Vec<(usize, Vec<f64>)>, unmeasured: usize) {
-    if (samples.len() - unmeasured) * 4 < samples.len() {
+/// stand in (the curve is then reported noisy anyway). Whether they did.
+fn stand_in_shared(
+    samples: &mut [(usize, Vec<f64>)],
+    shared: Vec<(usize, Vec<f64>)>,
+    unmeasured: usize,
+) -> bool {
+    let stand_in = (samples.len() - unmeasured) * 4 < samples.len();
+    if stand_in {
         for (s, extra) in samples.iter_mut().zip(shared) {
             s.1.extend(extra.1);
         }
     }
+    stand_in
 }
 
 /// Time one forward of `n` rows while the process has its cores. A forward whose threads ran

@@ -212,7 +212,7 @@ fn forwards_that_shared_their_cores_are_timed_again_once_the_cores_are_free() {
         assert!(i.waited_ms > m.paused_ms && m.paused_ms > 0.0, "{i:?}");
         // (Not `noisy()`: that also reads this machine's real load average.)
         assert!(
-            i.unsettled.is_empty() && i.spikes.is_empty() && i.unmeasured.is_empty(),
+            i.unsettled.is_empty() && i.spikes.is_empty() && i.unmeasured.is_empty() && !i.stood_in,
             "seed {seed}: {i:?}"
         );
     }
@@ -234,6 +234,8 @@ fn a_neighbour_that_never_leaves_costs_a_bounded_wait_and_a_noisy_curve() {
     // Every size was still timed (the curve is complete) and the report says why it is noisy.
     assert_eq!(timed.samples.iter().filter(|(_, s)| s.is_empty()).count(), 0);
     assert!(i.kept_shared > 0 && i.noisy(), "{i:?}");
+    // Nothing was timed alone: the shared times stand in, and the curve is provisional.
+    assert!(i.stood_in && i.unmeasured.len() == PROFILE_SIZES.len(), "{i:?}");
     assert!(i.describe().contains("shared their cores"), "{}", i.describe());
     // Once the wait is spent, no size is timed twice more on shared cores: at most one round
     // beyond the forwards the wait covered.

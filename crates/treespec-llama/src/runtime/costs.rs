@@ -226,7 +226,7 @@ impl CostCache {
         }
         let file = self.file(path, model);
         let read = file.as_deref().filter(|_| !reprofile).and_then(read_cached);
-        let (cached, measured) = match read {
+        let (cached, measured, provisional) = match read {
             Some(c) => {
                 if !c.noisy.is_empty() {
                     eprintln!(
@@ -237,16 +237,27 @@ impl CostCache {
                         c.noisy
                     );
                 }
-                (c, false)
+                (c, false, false)
             }
             None => {
-                let c = measure(path, model, file.as_deref())?;
-                if let Some(f) = &file {
-                    write_cached(f, &c);
+                let (c, provisional) = measure(path, model, file.as_deref())?;
+                match &file {
+                    Some(_) if provisional => {
+                        eprintln!(
+                            "[treespec] warning: other processes kept the cores busy through the whole \
+                             measurement, so it timed how busy the machine was, not what a forward costs: \
+                             this run prices rows on it, refining it as it goes, but it is not cached \
+                             (the next run measures again)"
+                        );
+                    }
+                    Some(f) => write_cached(f, &c),
+                    None => {}
                 }
-                (c, true)
+                (c, true, provisional)
             }
         };
+        // A provisional curve is never written back, refined or not.
+        let file = if provisional { None } else { file };
         let (curve, tap) = cached.curve.tapped();
         let stored = Stored {
             model: cached.model,
@@ -350,7 +361,9 @@ impl Bar {
 }
 
 /// Profile `model` on a fresh context (what will be cached in `file`).
-fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<CachedCurve> {
+/// Also whether the curve is provisional (see
+/// [`Interference::stood_in`](treespec_engine::profile::Interference::stood_in): not to be cached).
+fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(CachedCurve, bool)> {
     let threads = model.options().threads;
     let into = file.map_or_else(|| "not cached".to_string(), |f| format!("cached in {}", f.display()));
     eprintln!(
@@ -395,7 +408,7 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<Cache
         );
     }
     let o = model.options();
-    Ok(CachedCurve {
+    let cached = CachedCurve {
         format: FORMAT,
         model: path.display().to_string(),
         threads: o.threads,
@@ -403,7 +416,8 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<Cache
         curve,
         noisy,
         observations: 0,
-    })
+    };
+    Ok((cached, measured.interference.stood_in))
 }
 
 /// Write `cached` to `file` atomically (a unique temporary file in the same folder, synced,
