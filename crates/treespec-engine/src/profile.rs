@@ -522,10 +522,8 @@ fn time_alone(
             return Ok((t.ms, false));
         }
         noise.waited_ms += t.ms;
-        p.waited_ms += t.ms;
-        let wait = timer.wait_for_cores((opts.max_wait_ms - noise.waited_ms).max(0.0));
-        noise.waited_ms += wait;
-        p.waited_ms += wait;
+        noise.waited_ms += timer.wait_for_cores((opts.max_wait_ms - noise.waited_ms).max(0.0));
+        p.waited_ms = noise.waited_ms;
         progress(p);
     }
 }

@@ -118,7 +118,7 @@ impl LlamaBatchLm<'_> {
         let dead = self.used - kept.min(self.used);
         if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > kept.max(COMPACT_MIN_DEAD)
         {
-            let freed_ids = |b: &Self| b.cached.iter().filter(|c| c.rent >= super::KEEP_CACHED_ROWS).count();
+            let freed_ids = |b: &Self| b.cached.iter().filter(|c| !c.kept()).count();
             while (self.live_cells() + self.kept_cells() + rows > self.n_ctx
                 || paths > self.free_seqs.len() + freed_ids(self))
                 && self.give_up_oldest_cached()

@@ -65,6 +65,18 @@ struct Cached {
     rent: u64,
 }
 
+impl Cached {
+    /// Whether a compaction keeps it: it has not yet cost its keep (see [`KEEP_CACHED_ROWS`]).
+    fn kept(&self) -> bool {
+        self.rent < KEEP_CACHED_ROWS
+    }
+
+    /// Let the next compaction drop it.
+    fn give_up(&mut self) {
+        self.rent = KEEP_CACHED_ROWS;
+    }
+}
+
 /// How long a cached prefix survives compactions, in rows fed since it was cached.
 ///
 /// Every row of every forward attends to every occupied cell, masked or not, so a kept cell
@@ -215,7 +227,7 @@ impl<'m> LlamaBatchLm<'m> {
     /// Cells the cached prefixes still worth their keep hold (what a compaction keeps beside
     /// the live lanes).
     fn kept_cells(&self) -> usize {
-        self.cached.iter().filter(|c| c.rent < KEEP_CACHED_ROWS).map(|c| c.tokens.len()).sum()
+        self.cached.iter().filter(|c| c.kept()).map(|c| c.tokens.len()).sum()
     }
 
     /// Charge every cached prefix for a forward of `rows` rows.
@@ -228,9 +240,9 @@ impl<'m> LlamaBatchLm<'m> {
     /// Give up the oldest cached prefix still kept (a compaction then drops it); false when
     /// none is left.
     fn give_up_oldest_cached(&mut self) -> bool {
-        match self.cached.iter_mut().filter(|c| c.rent < KEEP_CACHED_ROWS).max_by_key(|c| c.rent) {
+        match self.cached.iter_mut().filter(|c| c.kept()).max_by_key(|c| c.rent) {
             Some(c) => {
-                c.rent = KEEP_CACHED_ROWS;
+                c.give_up();
                 true
             }
             None => false,
@@ -272,7 +284,7 @@ impl<'m> LlamaBatchLm<'m> {
     /// the cells two sequences shared, each now holding its own).
     fn compact(&mut self) -> Result<()> {
         let (kept, dropped): (Vec<Cached>, Vec<Cached>) =
-            std::mem::take(&mut self.cached).into_iter().partition(|c| c.rent < KEEP_CACHED_ROWS);
+            std::mem::take(&mut self.cached).into_iter().partition(Cached::kept);
         let seqs: Vec<i32> = self
             .lanes
             .iter()
@@ -350,7 +362,7 @@ impl BatchedLm for LlamaBatchLm<'_> {
                 self.counters.reused_tokens += n as u64;
                 if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
                     if n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64 {
-                        c.rent = KEEP_CACHED_ROWS;
+                        c.give_up();
                     }
                 }
             }
