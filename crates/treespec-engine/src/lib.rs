@@ -26,7 +26,7 @@ pub mod toy;
 pub use backend::{
     BatchRoom, BatchedLm, CausalLm, DraftFeed, DraftLanes, LaneId, LaneWork, Logits, TokenBytes, TreeBatch,
 };
-pub use constraint::{DfaConstraint, TokenConstraint, WithoutForcing};
+pub use constraint::{DfaConstraint, NewInner, Opening, TaggedConstraint, TokenConstraint, WithoutForcing};
 pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext, Provenance};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;

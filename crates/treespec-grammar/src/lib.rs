@@ -29,5 +29,8 @@ pub use error::GrammarError;
 pub use schema_check::{MAX_BRANCHES, MAX_DEPTH, MAX_PROPERTIES, MAX_TOTAL};
 pub use spec::{CompileOptions, Grammar, GrammarSpec, JsonWhitespace};
 pub use toktrie::TokenId;
-pub use tools::{tool_call_grammar, ToolChoice, ToolFunction};
+pub use tools::{
+    fenced_call_grammar, fenced_call_text, spaced_json, tagged_call_grammar, tool_call_grammar, ToolChoice,
+    ToolFunction, CALL_TAGS, FENCED_CALL,
+};
 pub use vocab::{TokenizeFn, Vocabulary};

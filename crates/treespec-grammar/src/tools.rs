@@ -13,7 +13,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::{GrammarError, GrammarSpec};
+use crate::{schema_check, GrammarError, GrammarSpec, TokenId};
 
 /// One callable function of an OpenAI `tools` array.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,9 +132,98 @@ pub fn tool_call_grammar(
             vec![call_schema(&tools[i], i)]
         }
     };
+    any_call(calls).map(|schema| Some(GrammarSpec::JsonSchema(schema)))
+}
+
+/// One of `calls` (call schemas): the schema itself when there is one, else their `anyOf`.
+fn any_call(mut calls: Vec<Value>) -> Result<Value, GrammarError> {
     match calls.len() {
         0 => Err(GrammarError::BadTools("`tool_choice` is \"required\" but `tools` is empty".into())),
-        1 => Ok(Some(GrammarSpec::JsonSchema(calls.into_iter().next().expect("one")))),
-        _ => Ok(Some(GrammarSpec::JsonSchema(json!({"anyOf": calls})))),
+        1 => Ok(calls.remove(0)),
+        _ => Ok(json!({"anyOf": calls})),
     }
+}
+
+/// The opening and closing tags of a tool call in the chat templates that write calls as
+/// `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` (Qwen2.5, Qwen3, Hermes): one token
+/// each in their vocabularies.
+pub const CALL_TAGS: (&str, &str) = ("<tool_call>", "</tool_call>");
+
+/// How a call inside a Markdown fence opens and closes (Qwen2.5-Coder answers a call this way).
+pub const FENCED_CALL: (&str, &str) = ("```json\n", "\n```");
+
+/// What follows a model's own opening tag under `tool_choice: "auto"`: a newline, one call of
+/// any of `tools` (as [`tool_call_grammar`] with `Required` allows, spaced JSON), a newline and
+/// the closing tag token `close_tag`. Decoded with treespec-engine's `TaggedConstraint`, so the
+/// text around calls stays free while a call's envelope and keys come out as forced tokens.
+pub fn tagged_call_grammar(tools: &[ToolFunction], close_tag: TokenId) -> Result<GrammarSpec, GrammarError> {
+    let call = spaced_call(tools)?;
+    Ok(GrammarSpec::Lark(format!("start: \"\\n\" %json {call} \"\\n\" <[{close_tag}]>\n")))
+}
+
+/// What follows an answer's opening ```` ```json ```` fence under `tool_choice: "auto"`: one call
+/// of any of `tools` (spaced JSON) and the closing fence, the end of the answer.
+pub fn fenced_call_grammar(tools: &[ToolFunction]) -> Result<GrammarSpec, GrammarError> {
+    let call = spaced_call(tools)?;
+    let close = serde_json::to_string(FENCED_CALL.1).unwrap_or_default();
+    Ok(GrammarSpec::Lark(format!("start: %json {call} {close}\n")))
+}
+
+/// The schema of a call of any of `tools`, laid out as spaced JSON (`{"name": "f", …}`).
+fn spaced_call(tools: &[ToolFunction]) -> Result<Value, GrammarError> {
+    let mut schema = any_call(tools.iter().enumerate().map(|(i, f)| call_schema(f, i)).collect())?;
+    schema_check::check(&schema)?;
+    if let Value::Object(map) = &mut schema {
+        map.insert(
+            "x-guidance".into(),
+            json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
+        );
+    }
+    Ok(schema)
+}
+
+/// A call as the model is shown it in the conversation's history: inside the fence
+/// [`fenced_call_grammar`] decodes, laid out as that grammar forces (`{"name": "f", "arguments":
+/// {"a": 1}}`), so a later call copies the form of the earlier ones.
+pub fn fenced_call_text(name: &str, arguments: &Value) -> String {
+    let call = json!({"name": name, "arguments": arguments});
+    format!("{}{}{}", FENCED_CALL.0, spaced_json(&call), FENCED_CALL.1)
+}
+
+/// `v` laid out as [`JsonWhitespace::Spaced`](crate::JsonWhitespace) grammars force it: one
+/// space after `:` and `,`, keys in their order (Python's `json.dumps` layout).
+pub fn spaced_json(v: &Value) -> String {
+    struct Spaced;
+    /// `, ` before every item but the first.
+    fn separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            separator(w, first)
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            separator(w, first)
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    // Serializing a `Value` into memory cannot fail.
+    let _ = serde::Serialize::serialize(v, &mut ser);
+    String::from_utf8(out).unwrap_or_default()
 }

@@ -123,3 +123,41 @@ fn runtime_cost_curves_are_cached_and_reprofile_ignores_the_disk_cache() {
     assert!((rewritten.ms(1) - fresh.ms(1)).abs() < 1e-9, "the file holds the fresh profile");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Under `tool_choice: "auto"` an answer that opens a ```json fence is one declared call: on a
+/// real vocabulary the opening is found, the envelope comes out as forced tokens, a name no tool
+/// has is refused, and text that does not open a call stays free.
+#[test]
+fn an_answer_that_opens_a_json_fence_is_decoded_as_a_declared_call() {
+    if skip_model_tests("an_answer_that_opens_a_json_fence_is_decoded_as_a_declared_call") {
+        return;
+    }
+    let rt = runtime(false);
+    let m = rt.target();
+    let tools = treespec_grammar::ToolFunction::from_openai_tools(&serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    ]))
+    .unwrap();
+    let mut c = rt.tagged_calls(&tools).unwrap().expect("a fence every vocabulary spells");
+    let vocab = m.vocab_size();
+    let allowed = |c: &mut Box<dyn treespec_engine::TokenConstraint>, path: &[u32]| {
+        let mut l = vec![0.0f32; vocab];
+        c.mask_logits(path, &mut l).unwrap();
+        l.iter().filter(|x| x.is_finite()).count()
+    };
+    let prose = m.tokenize("Sure, ```json\n", false, false).unwrap();
+    assert_eq!(allowed(&mut c, &prose), vocab, "a fence later in the text is free");
+    let fence = m.tokenize("```json\n", false, false).unwrap();
+    assert!(allowed(&mut c, &fence) < vocab, "the call grammar holds after the opening fence");
+    c.commit(&fence).unwrap();
+    let forced = c.forced(64).unwrap();
+    let text = String::from_utf8(forced.iter().flat_map(|&t| m.token_to_bytes(t, false).unwrap()).collect())
+        .unwrap();
+    // (Forcing stops where the next bytes have several tokenizations: here at the value.)
+    assert!(text.starts_with("{\"name\": \"get_weather\", \"arguments\": {\"city\":"), "{text:?}");
+    let wrong = m.tokenize("{\"name\": \"set", false, false).unwrap();
+    let mut l = vec![0.0f32; vocab];
+    c.mask_logits(&wrong[..wrong.len() - 1], &mut l).unwrap();
+    assert!(l[*wrong.last().unwrap() as usize].is_infinite(), "an undeclared name is refused");
+}

@@ -72,6 +72,7 @@ pub fn prepare<'d, D: CausalLm + 'd>(
             seed: spec.seed,
             stop: &spec.stop,
             grammar: spec.output.grammar(),
+            tool_calls: spec.output.auto_tools(),
         };
         runtime.prepare(&request, draft)
     })

@@ -76,7 +76,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
             request: prepared.request,
             method: method.name().to_string(),
             drafter: prepared.drafter,
-            constraint: prepared.constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint + 'm>),
+            constraint: prepared.constraint.map(|c| c as Box<dyn TokenConstraint + 'm>),
             scope: tenant.scope(),
         })
     }

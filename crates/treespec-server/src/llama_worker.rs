@@ -50,7 +50,7 @@ impl Worker for LlamaWorker<'_> {
             method.name(),
             prepared.request,
             &bytes,
-            prepared.constraint.as_mut().map(|c| c as &mut dyn TokenConstraint),
+            prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint),
             emit,
         )
     }

@@ -214,7 +214,8 @@ fn wants_trace(headers: &HeaderMap) -> bool {
 async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
     let Submitted { spec, tenant, peer, trace } = job;
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
-    let auto_tools = spec.output.auto_tools().map(<[String]>::to_vec);
+    let auto_tools: Option<Vec<String>> =
+        spec.output.auto_tools().map(|tools| tools.iter().map(|f| f.name.clone()).collect());
     let (tx, mut rx) = unbounded_channel();
     // The trace extension is a chat chunk's.
     let trace = trace && kind == Kind::Chat;

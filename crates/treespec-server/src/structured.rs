@@ -40,8 +40,10 @@ pub enum Output {
     Constrained(GrammarSpec),
     /// One tool call `{"name", "arguments"}`, following the tool-call grammar.
     ToolCall(GrammarSpec),
-    /// Free text that may be one call of these tools (`tool_choice: "auto"`).
-    ToolAuto(Vec<String>),
+    /// Free text that may be one call of these tools (`tool_choice: "auto"`); a call the model
+    /// opens with its template's `<tool_call>` tag follows the call grammar up to the closing
+    /// tag (treespec-llama's `tagged_calls`).
+    ToolAuto(Vec<ToolFunction>),
 }
 
 impl Output {
@@ -59,9 +61,9 @@ impl Output {
     }
 
     /// The tools a free answer may call (`tool_choice: "auto"`).
-    pub fn auto_tools(&self) -> Option<&[String]> {
+    pub fn auto_tools(&self) -> Option<&[ToolFunction]> {
         match self {
-            Output::ToolAuto(names) => Some(names),
+            Output::ToolAuto(tools) => Some(tools),
             _ => None,
         }
     }
@@ -96,7 +98,7 @@ pub fn output(c: &CommonParams, chat: bool) -> Result<(Output, Option<String>), 
         return Ok((Output::Constrained(g), None));
     }
     Ok(match auto_tools(c, declared, chat)? {
-        Some((names, note)) => (Output::ToolAuto(names), Some(note)),
+        Some((tools, note)) => (Output::ToolAuto(tools), Some(note)),
         None => (Output::Text, None),
     })
 }
@@ -107,13 +109,13 @@ fn grammar_error(param: String, e: GrammarError) -> ApiError {
     ApiError { param: Some(param), ..ApiError::invalid(None, e.to_string()) }
 }
 
-/// `tools` with `tool_choice` `auto` (or absent) on a chat request: the names a free answer may
-/// call and the tools' description.
+/// `tools` with `tool_choice` `auto` (or absent) on a chat request: the tools a free answer may
+/// call and their description.
 fn auto_tools(
     c: &CommonParams,
     list: Option<Vec<ToolFunction>>,
     chat: bool,
-) -> Result<Option<(Vec<String>, String)>, ApiError> {
+) -> Result<Option<(Vec<ToolFunction>, String)>, ApiError> {
     let (Some(declared), Some(list)) = (c.tools.as_ref(), list) else { return Ok(None) };
     let auto = match c.tool_choice.as_ref().filter(|t| !t.is_null()) {
         None => true,
@@ -131,7 +133,7 @@ fn auto_tools(
         tools = serde_json::to_string_pretty(declared).unwrap_or_default(),
         example = json!({"name": "<function name>", "arguments": {"<parameter>": "<value>"}}),
     );
-    Ok(Some((list.into_iter().map(|f| f.name).collect(), note)))
+    Ok(Some((list, note)))
 }
 
 /// The call a free answer makes, if it is exactly one call of a declared tool: a JSON object

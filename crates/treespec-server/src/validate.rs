@@ -151,7 +151,8 @@ pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiE
                 format!("messages[{i}]: `content` must be a string or a list of text parts"),
             )
         })?;
-        // An assistant's earlier calls, in the shape the model is told to answer with.
+        // An assistant's earlier calls, in the fence the model answers a call with (and a call
+        // opened so is decoded under the call grammar, in the same layout).
         let content = match m.tool_calls.as_ref().filter(|v| !v.is_null()) {
             Some(calls) if role == "assistant" => {
                 let calls = history_calls(calls)
@@ -188,7 +189,8 @@ pub fn completion(req: CompletionRequest, limits: &Limits) -> Result<JobSpec, Ap
     common(PromptInput::Text(prompt), req.common, limits)
 }
 
-/// An assistant message's `tool_calls` as `{"name", "arguments"}` JSON texts, one per call.
+/// An assistant message's `tool_calls` as `{"name", "arguments"}` JSON texts in a ```json
+/// fence, one per call.
 fn history_calls(calls: &Value) -> Result<Vec<String>, String> {
     let list = calls.as_array().ok_or("must be a list")?;
     list.iter()
@@ -204,7 +206,7 @@ fn history_calls(calls: &Value) -> Result<Vec<String>, String> {
                 None | Some(Value::Null) => Value::Object(Default::default()),
                 Some(_) => return Err(format!("[{k}].function.arguments must be a JSON object or its text")),
             };
-            Ok(serde_json::json!({"name": name, "arguments": arguments}).to_string())
+            Ok(treespec_grammar::fenced_call_text(name, &arguments))
         })
         .collect()
 }
@@ -505,7 +507,10 @@ mod tests {
         ]}))
         .unwrap();
         let PromptInput::Chat(m) = &j.prompt else { panic!() };
-        assert_eq!(m[1].content, r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#);
+        assert_eq!(
+            m[1].content,
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n```"
+        );
         assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("tool", "sunny"));
         for bad in [
             json!([{"role": "user", "content": "x", "tool_calls": []}]),
@@ -598,7 +603,7 @@ mod tests {
         // auto: free text that may be a call, the tools described the same way; none: plain
         // text, the prompt unchanged.
         let j = chat_json(json!({"messages": msg(), "tools": tools, "tool_choice": "auto"})).unwrap();
-        assert_eq!(j.output, Output::ToolAuto(vec!["f".into()]));
+        assert_eq!(j.output.auto_tools().map(|t| t[0].name.as_str()), Some("f"));
         let PromptInput::Chat(plain) = &j.prompt else { panic!() };
         assert_eq!(j.prompt, chat_json(json!({"messages": msg()})).unwrap().prompt);
         let t = j.tools.as_ref().unwrap();

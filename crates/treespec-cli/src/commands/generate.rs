@@ -116,6 +116,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed: args.sampling.seed,
         stop: &args.stop,
         grammar: grammar.as_ref(),
+        tool_calls: None,
     };
     let mut prepared = models.prepare(&spec, draft.as_mut()).map_err(|e| match e {
         PrepareError::PromptTooLong { .. } => anyhow::anyhow!("{e} (raise --ctx)"),
@@ -127,7 +128,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     target.set_prefill_progress(prefill_bar(prepared.request.prompt.len()));
     let bytes = models.token_bytes();
     let json = args.json;
-    let grammar = prepared.constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    let grammar = prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
     let out = generate_constrained(
         &mut target,
         prepared.drafter.as_mut(),

@@ -2,7 +2,8 @@
 //! the benchmark, the server's FIFO workers and its batch scheduler all call
 //! [`ModelRuntime::prepare`]. It turns what a front end was asked for ([`RequestSpec`]) into
 //! what the engine runs ([`Prepared`]): the prompt as tokens (through the chat template when it
-//! is a chat), the grammar compiled against the target's vocabulary, the drafter of the method
+//! is a chat), the grammar compiled against the target's vocabulary (or, for calls the model may
+//! open itself, the call grammar between the template's tags), the drafter of the method
 //! (on the caller's draft model when the method runs one), the stop strings with the target's
 //! end tokens, and the most new tokens the context leaves room for.
 //!
@@ -11,8 +12,14 @@
 
 use treespec_core::sampling::SamplingParams;
 use treespec_core::TokenId;
-use treespec_engine::{CausalLm, Drafter, EngineError, GenerateRequest, Method, StopConditions};
-use treespec_grammar::{DecodingConstraint, GrammarSpec, Vocabulary};
+use treespec_engine::{
+    CausalLm, Drafter, EngineError, GenerateRequest, Method, NewInner, Opening, StopConditions,
+    TaggedConstraint, TokenConstraint,
+};
+use treespec_grammar::{
+    fenced_call_grammar, tagged_call_grammar, DecodingConstraint, GrammarError, GrammarSpec, ToolFunction,
+    Vocabulary, CALL_TAGS, FENCED_CALL,
+};
 
 use super::{ModelRuntime, Prompt};
 
@@ -44,6 +51,11 @@ pub struct RequestSpec<'a> {
     pub stop: &'a [String],
     /// Structured output: the grammar every token must follow.
     pub grammar: Option<&'a GrammarSpec>,
+    /// Free output that may call these tools (`tool_choice: "auto"`): where the vocabulary
+    /// spells the template's call tags as single tokens ([`CALL_TAGS`]), a call the model opens
+    /// follows the call grammar up to its closing tag (forced tokens drafted for free); the text
+    /// around calls stays free. Ignored with `grammar`.
+    pub tool_calls: Option<&'a [ToolFunction]>,
 }
 
 /// A request ready for the engine.
@@ -52,8 +64,8 @@ pub struct Prepared<'d> {
     pub request: GenerateRequest,
     /// The method's drafter.
     pub drafter: Box<dyn Drafter + 'd>,
-    /// The grammar state, for structured output.
-    pub constraint: Option<DecodingConstraint>,
+    /// The grammar state, for structured output (or tool calls between tags).
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// What is wrong with a request, by the part at fault.
@@ -115,7 +127,11 @@ impl ModelRuntime {
         draft: Option<D>,
     ) -> Result<Prepared<'d>, PrepareError> {
         let prompt = self.request_tokens(spec.prompt)?;
-        let constraint = spec.grammar.map(|g| self.compile_grammar(g)).transpose()?;
+        let constraint = match (spec.grammar, spec.tool_calls) {
+            (Some(g), _) => Some(Box::new(self.compile_grammar(g)?) as Box<dyn TokenConstraint>),
+            (None, Some(tools)) => self.tagged_calls(tools)?,
+            (None, None) => None,
+        };
         let drafter = self.drafter(spec.method, draft)?;
         let max_new_tokens = room(prompt.len(), spec.max_new_tokens, spec.context)?;
         let stop = StopConditions { eos: self.eos_tokens().to_vec(), stop_strings: spec.stop.to_vec() };
@@ -170,6 +186,44 @@ impl ModelRuntime {
     pub fn compile_grammar(&self, grammar: &GrammarSpec) -> Result<DecodingConstraint, PrepareError> {
         let compiled = grammar.compile(self.grammar_vocabulary()?).map_err(PrepareError::Grammar)?;
         Ok(DecodingConstraint::new(compiled.constraint()))
+    }
+
+    /// Calls of `tools` the model opens itself, each decoded under the call grammar: after the
+    /// template's `<tool_call>` tag up to its closing tag, where the vocabulary has both as
+    /// single tokens ([`CALL_TAGS`]), and an answer that starts with a ```` ```json ```` fence
+    /// (how Qwen2.5-Coder answers with a call) up to the fence's end. The text around calls stays
+    /// free; a call's envelope, keys and closing come out as forced tokens. None where no
+    /// opening can be spelled (a call is still read off the free text after).
+    pub fn tagged_calls(
+        &self,
+        tools: &[ToolFunction],
+    ) -> Result<Option<Box<dyn TokenConstraint>>, PrepareError> {
+        let table = self.token_table().map_err(|e| PrepareError::Internal(format!("token table: {e}")))?;
+        let vocab = self.grammar_vocabulary()?;
+        let mut openings: Vec<(Opening, NewInner<DecodingConstraint>)> = Vec::new();
+        // A call grammar llguidance cannot build leaves the answer free, as without it: the tools
+        // were valid for the request, and a call is still read off the text after.
+        let mut add = |opening: Opening, grammar: Result<GrammarSpec, GrammarError>| match grammar
+            .and_then(|g| g.compile(vocab))
+        {
+            Ok(g) => openings.push((opening, Box::new(move || Ok(DecodingConstraint::new(g.constraint()))))),
+            Err(e) => eprintln!("[treespec] tool calls stay unconstrained: {e}"),
+        };
+        if let Some((open, close)) = table.tag_pair(CALL_TAGS) {
+            add(
+                Opening { tokens: vec![open], at_start: false, close: Some(close) },
+                tagged_call_grammar(tools, close),
+            );
+        }
+        let fence = self.target().tokenize(FENCED_CALL.0, false, false).unwrap_or_default();
+        if !fence.is_empty() {
+            add(Opening { tokens: fence, at_start: true, close: None }, fenced_call_grammar(tools));
+        }
+        if openings.is_empty() {
+            return Ok(None);
+        }
+        let calls = TaggedConstraint::new(openings).map_err(|e| PrepareError::Internal(e.to_string()))?;
+        Ok(Some(Box::new(calls)))
     }
 
     /// Whether this runtime can run `method`: one that needs a draft model needs one loaded.
