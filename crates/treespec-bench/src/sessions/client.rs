@@ -161,6 +161,13 @@ impl Accumulated {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
             _ => 0.0,
         };
+        // A reply that arrived whole (a tool call a server holds back until it is complete) has
+        // no client-side decode time: take the server's own (`timings.predicted_ms`, the time it
+        // spent generating all the tokens), scaled to the tokens after the first.
+        let predicted_ms = self.timings.as_ref().and_then(|t| t.get("predicted_ms")).and_then(Value::as_f64);
+        if let (0.0, Some(ms), n @ 2..) = (r.decode_s, predicted_ms, r.completion_tokens) {
+            r.decode_s = ms / 1e3 * (n - 1) as f64 / n as f64;
+        }
         r.total_s = (ended - sent).as_secs_f64();
         self.reply
     }
@@ -265,5 +272,23 @@ mod tests {
         );
         let r = plain.finish(t0, t0);
         assert_eq!((r.target_forwards, r.cached_tokens, r.completion_tokens), (Some(8), Some(3), 8));
+        assert_eq!(r.decode_tokens_per_s(), None, "one chunk and no server time: no decode rate");
+    }
+
+    #[test]
+    fn a_reply_that_arrives_whole_takes_the_servers_decode_time() {
+        let t0 = Instant::now();
+        let mut acc = Accumulated::default();
+        acc.chunk(
+            &json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"ls","arguments":"{}"}}]}}]}),
+            t0,
+        );
+        acc.chunk(
+            &json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":11},"timings":{"predicted_ms":500.0}}),
+            t0,
+        );
+        let r = acc.finish(t0, t0);
+        // 11 tokens in 0.5 s: the 10 after the first in 10/11 of it, 22 tokens/s.
+        assert!((r.decode_tokens_per_s().unwrap() - 22.0).abs() < 1e-9, "{r:?}");
     }
 }
