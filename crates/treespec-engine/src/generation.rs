@@ -14,7 +14,7 @@ use treespec_core::dist::Dist;
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
 use treespec_core::stats::DecodeStats;
-use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
+use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
@@ -23,6 +23,7 @@ use crate::backend::TokenBytes;
 use crate::constraint::TokenConstraint;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
+use crate::graft::{graft, replay};
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::stop::{FinishReason, StopConditions};
 use crate::text_stream::TextStream;
@@ -68,7 +69,10 @@ pub struct TokenLogprob {
 #[derive(Debug)]
 struct Proposed {
     tree: TokenTree,
+    /// Forced tokens at the top of the tree (a grammar's chain).
     forced: usize,
+    /// Under a forced chain: the drafter's own proposal (what it learns from).
+    drafted: Option<TokenTree>,
 }
 
 /// Where the next tree goes: the target's state and the batch around the request.
@@ -208,8 +212,9 @@ impl Generation {
         self.finish.is_some()
     }
 
-    /// Propose this step's tree where `at` says the target and the batch stand. The grammar's
-    /// forced chain replaces the drafter's proposal when it forces tokens. `None` when the
+    /// Propose this step's tree where `at` says the target and the batch stand. When the grammar
+    /// forces tokens the tree is their chain, with what the drafter proposed past them grafted
+    /// under it (`graft.rs`). `None` when the
     /// generation is over (nothing left to emit, or the grammar is complete). Row i of the
     /// returned tree is node i.
     pub fn propose(
@@ -235,11 +240,11 @@ impl Generation {
             batch_rows: at.batch_rows,
             batch_cut: at.batch_cut,
         };
-        let Some((tree, forced)) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
+        let Some(proposed) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
             self.finish = Some(FinishReason::Eos);
             return Ok(None);
         };
-        Ok(Some(&self.proposed.insert(Proposed { tree, forced: forced.len() }).tree))
+        Ok(Some(&self.proposed.insert(proposed).tree))
     }
 
     /// The proposed tree as a batch budget may cut it: the drafter's [`Cuttable`] values, when
@@ -280,7 +285,7 @@ impl Generation {
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<StepOutcome> {
         let Scored { logits, forward_rows, forward_time } = scored;
-        let Proposed { tree, forced } = self
+        let Proposed { tree, forced, drafted } = self
             .proposed
             .take()
             .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
@@ -311,11 +316,15 @@ impl Generation {
         self.stats.forced += forced as u64;
         self.stats.times.verify += t.elapsed();
 
-        let source = if forced > 0 { Provenance::Forced } else { drafter.source() };
+        let source = drafter.source();
         let t = Instant::now();
-        learn(drafter, constraint, &tree, &outcome, forced > 0, &self.stop.eos)?;
+        learn(drafter, constraint, &tree, &outcome, drafted.as_ref(), &self.stop.eos)?;
         self.history.extend_from_slice(&outcome.tokens);
-        let by = |j: usize| if j < outcome.accepted.len() { source } else { Provenance::Target };
+        let by = |j: usize| match j {
+            j if j < forced.min(outcome.accepted.len()) => Provenance::Forced,
+            j if j < outcome.accepted.len() => source,
+            _ => Provenance::Target,
+        };
         let room = self.max_new - self.out.len();
         let Emitted { tokens: emitted, reason, text } =
             emit(&outcome.tokens, by, &self.stop.eos, bytes, &mut self.text, room);
@@ -356,24 +365,30 @@ impl Generation {
     }
 }
 
-/// The step's tree: the grammar's forced chain when it forces tokens, else the drafter's
-/// proposal. `None` when the grammar is complete (nothing but end of generation may follow).
+/// The step's tree: the drafter's proposal, under the grammar's forced chain when it forces
+/// tokens ([`graft`]). `None` when the grammar is complete (nothing but end of generation may
+/// follow).
 fn propose(
     drafter: &mut dyn Drafter,
     constraint: Option<&mut (dyn TokenConstraint + '_)>,
     ctx: &ProposeContext,
     stats: &mut DecodeStats,
-) -> Result<Option<(TokenTree, Vec<TokenId>)>> {
+) -> Result<Option<Proposed>> {
     let forced = match constraint {
         Some(c) if c.is_finished() => return Ok(None),
         Some(c) => c.forced(ctx.max_depth.min(ctx.max_nodes))?,
         None => Vec::new(),
     };
     let t = Instant::now();
-    let tree = if forced.is_empty() { drafter.propose(ctx)? } else { forced_chain(ctx.root(), &forced)? };
+    let drafted = drafter.propose(ctx)?;
+    let proposed = if forced.is_empty() {
+        Proposed { tree: drafted, forced: 0, drafted: None }
+    } else {
+        Proposed { tree: graft(ctx.root(), &forced, &drafted)?, forced: forced.len(), drafted: Some(drafted) }
+    };
     stats.times.draft += t.elapsed();
-    check_tree(&tree, ctx)?;
-    Ok(Some((tree, forced)))
+    check_tree(&proposed.tree, ctx)?;
+    Ok(Some(proposed))
 }
 
 /// A step's emitted tokens, why they ended, and the text they released.
@@ -488,51 +503,24 @@ fn check_tree(tree: &TokenTree, ctx: &ProposeContext) -> Result<()> {
 }
 
 /// The grammar and the drafter take in the step's outcome. Nothing after an end-of-generation
-/// token is emitted (a tree may draft past one), so the grammar never sees it; a forced chain was
-/// not the drafter's proposal, so it learns the tokens as plain steps.
+/// token is emitted (a tree may draft past one), so the grammar never sees it; under a forced
+/// chain the drafter learns from its own proposal `drafted` ([`replay`]).
 fn learn(
     drafter: &mut dyn Drafter,
     constraint: Option<&mut (dyn TokenConstraint + '_)>,
     tree: &TokenTree,
     outcome: &VerifyOutcome,
-    forced: bool,
+    drafted: Option<&TokenTree>,
     eos: &[TokenId],
 ) -> Result<()> {
     if let Some(c) = constraint {
         let end = outcome.tokens.iter().position(|t| eos.contains(t));
         c.commit(&outcome.tokens[..end.map_or(outcome.tokens.len(), |i| i + 1)])?;
     }
-    if forced {
-        observe_as_plain_steps(drafter, &outcome.tokens)
-    } else {
-        drafter.observe(tree, outcome)
+    match drafted {
+        Some(drafted) => replay(drafter, drafted, &outcome.tokens),
+        None => drafter.observe(tree, outcome),
     }
-}
-
-/// The grammar's forced tokens as a chain of deterministic drafts under the root: each has
-/// probability 1 under the masked target, so the whole chain is accepted and the bonus token is
-/// sampled after it.
-fn forced_chain(root: TokenId, forced: &[TokenId]) -> Result<TokenTree> {
-    let mut tree = TokenTree::new(root);
-    let mut at = ROOT;
-    for &t in forced {
-        at = tree.add(at, t, Draw::Deterministic, 1.0)?;
-    }
-    Ok(tree)
-}
-
-/// The drafter did not propose a forced chain: it learns the emitted tokens as plain steps (a
-/// root-only tree each), so its draft model stays in step and its acceptance statistics are not
-/// skewed by drafts it never made.
-fn observe_as_plain_steps(drafter: &mut dyn Drafter, tokens: &[TokenId]) -> Result<()> {
-    let mut root = None;
-    for &t in tokens {
-        let tree = TokenTree::new(root.unwrap_or(t));
-        let outcome = VerifyOutcome { accepted: Vec::new(), tokens: vec![t], depths: Vec::new() };
-        drafter.observe(&tree, &outcome)?;
-        root = Some(t);
-    }
-    Ok(())
 }
 
 /// Each emitted token's log-probability at the node it was drawn from: the root for the first

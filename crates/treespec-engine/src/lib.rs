@@ -13,6 +13,7 @@ mod error;
 mod extra_stats;
 mod generate;
 mod generation;
+mod graft;
 mod methods;
 pub mod offline_measure;
 pub mod profile;

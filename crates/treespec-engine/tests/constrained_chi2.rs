@@ -14,7 +14,7 @@ mod common;
 use common::{gof_failure, FAMILY_ALPHA};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
-use treespec_engine::drafters::{ChainDrafter, TreeDrafter};
+use treespec_engine::drafters::{ChainDrafter, SuffixConfig, SuffixDrafter, SuffixShared, TreeDrafter};
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
     generate_constrained, DfaConstraint, Drafter, GenerateRequest, Opening, PlainDrafter, TaggedConstraint,
@@ -120,6 +120,17 @@ fn drafter(kind: &str, draft: &ToyModel) -> Box<dyn Drafter> {
     match kind {
         "plain" => Box::new(PlainDrafter),
         "chain" => Box::new(ChainDrafter::new(lm, 3).unwrap()),
+        // Copies of the text so far, every node verified: grafted under forced chains.
+        "suffix" => Box::new(
+            SuffixDrafter::new(SuffixConfig {
+                global: false,
+                costs: None,
+                min_value: 0.0,
+                shared: SuffixShared::empty(),
+                ..Default::default()
+            })
+            .unwrap(),
+        ),
         _ => Box::new(TreeDrafter::new(lm, vec![2, 2, 1]).unwrap()),
     }
 }
@@ -145,6 +156,7 @@ fn sampled_constrained_outputs_keep_the_masked_target_distribution() {
         (Grammar::Tagged, "plain", 1.0, None, 6),
         (Grammar::Tagged, "chain", 1.0, None, 7),
         (Grammar::Tagged, "tree", 1.3, None, 8),
+        (Grammar::Tagged, "suffix", 1.0, None, 9),
     ];
     let (len, runs) = (5, 40_000u64);
     let alpha = FAMILY_ALPHA / configs.len() as f64;
@@ -218,7 +230,7 @@ fn tagged_calls_are_free_where_forced_and_greedy_output_equals_constrained_plain
             run(Grammar::Tagged, &mut target, drafter("plain", &draft).as_mut(), &req);
         // The text is a valid run of tagged calls: committing it whole is accepted.
         tagged().commit(&plain).unwrap();
-        for kind in ["chain", "tree"] {
+        for kind in ["chain", "tree", "suffix"] {
             let (spec, _) = run(Grammar::Tagged, &mut target, drafter(kind, &draft).as_mut(), &req);
             assert_eq!(spec, plain, "{kind} on {prompt:?}");
         }
@@ -233,4 +245,27 @@ fn tagged_calls_are_free_where_forced_and_greedy_output_equals_constrained_plain
         );
     }
     assert!(calls >= 2, "the greedy runs must complete calls ({calls})");
+}
+
+/// Under a call the grammar forces 2; a suffix draft copying an earlier call (4 2 1 3) holds the
+/// forced token as its first node, so what it copies past it is verified in the same forward:
+/// the step's tree is the forced chain with the copy grafted under it.
+#[test]
+fn a_copy_past_the_forced_tokens_is_grafted_under_them() {
+    use treespec_engine::{Generation, ProposeAt};
+    let draft = ToyModel::new(V, 2, 1);
+    let mut suffix = drafter("suffix", &draft);
+    let prompt = vec![0, 4, 2, 1, 3, 0, 4];
+    let greedy = SamplingParams::with_temperature(0.0);
+    let mut g = Generation::new(request(&prompt, 8, &greedy, 0), CTX, V, None).unwrap();
+    g.begin(suffix.as_mut(), std::time::Duration::ZERO).unwrap();
+    // The output opened a call: 2 is forced next.
+    let mut c = tagged();
+    c.commit(&[4]).unwrap();
+    assert_eq!(c.forced(8).unwrap(), vec![2]);
+    let at = ProposeAt { committed: prompt.len() - 1, batch_rows: 0, cap: 16, batch_cut: false };
+    let tree = g.propose(suffix.as_mut(), Some(&mut c), at).unwrap().unwrap().clone();
+    let deepest = (0..tree.len()).max_by_key(|&i| tree.node(i).depth).unwrap();
+    let path = tree.path_tokens(deepest);
+    assert!(path.starts_with(&[2, 1, 3]), "the forced 2, then the copied 1 3: {path:?}");
 }

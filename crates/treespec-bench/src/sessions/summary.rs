@@ -13,7 +13,7 @@
 //!   server's prefix cache ÷ Σ prompt tokens (null when the server does not say);
 //!   `tokens_per_forward`: Σ tokens ÷ Σ target forwards (null when the server does not say).
 //! - `edits_applied`: agent turns whose answer changed the agent's file.
-//! - `identical_to_plain`: requests whose answer (text and tool calls) equals the family plain's
+//! - `identical_to_plain`: requests whose answer (text and tool calls, ids aside) equals the family plain's
 //!   answer to the same request (temperature 0 only); once an answer differs the conversations
 //!   differ, so the later turns of that session are not compared.
 
@@ -99,7 +99,8 @@ fn identical(group: &[&RequestRecord], plain: &[&RequestRecord]) -> (usize, usiz
         }
         let Some(p) = reference.get(&key(r)) else { continue };
         compared += 1;
-        if p.reply.text == r.reply.text && p.reply.tool_calls == r.reply.tool_calls {
+        let calls = (p.reply.tool_calls.iter().zip(&r.reply.tool_calls)).all(|(a, b)| a.same_call(b));
+        if p.reply.text == r.reply.text && p.reply.tool_calls.len() == r.reply.tool_calls.len() && calls {
             same += 1;
         } else {
             diverged.insert((r.session.clone(), r.repeat));
@@ -243,6 +244,27 @@ mod tests {
             },
             messages: None,
         }
+    }
+
+    #[test]
+    fn the_same_calls_under_other_ids_are_the_same_answer() {
+        let call = |id: &str, args: &str| crate::sessions::client::ToolCall {
+            id: id.into(),
+            name: "ls".into(),
+            arguments: args.into(),
+        };
+        let with = |server: &str, calls: Vec<crate::sessions::client::ToolCall>| {
+            let mut r = rec(server, "a", 0, 11, 1.0, "");
+            r.reply.tool_calls = calls;
+            r
+        };
+        let plain = [with("t:plain", vec![call("call_1", "{}")])];
+        let same = [with("t:auto", vec![call("call_2", "{}")])];
+        let other = [with("t:auto", vec![call("call_1", "{\"a\":1}")])];
+        let more = [with("t:auto", vec![call("call_2", "{}"), call("call_3", "{}")])];
+        assert_eq!(identical(&[&same[0]], &[&plain[0]]), (1, 1));
+        assert_eq!(identical(&[&other[0]], &[&plain[0]]), (0, 1));
+        assert_eq!(identical(&[&more[0]], &[&plain[0]]), (0, 1));
     }
 
     #[test]
