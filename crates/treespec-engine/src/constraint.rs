@@ -103,8 +103,8 @@ pub struct TaggedConstraint<C> {
 enum TagState {
     /// Outside any call.
     Free,
-    /// Inside the call open at the committed position.
-    Committed,
+    /// Inside the call of this opening, open at the committed position.
+    Committed(usize),
     /// Inside a call of this opening that the path opened; its tokens start at this index.
     Opened(usize, usize),
 }
@@ -146,7 +146,7 @@ impl<C: TokenConstraint> TaggedConstraint<C> {
 
     fn scan(&self, path: &[TokenId]) -> TagState {
         let mut state = match &self.open {
-            Some(_) => TagState::Committed,
+            Some((w, _)) => TagState::Committed(*w),
             None => TagState::Free,
         };
         for (i, &t) in path.iter().enumerate() {
@@ -162,10 +162,7 @@ impl<C: TokenConstraint> TaggedConstraint<C> {
                         None => TagState::Free,
                     }
                 }
-                TagState::Committed if self.closes(self.open.as_ref().map_or(0, |o| o.0), t) => {
-                    TagState::Free
-                }
-                TagState::Opened(w, _) if self.closes(w, t) => TagState::Free,
+                TagState::Committed(w) | TagState::Opened(w, _) if self.closes(w, t) => TagState::Free,
                 s => s,
             };
         }
@@ -184,7 +181,7 @@ impl<C: TokenConstraint> TokenConstraint for TaggedConstraint<C> {
     fn mask_logits(&mut self, path: &[TokenId], logits: &mut [f32]) -> Result<()> {
         match self.scan(path) {
             TagState::Free => Ok(()),
-            TagState::Committed => self.open.as_mut().expect("a call is open").1.mask_logits(path, logits),
+            TagState::Committed(_) => self.open.as_mut().expect("a call is open").1.mask_logits(path, logits),
             TagState::Opened(w, k) => self.fresh(w)?.mask_logits(&path[k..], logits),
         }
     }

@@ -41,8 +41,8 @@ pub enum Output {
     /// One tool call `{"name", "arguments"}`, following the tool-call grammar.
     ToolCall(GrammarSpec),
     /// Free text that may be one call of these tools (`tool_choice: "auto"`); a call the model
-    /// opens with its template's `<tool_call>` tag follows the call grammar up to the closing
-    /// tag (treespec-llama's `tagged_calls`).
+    /// opens itself (a `<tool_call>` tag, or a ```` ```json ```` fence starting the answer)
+    /// follows the call grammar to its close (treespec-llama's `tagged_calls`).
     ToolAuto(Vec<ToolFunction>),
 }
 

@@ -22,13 +22,6 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-impl ToolCall {
-    /// The same call: the same function with the same arguments (ids are each server's own).
-    pub fn same_call(&self, other: &ToolCall) -> bool {
-        self.name == other.name && self.arguments == other.arguments
-    }
-}
-
 /// One answer and how it was produced.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reply {

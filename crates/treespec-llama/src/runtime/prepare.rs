@@ -3,7 +3,7 @@
 //! [`ModelRuntime::prepare`]. It turns what a front end was asked for ([`RequestSpec`]) into
 //! what the engine runs ([`Prepared`]): the prompt as tokens (through the chat template when it
 //! is a chat), the grammar compiled against the target's vocabulary (or, for calls the model may
-//! open itself, the call grammar between the template's tags), the drafter of the method
+//! open itself, the call grammar from each opening to its close), the drafter of the method
 //! (on the caller's draft model when the method runs one), the stop strings with the target's
 //! end tokens, and the most new tokens the context leaves room for.
 //!
@@ -51,10 +51,10 @@ pub struct RequestSpec<'a> {
     pub stop: &'a [String],
     /// Structured output: the grammar every token must follow.
     pub grammar: Option<&'a GrammarSpec>,
-    /// Free output that may call these tools (`tool_choice: "auto"`): where the vocabulary
-    /// spells the template's call tags as single tokens ([`CALL_TAGS`]), a call the model opens
-    /// follows the call grammar up to its closing tag (forced tokens drafted for free); the text
-    /// around calls stays free. Ignored with `grammar`.
+    /// Free output that may call these tools (`tool_choice: "auto"`): a call the model opens
+    /// itself follows the call grammar to its close (forced tokens drafted for free; see
+    /// [`ModelRuntime::tagged_calls`]); the text around calls stays free. Ignored with
+    /// `grammar`.
     pub tool_calls: Option<&'a [ToolFunction]>,
 }
 
