@@ -17,6 +17,14 @@
 //!     [--score OTHER-CURVE.json] [--pessimism Z] [--refine] [--per-answer] [--trace]
 //! ```
 //!
+//! `--cold` replays each answer as a fresh `treespec generate` does: an empty global history and
+//! the prices the replay started from (the drafter's starting prices, or `--prices FILE`: a
+//! `SuffixPricing` as JSON), nothing carried from one answer to the next. The drafter starts from
+//! the shipped calibrated prior, as a fresh install does; `--uninformed` starts it from the
+//! formula prior alone. `--write-prices FILE` writes the prices learned over the whole replay (as
+//! JSON) — what `scripts/calibrate-prior.sh` distils the shipped prior from (from `--uninformed`,
+//! so that a calibration never feeds on the prior it replaces).
+//!
 //! `--refine` folds each step's time into the curve and tracks the achieved rate, as a live run
 //! does (without it every step is priced against plain decoding's rate). `--per-answer` prints
 //! each answer's speed-up and tokens per forward to stderr; `--trace` prints one `TRACE` line per
@@ -35,11 +43,12 @@ use treespec_bench::runner::PlainText;
 use treespec_core::cost::CostCurve;
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::suffix::{GlobalHistory, SuffixPricing, DEFAULT_CAP_TOKENS};
 use treespec_core::tree::{NodeId, TokenTree};
 use treespec_core::verify::{verify, TargetDists};
 use treespec_core::{Dist, TokenId};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::drafters::{SuffixConfig, SuffixDrafter};
+use treespec_engine::drafters::{SuffixConfig, SuffixDrafter, SuffixShared};
 use treespec_engine::{Drafter, ProposeContext};
 
 /// Times and tokens of one category (or of all answers).
@@ -137,7 +146,9 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trac
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut positional, mut score_path, mut pessimism) = (Vec::new(), None, None);
-    let (mut per_answer, mut trace, mut refine) = (false, false, false);
+    let (mut per_answer, mut trace, mut refine, mut cold, mut uninformed) =
+        (false, false, false, false, false);
+    let (mut prices_in, mut prices_out) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -148,13 +159,17 @@ fn main() -> Result<()> {
             "--per-answer" => per_answer = true,
             "--trace" => trace = true,
             "--refine" => refine = true,
+            "--cold" => cold = true,
+            "--uninformed" => uninformed = true,
+            "--prices" => prices_in = Some(it.next().context("--prices needs a file")?.clone()),
+            "--write-prices" => prices_out = Some(it.next().context("--write-prices needs a file")?.clone()),
             _ => positional.push(a.clone()),
         }
     }
     let [tokens, curve] = positional.as_slice() else {
         bail!(
             "usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z] \
-             [--refine] [--per-answer] [--trace]"
+             [--refine] [--per-answer] [--trace] [--cold] [--uninformed | --prices FILE] [--write-prices FILE]"
         );
     };
     let decide = read_curve(Path::new(curve))?;
@@ -167,7 +182,20 @@ fn main() -> Result<()> {
     if let Some(z) = pessimism {
         config.pessimism = z;
     }
-    let mut drafter = SuffixDrafter::new(config)?;
+    let start = match &prices_in {
+        Some(p) => serde_json::from_str::<SuffixPricing>(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?,
+        )
+        .with_context(|| format!("{p} holds no suffix prices"))?,
+        None if uninformed => SuffixPricing::uninformed(),
+        None => SuffixPricing::new(),
+    };
+    config.shared.set_pricing(start.clone());
+    let fresh = |config: &SuffixConfig| -> Result<SuffixDrafter> {
+        let shared = SuffixShared::with_pricing(GlobalHistory::new(DEFAULT_CAP_TOKENS)?, start.clone());
+        Ok(SuffixDrafter::new(SuffixConfig { shared, ..config.clone() })?)
+    };
+    let mut drafter = SuffixDrafter::new(config.clone())?;
     let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
     let file = std::fs::read_to_string(tokens).with_context(|| format!("reading {tokens}"))?;
     for (i, line) in file.lines().enumerate() {
@@ -175,6 +203,9 @@ fn main() -> Result<()> {
             serde_json::from_str(line).with_context(|| format!("{tokens}, line {}", i + 1))?;
         if text.output.is_empty() {
             continue;
+        }
+        if cold {
+            drafter = fresh(&config)?;
         }
         let r = replay(&mut drafter, &text, &score, trace)?;
         if per_answer {
@@ -194,6 +225,10 @@ fn main() -> Result<()> {
             t.emitted += r.emitted;
             t.forwards += r.forwards;
         }
+    }
+    if let Some(p) = &prices_out {
+        let learned = config.shared.pricing_snapshot();
+        std::fs::write(p, serde_json::to_string(&learned)?).with_context(|| format!("writing {p}"))?;
     }
     println!("| category | answers | median speed-up | pooled speed-up | tokens per forward |");
     println!("|---|---:|---:|---:|---:|");

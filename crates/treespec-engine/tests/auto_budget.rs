@@ -17,7 +17,7 @@ use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
-    AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter,
+    AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared,
 };
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
@@ -48,9 +48,18 @@ fn dyspec(draft: &ToyModel, costs: Arc<SharedCosts>) -> DySpecDrafter<ToyLm> {
 }
 
 fn auto(draft: Option<&ToyModel>, costs: Arc<SharedCosts>) -> AutoDrafter<ToyLm> {
+    auto_sharing(draft, costs, SuffixShared::empty())
+}
+
+/// [`auto`] with the suffix drafter's history and prices in `shared`.
+fn auto_sharing(
+    draft: Option<&ToyModel>,
+    costs: Arc<SharedCosts>,
+    shared: Arc<SuffixShared>,
+) -> AutoDrafter<ToyLm> {
     let config = AutoConfig {
         costs,
-        suffix: SuffixConfig { max_depth: 6, ..Default::default() },
+        suffix: SuffixConfig { max_depth: 6, shared, ..Default::default() },
         dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
     };
     AutoDrafter::new(draft.map(|d| ToyLm::new(d.clone(), CTX)), config).unwrap()
@@ -155,10 +164,18 @@ fn greedy_auto_grafts_suffix_drafts_onto_the_model_tree_and_stays_exact() {
     let greedy = SamplingParams::greedy();
     // A perfect draft model beside a prompt whose repetition the target does not follow: the
     // model's tree wins, and the suffix draft's own guesses ride along while rows are cheap.
+    // The suffix prices start from the formula prior: the shipped calibration has learned that
+    // a 40-token match goes on, and would bet on this one rather than the model.
     let target = ToyModel::new(16, 1, 7);
     let draft = target.draft(0.0, 7);
     let prompt: Vec<TokenId> = (0..40).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
     let plain = run(&target, &mut PlainDrafter, &prompt, 64, &greedy, 0).tokens;
+    let auto = |draft: Option<&ToyModel>, costs: Arc<SharedCosts>| {
+        let cap = treespec_core::suffix::DEFAULT_CAP_TOKENS;
+        let history = treespec_core::suffix::GlobalHistory::new(cap).unwrap();
+        let pricing = treespec_core::suffix::SuffixPricing::uninformed();
+        auto_sharing(draft, costs, SuffixShared::with_pricing(history, pricing))
+    };
     let mut both = auto(Some(&draft), cheap_verify());
     let out = run(&target, &mut both, &prompt, 64, &greedy, 0);
     assert_eq!(out.tokens, plain);

@@ -1,8 +1,9 @@
 //! `treespec generate`: one prompt, streamed to stdout, statistics to stderr (or one JSON object).
 //!
 //! **Learned prices.** A method that drafts from suffix matches (`suffix`, `auto`) starts from
-//! the prices the earlier runs learned rather than from the prior, and leaves what this run
-//! learned for the next ([`LearnedPrices`]): read from the file beside `--suffix-history` when
+//! the prices the earlier runs learned rather than from the prior (the calibration shipped in
+//! the binary, `SuffixPricing::new`), and leaves what this run learned for the next
+//! ([`LearnedPrices`]): read from the file beside `--suffix-history` when
 //! that has prices, else from the learned-prices cache `<cache>/prices/<tokenizer>.json` (the
 //! cost curves' cache folder: `$TREESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/treespec`, else
 //! `~/.cache/treespec`; one file per tokenizer fingerprint and vocabulary size); written back to
@@ -59,8 +60,9 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// Start the suffix drafter's prices from the prior and keep nothing it learns: neither the
-    /// learned-prices cache nor the prices beside `--suffix-history` are read or written.
+    /// Start the suffix drafter's prices from the shipped prior and keep nothing it learns:
+    /// neither the learned-prices cache nor the prices beside `--suffix-history` are read or
+    /// written.
     #[arg(
         long,
         env = "TREESPEC_NO_LEARNED_PRICES",

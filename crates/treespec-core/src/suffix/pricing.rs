@@ -29,6 +29,16 @@
 //!
 //! The cells' layout is versioned ([`PRICING_GRID`]): saved prices of another grid are read
 //! only where their cells mean the same ([`SuffixPricing::from_grid`]).
+//!
+//! **A cold start drafts like a warm one.** A fresh install, a `treespec generate` with no learned
+//! prices, or a new tenant of the server does not start from the formula prior alone but from
+//! the shipped calibrated prior (`calibrated_prior.json`, written by
+//! `scripts/calibrate-prior.sh`): what each cell learned over a replay of public recorded
+//! answers, shrunk to the evidence of at most 16 trials. A long copy of the prompt is then priced
+//! on its first step as it is after a hundred requests (unshrunk, the formula prior's two trials
+//! kept its cells pessimistic and explored for the first few hundred steps), and a run's own
+//! trials outweigh the prior within a few dozen steps. [`SuffixPricing::uninformed`] is the
+//! formula prior alone, which the calibration starts from.
 
 use serde::{Deserialize, Serialize};
 
@@ -160,16 +170,51 @@ pub struct SuffixPricing {
     total: u64,
 }
 
+/// The shipped calibrated prior as `scripts/calibrate-prior.sh` writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShippedPrior {
+    format: String,
+    grid: u64,
+    cap: f64,
+    #[allow(dead_code)] // provenance, for readers of the file
+    calibrated_on: serde_json::Value,
+    accepted: Vec<f64>,
+    trials: Vec<f64>,
+}
+
+/// The shipped prior's cells, checked once.
+static CALIBRATED: std::sync::LazyLock<SuffixPricing> = std::sync::LazyLock::new(|| {
+    let shipped: ShippedPrior =
+        serde_json::from_str(include_str!("calibrated_prior.json")).expect("the shipped prior is JSON");
+    assert_eq!(shipped.format, "treespec suffix prior");
+    assert_eq!(
+        shipped.grid, PRICING_GRID,
+        "the shipped prior is of another grid: run scripts/calibrate-prior.sh"
+    );
+    assert!(shipped.accepted.len() == CELLS && shipped.trials.len() == CELLS, "the shipped prior's cells");
+    for (&a, &t) in shipped.accepted.iter().zip(&shipped.trials) {
+        assert!(a.is_finite() && 0.0 <= a && a <= t && t <= shipped.cap, "a shipped cell of {a}/{t}");
+    }
+    SuffixPricing { accepted: shipped.accepted, trials: shipped.trials, total: 0 }
+});
+
+/// The shipped calibrated prior (see the module docs).
 impl Default for SuffixPricing {
     fn default() -> Self {
-        Self { accepted: vec![0.0; CELLS], trials: vec![0.0; CELLS], total: 0 }
+        CALIBRATED.clone()
     }
 }
 
 impl SuffixPricing {
-    /// Pricing that knows nothing yet (answers from the prior).
+    /// Pricing of a fresh start: the shipped calibrated prior, no trials of its own yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The formula prior alone: every cell untried (what the calibration starts from).
+    pub fn uninformed() -> Self {
+        Self { accepted: vec![0.0; CELLS], trials: vec![0.0; CELLS], total: 0 }
     }
 
     /// Trials recorded so far.
@@ -186,9 +231,10 @@ impl SuffixPricing {
         if saved.accepted.len() != cells || saved.trials.len() != cells {
             return None;
         }
+        // The cells the older layout lacks start from the shipped prior.
         let mut p = saved;
-        p.accepted.resize(CELLS, 0.0);
-        p.trials.resize(CELLS, 0.0);
+        p.accepted.extend_from_slice(&CALIBRATED.accepted[cells..]);
+        p.trials.extend_from_slice(&CALIBRATED.trials[cells..]);
         Some(p)
     }
 
@@ -270,7 +316,7 @@ mod tests {
 
     #[test]
     fn an_untried_cell_answers_a_pessimistic_prior() {
-        let p = SuffixPricing::new();
+        let p = SuffixPricing::uninformed();
         let long = node(40, 1);
         let weak = node(2, 1);
         assert!(p.posterior(&long).0 > 0.9 && p.posterior(&weak).0 < 0.6);
@@ -288,7 +334,7 @@ mod tests {
 
     #[test]
     fn learns_per_cell_and_trusts_what_it_saw_often() {
-        let mut p = SuffixPricing::new();
+        let mut p = SuffixPricing::uninformed();
         // Weak matches at depth 1: accepted 20%; long copies at depth 10: 98%.
         for i in 0..500 {
             p.record(&node(2, 1), i % 5 == 0);
@@ -300,7 +346,7 @@ mod tests {
         assert!((copy - 0.98).abs() < 0.02, "{copy}");
         // A cell never tried still answers its prior.
         let untouched = node(6, 3);
-        assert_eq!(p.posterior(&untouched).0, SuffixPricing::new().posterior(&untouched).0);
+        assert_eq!(p.posterior(&untouched).0, SuffixPricing::uninformed().posterior(&untouched).0);
         // Well-tried cells keep their pessimistic price on exploration steps.
         assert_eq!(p.exploration_price(&node(2, 1), 1.0), weak);
         // A depth-1 node under a 39-token match continues the same context as the depth-10 node
@@ -315,7 +361,7 @@ mod tests {
 
     #[test]
     fn resumed_copies_have_cells_and_priors_of_their_own() {
-        let p = SuffixPricing::new();
+        let p = SuffixPricing::uninformed();
         let mean = |a: AnchorFeatures| p.posterior(&a).0;
         // A copy that resumed and agreed for a token beats a 2-token match; a resume's first node
         // is a guess, two matched tokens a better one.
@@ -329,7 +375,7 @@ mod tests {
         assert_eq!(anchor_cell(&resumed(ResumeKind::Stay, 0, 2)), anchor_cell(&follow));
         assert_eq!(mean(resumed(ResumeKind::Stay, 0, 2)), mean(follow));
         // Every resumed cell lies past the match cells, and learning one leaves the others.
-        let mut q = SuffixPricing::new();
+        let mut q = SuffixPricing::uninformed();
         for _ in 0..200 {
             q.record(&resumed(ResumeKind::Replace, 0, 1), true);
         }
@@ -344,7 +390,7 @@ mod tests {
         assert_eq!(q.price(&both, 0.9), q.price(&node(2, 1), 0.9));
         assert_eq!(q.posterior(&both), q.posterior(&node(2, 1)));
         assert_eq!(q.exploration_price(&both, 0.9), q.exploration_price(&node(2, 1), 0.9));
-        let mut r = SuffixPricing::new();
+        let mut r = SuffixPricing::uninformed();
         r.record(&both, false);
         assert_eq!(r.total_trials(), 1);
         assert!(r.posterior(&node(2, 1)).0 < p.posterior(&node(2, 1)).0);
@@ -364,14 +410,14 @@ mod tests {
     fn saved_prices_of_another_grid_are_read_where_their_cells_mean_the_same() {
         // The layout this build saves: a change of the cells must bump PRICING_GRID.
         assert_eq!((PRICING_GRID, CELLS, MATCH_CELLS), (2, 156, 112), "changed the grid? bump PRICING_GRID");
-        let mut p = SuffixPricing::new();
+        let mut p = SuffixPricing::uninformed();
         for i in 0..50 {
             p.record(&node(2 + i % 20, 1), i % 3 == 0);
             p.record(&resumed(ResumeKind::Skip, 1, 1), i % 2 == 0);
         }
         assert_eq!(SuffixPricing::from_grid(PRICING_GRID, p.clone()), Some(p.clone()));
         // Grid 1 held the match cells alone, laid out as now: they are kept, the resumed cells
-        // start from their prior.
+        // start from the shipped prior.
         let old = SuffixPricing {
             accepted: p.accepted[..MATCH_CELLS].to_vec(),
             trials: p.trials[..MATCH_CELLS].to_vec(),
@@ -389,5 +435,30 @@ mod tests {
         assert_eq!(SuffixPricing::from_grid(3, p.clone()), None);
         assert_eq!(SuffixPricing::from_grid(1, p), None);
         assert_eq!(SuffixPricing::from_grid(PRICING_GRID, old), None);
+    }
+    #[test]
+    fn a_fresh_start_prices_from_the_shipped_calibration() {
+        let (shipped, formula) = (SuffixPricing::new(), SuffixPricing::uninformed());
+        assert_eq!(shipped.total_trials(), 0, "the prior is not this run's trials");
+        assert_eq!(SuffixPricing::default(), shipped);
+        // A long copy of the request's own text: calibrated near-certain, with enough evidence
+        // to be priced near its mean and never explored again; the formula prior's two trials
+        // price it far lower on a first step.
+        let copy = node(40, 1);
+        let (mean, _) = shipped.posterior(&copy);
+        assert!(mean > 0.9, "{mean}");
+        assert!(shipped.trials[priced_cell(&copy.as_features()).0] >= EXPLORE_TRIALS);
+        assert_eq!(shipped.exploration_price(&copy, 0.9), shipped.price(&copy, 0.9));
+        assert!(shipped.price(&copy, 0.9) > formula.price(&copy, 0.9) + 0.1);
+        // A weak two-token match of a split vote: the calibration learned it fails more often
+        // than the formula guesses.
+        let weak = NodeFeatures { share: 0.3, ..node(2, 1) };
+        assert!(shipped.posterior(&weak).0 < formula.posterior(&weak).0);
+        // What a run learns still moves the prices: 200 failures of the long copy's cell.
+        let mut p = shipped.clone();
+        for _ in 0..200 {
+            p.record(&copy, false);
+        }
+        assert!(p.posterior(&copy).0 < 0.2);
     }
 }

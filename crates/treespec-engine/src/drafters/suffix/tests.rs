@@ -44,6 +44,11 @@ fn copying(head: &[TokenId]) -> (Vec<TokenId>, Vec<TokenId>) {
     (quote, history)
 }
 
+/// Shared state whose prices start from the formula prior alone, not the shipped calibration.
+fn uninformed() -> Arc<SuffixShared> {
+    SuffixShared::with_pricing(GlobalHistory::new(DEFAULT_CAP_TOKENS).unwrap(), SuffixPricing::uninformed())
+}
+
 fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
     ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0, batch_cut: false }
 }
@@ -64,7 +69,7 @@ fn bad_configs_name_the_knob() {
 #[test]
 fn a_long_copy_is_drafted_far_and_a_weak_match_not_at_all() {
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-    let shared = SuffixShared::empty();
+    let shared = uninformed();
     let config = SuffixConfig { explore_every: 0, shared: shared.clone(), ..Default::default() };
     let mut d = SuffixDrafter::new(config).unwrap();
     // The prompt quotes 40 distinct tokens; the output has copied the first 20 of them.
@@ -104,9 +109,11 @@ fn prices_carried_to_new_shared_state_draft_the_long_copy_at_once() {
         d.propose(&ctx(&history, &sampler)).unwrap().max_depth()
     };
     assert!(depth(&warm) >= 20, "the learned prices draft the rest of the quote");
-    assert!(depth(&SuffixShared::empty()) < 20, "the prior is cautious");
+    assert!(depth(&uninformed()) < 20, "the formula prior is cautious");
+    // A fresh start takes the copy at once too: the shipped prior is calibrated.
+    assert!(depth(&SuffixShared::empty()) >= 20, "the shipped prior drafts the rest of the quote");
     // set_pricing replaces the prices of state already shared.
-    let cold = SuffixShared::empty();
+    let cold = uninformed();
     cold.set_pricing(learned.pricing_snapshot());
     assert!(depth(&cold) >= 20);
 }
@@ -145,7 +152,7 @@ fn a_long_context_makes_the_same_copy_verify_fewer_rows() {
 fn exploration_tries_a_few_nodes_the_pessimistic_price_keeps_out() {
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     let weak = vec![7, 8, 1, 7, 8, 2, 7, 8, 3, 4, 5, 6];
-    let cautious = SuffixConfig { explore_every: 0, ..Default::default() };
+    let cautious = SuffixConfig { explore_every: 0, shared: uninformed(), ..Default::default() };
     let mut d = SuffixDrafter::new(cautious.clone()).unwrap();
     d.begin(&weak[..8], &sampler, 0).unwrap();
     assert_eq!(d.propose(&ctx(&weak[..8], &sampler)).unwrap().drafted(), 0);
@@ -161,7 +168,7 @@ fn exploring_a_long_copy_doubles_what_the_pessimistic_price_keeps() {
     let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
     let (_, history) = copying(&[1, 2]);
     let drafted = |explore_every: u32| {
-        let config = SuffixConfig { explore_every, ..Default::default() };
+        let config = SuffixConfig { explore_every, shared: uninformed(), ..Default::default() };
         let mut d = SuffixDrafter::new(config).unwrap();
         d.begin(&history, &sampler, 0).unwrap();
         d.propose(&ctx(&history, &sampler)).unwrap().drafted()
