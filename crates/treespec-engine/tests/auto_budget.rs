@@ -19,7 +19,7 @@ use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
     AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared,
 };
-use treespec_engine::toy::{Support, ToyLm, ToyModel};
+use treespec_engine::toy::{Support, ToyLm, ToyModel, WatchedLm};
 use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
 
 const CTX: usize = 512;
@@ -186,6 +186,39 @@ fn greedy_auto_grafts_suffix_drafts_onto_the_model_tree_and_stays_exact() {
     let out = run(&target, &mut dear, &prompt, 64, &greedy, 0);
     assert_eq!(out.tokens, plain);
     assert_eq!(dear.extra_stats().auto.unwrap().combined_steps, 0);
+}
+
+#[test]
+fn a_draft_model_that_could_not_pay_even_when_perfect_never_takes_the_prompt() {
+    // T(n) = 30n and a perfect draft at 3 ms a token: every chain costs more per token than
+    // plain decoding, whatever is accepted. `auto` alone gives the draft model the prompt at
+    // the start (a prefill before the first token) only where a perfect draft could pay.
+    let greedy = SamplingParams::greedy();
+    let target = ToyModel::new(16, 1, 7);
+    let perfect = target.draft(0.0, 7);
+    let prompt: Vec<TokenId> = (0..40).map(|i| (i * 7 % 16) as TokenId).collect();
+    let plain = run(&target, &mut PlainDrafter, &prompt, 200, &greedy, 0).tokens;
+    let counted = |costs: Arc<SharedCosts>| {
+        let (lm, watch) = WatchedLm::new(ToyLm::new(perfect.clone(), CTX));
+        let config = AutoConfig {
+            costs,
+            suffix: SuffixConfig { max_depth: 6, ..Default::default() },
+            dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
+        };
+        let mut d = AutoDrafter::new(Some(lm), config).unwrap();
+        let out = run(&target, &mut d, &prompt, 200, &greedy, 0);
+        let prefilled = watch.lock().unwrap().prefilled;
+        (out.tokens, d, prefilled)
+    };
+    let (tokens, hopeless, prefilled) = counted(linear_verify());
+    assert_eq!(tokens, plain);
+    assert_eq!(prefilled, 0, "the prompt was given to a draft model that cannot pay");
+    assert_eq!((hopeless.draft_forwards(), hopeless.extra_stats().auto.unwrap().model_steps), (0, 0));
+    // The same model where a perfect draft pays takes the prompt and drafts.
+    let (tokens, cheap, prefilled) = counted(cheap_verify());
+    assert_eq!(tokens, plain);
+    assert!(prefilled >= prompt.len() - 1, "{prefilled}");
+    assert!(cheap.draft_forwards() > 0 && cheap.extra_stats().auto.unwrap().model_steps > 0);
 }
 
 const RUNS: u64 = 20_000;

@@ -18,10 +18,10 @@ use treespec_core::TokenId;
 use treespec_engine::drafters::{
     ChainDrafter, GsdConfig, GsdDrafter, LookupConfig, LookupDrafter, StagedConfig, StagedDrafter,
 };
-use treespec_engine::toy::{Support, ToyLm, ToyModel};
+use treespec_engine::toy::{Support, ToyLm, ToyModel, Watch, WatchedLm};
 use treespec_engine::{
-    generate, CausalLm, Drafter, EngineError, GenerateOutput, GenerateRequest, Logits, PlainDrafter,
-    ProposeContext, StopConditions, TreeBatch,
+    generate, Drafter, EngineError, GenerateOutput, GenerateRequest, PlainDrafter, ProposeContext,
+    StopConditions,
 };
 
 const CTX: usize = 256;
@@ -243,46 +243,11 @@ fn lookup_falls_back_to_the_static_table() {
 // ---------------------------------------------------------------------------------------------
 // The draft KV cache: after every commit it must hold a prefix of the true history.
 
-/// A draft model that records its committed tokens after every commit.
-struct Spy {
-    lm: ToyLm,
-    log: Arc<Mutex<Vec<Vec<TokenId>>>>,
-}
-
-impl CausalLm for Spy {
-    fn vocab_size(&self) -> usize {
-        self.lm.vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        self.lm.context_size()
-    }
-    fn committed_len(&self) -> usize {
-        self.lm.committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        self.lm.pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> Result<(), EngineError> {
-        self.lm.prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>, EngineError> {
-        self.lm.forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> Result<(), EngineError> {
-        self.lm.commit(path)?;
-        self.log.lock().unwrap().push(self.lm.committed().to_vec());
-        Ok(())
-    }
-    fn truncate(&mut self, len: usize) -> Result<(), EngineError> {
-        self.lm.truncate(len)
-    }
-}
-
 /// Every committed snapshot is a prefix of prompt + output, and the cache keeps up (it lags the
 /// history by at most the last step's unfed tokens).
-fn check_kv(log: &Arc<Mutex<Vec<Vec<TokenId>>>>, prompt: &[TokenId], out: &[TokenId], what: &str) {
+fn check_kv(watch: &Mutex<Watch>, prompt: &[TokenId], out: &[TokenId], what: &str) {
     let full: Vec<TokenId> = prompt.iter().chain(out).copied().collect();
-    let log = log.lock().unwrap();
+    let log = &watch.lock().unwrap().commits;
     assert!(!log.is_empty(), "{what}: the draft never committed");
     for (step, s) in log.iter().enumerate() {
         assert!(
@@ -306,15 +271,13 @@ fn draft_cache_holds_the_true_history_including_merged_paths() {
         let modes = [SamplingParams::greedy(), SamplingParams::with_temperature(1.0)];
         for (mode, sampling) in modes.into_iter().enumerate() {
             let req = request(&prompt, 60, sampling.clone(), seed);
-            let log = Arc::new(Mutex::new(Vec::new()));
-            let spy = Spy { lm: ToyLm::new(draft.clone(), CTX), log: log.clone() };
+            let (spy, log) = WatchedLm::new(ToyLm::new(draft.clone(), CTX));
             let mut d = GsdDrafter::new(spy, GsdConfig { r: 0, ..gsd_wide() }).unwrap();
             let out = run(&target, &mut d, &req, CTX);
             check_kv(&log, &prompt, &out.tokens, "gsd");
             linked_accepted[mode] += d.stats().accepted_linked;
 
-            let log = Arc::new(Mutex::new(Vec::new()));
-            let spy = Spy { lm: ToyLm::new(draft.clone(), CTX), log: log.clone() };
+            let (spy, log) = WatchedLm::new(ToyLm::new(draft.clone(), CTX));
             let mut d = StagedDrafter::new(spy, StagedConfig::default()).unwrap();
             let out = run(&target, &mut d, &req, CTX);
             check_kv(&log, &prompt, &out.tokens, "staged");

@@ -35,8 +35,8 @@
 //! the shipped calibrated prior (`calibrated_prior.json`, written by
 //! `scripts/calibrate-prior.sh`): what each cell learned over a replay of public recorded
 //! answers, shrunk to the evidence of at most 16 trials. A long copy of the prompt is then priced
-//! on its first step as it is after a hundred requests (unshrunk, the formula prior's two trials
-//! kept its cells pessimistic and explored for the first few hundred steps), and a run's own
+//! on its first step as it is after a hundred requests (from the formula prior's two trials a
+//! run priced it low, and explored its cells, for its first few hundred steps), and a run's own
 //! trials outweigh the prior within a few dozen steps. [`SuffixPricing::uninformed`] is the
 //! formula prior alone, which the calibration starts from.
 

@@ -106,15 +106,19 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
 
     /// Alone, the draft model takes the prompt now, as part of prefill. In a batch its prompt
     /// prefill would stall every other request's step, so it gets the text only when a step
-    /// finds that the model's extra tokens over the steps left pay for that prefill.
+    /// finds that the model's extra tokens over the steps left pay for that prefill. Where not
+    /// even a perfect draft could pay on this machine's curves, it never gets it.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.counts = [0; 3];
         self.combined = 0;
-        match self.model.as_mut() {
-            Some(m) if self.batched => m.begin_deferred(seed),
-            Some(m) => m.begin(prompt, sampler, seed)?,
-            None => {}
+        if let Some(m) = self.model.as_mut() {
+            m.set_forward(0, prompt.len());
+            if self.batched || !m.perfect_chain_can_pay() {
+                m.begin_deferred(seed);
+            } else {
+                m.begin(prompt, sampler, seed)?;
+            }
         }
         Ok(())
     }
@@ -126,14 +130,16 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.steps += 1;
         // A draft model that cannot pay even along its best chain (in a batch: on the batch's
         // rate, which its drafting time holds up for every request) stays idle, apart from a rare
-        // step that lets its calibration see whether the text got easier.
+        // step that lets its calibration see whether the text got easier — unless not even a
+        // perfect draft could pay on this machine: then it is not asked at all (and, deferred
+        // since `begin`, never takes the text).
         if let Some(m) = self.model.as_mut() {
             m.set_forward(ctx.batch_rows, ctx.history.len());
         }
-        let model = self
-            .model
-            .as_mut()
-            .filter(|m| m.chain_can_pay() || self.steps.is_multiple_of(MODEL_RECHECK_EVERY));
+        let steps = self.steps;
+        let model = self.model.as_mut().filter(|m| {
+            m.perfect_chain_can_pay() && (m.chain_can_pay() || steps.is_multiple_of(MODEL_RECHECK_EVERY))
+        });
         if let Some(m) = model {
             m.set_bar(best.1);
             let model_tree = m.propose(ctx)?;

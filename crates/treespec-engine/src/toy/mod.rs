@@ -10,11 +10,13 @@ mod draft_lanes;
 mod lm;
 mod model;
 mod slots;
+mod watched;
 
 pub use batched::ToyBatchLm;
 pub use draft_lanes::ToyDraftLanes;
 pub use lm::ToyLm;
 pub use model::{Support, ToyModel};
+pub use watched::{Watch, WatchedLm};
 
 /// Cost curves for toy models (demos, the toy server, the toy benchmark): a verify that grows
 /// slowly with the batch and a draft at a tenth of it, refined online from the toys' own timings.

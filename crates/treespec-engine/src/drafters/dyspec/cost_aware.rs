@@ -132,6 +132,13 @@ impl<M: CausalLm> DySpecDrafter<M> {
         self.auto.as_ref().is_none_or(|a| a.chain_can_pay())
     }
 
+    /// Whether a perfect draft could beat the rate to beat (see
+    /// [`crate::auto_budget::AutoBudget::perfect_chain_can_pay`]); always yes without a cost
+    /// model.
+    pub(crate) fn perfect_chain_can_pay(&self) -> bool {
+        self.auto.as_ref().is_none_or(|a| a.perfect_chain_can_pay())
+    }
+
     /// Set the gain a proposal must beat before the draft model runs (see [`Self::last_gain`]).
     pub(crate) fn set_bar(&mut self, bar: f64) {
         self.bar = bar;
