@@ -172,6 +172,9 @@ fn main() -> Result<()> {
              [--refine] [--per-answer] [--trace] [--cold] [--uninformed | --prices FILE] [--write-prices FILE]"
         );
     };
+    if cold && prices_out.is_some() {
+        bail!("--write-prices needs a warm replay: a cold one starts every answer afresh and keeps nothing");
+    }
     let decide = read_curve(Path::new(curve))?;
     let score = match &score_path {
         Some(p) => read_curve(Path::new(p))?,
