@@ -222,18 +222,12 @@ impl AutoBudget {
     /// beat along some chain, at the draft's measured cost per token. A chain is the best any
     /// tree can do when every node is accepted (a branch adds rows, not tokens), and a tree
     /// costs at least one draft forward per depth, so where this says no no draft the model
-    /// makes can pay on this machine, however well it predicts: it should not run at all, nor
-    /// take the prompt, nor be tried to see whether the text got easier. Unlike
+    /// makes can pay on this machine, however well it predicts: it should not take the prompt.
+    /// Unlike
     /// [`Self::chain_can_pay`] it needs no trials, only the curves, so it holds from a cold
     /// start on. Always yes for model-free drafters.
     pub fn perfect_chain_can_pay(&self) -> bool {
-        let Some(draft) = &self.costs.draft else { return true };
-        let rate = self.economics().rate;
-        let target = self.costs.target.at_context(self.context);
-        chain_bound(&target, draft.ms_at(1, self.context), &[1.0], GATE_CHAIN)
-            .iter()
-            .skip(1)
-            .any(|b| b.3 > rate)
+        self.chain_beats_rate(&[1.0])
     }
 
     /// Whether any chain of draft-model tokens could beat the rate to beat, at the acceptance
@@ -243,7 +237,6 @@ impl AutoBudget {
     /// model should not run at all, because once a step has started drafting, the time spent is
     /// sunk and each further depth looks cheap on its own.
     pub fn chain_can_pay(&self) -> bool {
-        let Some(draft) = &self.costs.draft else { return true };
         if self.calib.total_trials() < GATE_TRIALS {
             return true;
         }
@@ -254,9 +247,16 @@ impl AutoBudget {
             .enumerate()
             .map(|(d, a)| a.unwrap_or_else(|| self.calib.best_acceptance(d + 1)))
             .collect();
+        self.chain_beats_rate(&acceptance)
+    }
+
+    /// Whether some draft-model chain of up to `GATE_CHAIN` tokens, accepted per depth as
+    /// `acceptance` says, beats the rate to beat (always yes without a draft model).
+    fn chain_beats_rate(&self, acceptance: &[f64]) -> bool {
+        let Some(draft) = &self.costs.draft else { return true };
         let rate = self.economics().rate;
         let target = self.costs.target.at_context(self.context);
-        chain_bound(&target, draft.ms_at(1, self.context), &acceptance, GATE_CHAIN)
+        chain_bound(&target, draft.ms_at(1, self.context), acceptance, GATE_CHAIN)
             .iter()
             .skip(1)
             .any(|b| b.3 > rate)

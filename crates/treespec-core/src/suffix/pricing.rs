@@ -177,8 +177,9 @@ struct ShippedPrior {
     format: String,
     grid: u64,
     cap: f64,
-    #[allow(dead_code)] // provenance, for readers of the file
-    calibrated_on: serde_json::Value,
+    /// Provenance, for readers of the file.
+    #[serde(rename = "calibrated_on")]
+    _calibrated_on: serde::de::IgnoredAny,
     accepted: Vec<f64>,
     trials: Vec<f64>,
 }

@@ -130,16 +130,15 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.steps += 1;
         // A draft model that cannot pay even along its best chain (in a batch: on the batch's
         // rate, which its drafting time holds up for every request) stays idle, apart from a rare
-        // step that lets its calibration see whether the text got easier — unless not even a
-        // perfect draft could pay on this machine: then it is not asked at all (and, deferred
-        // since `begin`, never takes the text).
+        // step that lets its calibration see whether the text got easier (its own step declines
+        // where not even a perfect draft could pay, catch-up of a deferred start included).
         if let Some(m) = self.model.as_mut() {
             m.set_forward(ctx.batch_rows, ctx.history.len());
         }
-        let steps = self.steps;
-        let model = self.model.as_mut().filter(|m| {
-            m.perfect_chain_can_pay() && (m.chain_can_pay() || steps.is_multiple_of(MODEL_RECHECK_EVERY))
-        });
+        let model = self
+            .model
+            .as_mut()
+            .filter(|m| m.chain_can_pay() || self.steps.is_multiple_of(MODEL_RECHECK_EVERY));
         if let Some(m) = model {
             m.set_bar(best.1);
             let model_tree = m.propose(ctx)?;
