@@ -19,8 +19,9 @@ pub enum LaneWork<'a> {
         /// The tokens.
         tokens: &'a [TokenId],
     },
-    /// A token tree on top of the lane's committed prefix (pending until `commit`), logits for
-    /// every node.
+    /// A token tree on top of the lane's committed prefix and of its prompt chunk when the same
+    /// step feeds one (a request's first tree rides the chunk that finishes its prompt), pending
+    /// until `commit`, logits for every node.
     Tree {
         /// The lane.
         lane: LaneId,

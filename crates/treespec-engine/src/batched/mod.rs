@@ -14,6 +14,7 @@
 //!
 //! - `phases`: one step as a sequence of phases (prompt chunks → propose → cut → forward →
 //!   complete and commit → settle).
+//! - `chunks`: which prompts a step reads (shortest first, short steps near a first token).
 //! - `propose`: the trees of a step, in turn or together on a shared draft model.
 //! - `cut`: the batch budget over every request's cuttable nodes.
 //! - `batch`: [`Batch`]; `run`: [`run_batched`].
@@ -27,6 +28,7 @@ use crate::error::EngineError;
 use crate::generation::{Generation, StepOutcome};
 
 mod batch;
+mod chunks;
 mod cut;
 mod phases;
 mod propose;
@@ -54,6 +56,10 @@ pub struct Lane<'d> {
     /// Rows its tree put in the last forward it decoded in (1 before its first): what the other
     /// lanes expect of it when all propose at once.
     last_rows: usize,
+    /// Steps in a row it had prompt left and got no chunk (`chunks.rs`).
+    passed_over: u32,
+    /// It has put a tree in a forward (its first token is out or on its way).
+    decoded: bool,
 }
 
 impl std::fmt::Debug for Lane<'_> {
@@ -85,11 +91,18 @@ impl<'d> Lane<'d> {
             prefill_time: Duration::ZERO,
             begun: false,
             last_rows: 1,
+            passed_over: 0,
+            decoded: false,
         }
     }
 
     fn prefill_left(&self) -> usize {
         self.generation.prompt_head().len() - self.prefilled
+    }
+
+    /// Its prompt is in and its first step is next: the step that emits its first token.
+    fn awaits_first_step(&self) -> bool {
+        !self.decoded && self.prefill_left() == 0 && !self.generation.is_done()
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::chunks::{plan_chunks, Chunk, PromptLeft, STARVE_STEPS};
 use super::cut::cut_together;
 use super::propose::{propose_trees, Proposals};
 use super::{Lane, LaneStep, StepLimits, StepReport};
@@ -15,13 +16,6 @@ use crate::backend::{BatchedLm, LaneWork, Logits, TreeBatch};
 use crate::error::{EngineError, Result};
 use crate::generation::{Scored, StepOutcome};
 use crate::shared_draft::SharedDraft;
-
-/// A prompt chunk of the step: member `member` feeds the next `tokens` tokens of its prompt head.
-#[derive(Debug, Clone, Copy)]
-struct Chunk {
-    member: usize,
-    tokens: usize,
-}
 
 /// A tree of the step: member `member`'s proposal as the rows it feeds.
 #[derive(Debug)]
@@ -57,8 +51,10 @@ pub(super) fn step_lanes(
     if let Some(draft) = draft {
         draft.drain(limits.prefill_chunk);
     }
-    let proposals = propose_trees(lm, lanes, &mut results, room, prefilled, limits, draft);
-    let rows = cut(lanes, &proposals, prefilled, limits.batch_budget);
+    let mut reading = vec![0; lanes.len()];
+    chunks.iter().for_each(|c| reading[c.member] = c.tokens);
+    let proposals = propose_trees(lm, lanes, &mut results, room, &reading, limits, draft);
+    let rows = cut(lanes, &proposals, &reading, limits.batch_budget);
     let trees = tree_batches(lanes, &proposals.members);
     if rows == 0 {
         return (results, StepReport::default());
@@ -80,24 +76,23 @@ pub(super) fn step_lanes(
     (results, report)
 }
 
-/// Prompt chunks go first, oldest lanes first, at most `prefill_chunk` tokens in all and no more
-/// than the forward holds: a long prompt is read over several steps, so it never stalls the
-/// requests already decoding.
-fn prompt_chunks(lanes: &[&mut Lane<'_>], prefill_chunk: usize, room_rows: usize) -> Vec<Chunk> {
-    let mut chunks: Vec<Chunk> = Vec::new();
-    let (mut budget, mut rows) = (prefill_chunk.max(1), 0usize);
-    for (member, lane) in lanes.iter().enumerate() {
-        let left = lane.prefill_left();
-        if left == 0 {
-            continue;
+/// The step's prompt chunks (`chunks.rs`: shortest prompt first, a short step when a first token
+/// is near, no prompt starved), at most `prefill_chunk` tokens in all and no more than the forward
+/// holds: a long prompt is read over several steps, so it never stalls the requests already
+/// decoding. Each lane with prompt left that gets no chunk counts one more step passed over.
+fn prompt_chunks(lanes: &mut [&mut Lane<'_>], prefill_chunk: usize, room_rows: usize) -> Vec<Chunk> {
+    let prompts: Vec<PromptLeft> = lanes
+        .iter()
+        .map(|l| PromptLeft { left: l.prefill_left(), starved: l.passed_over >= STARVE_STEPS })
+        .collect();
+    let first_token_due = lanes.iter().any(|l| l.awaits_first_step());
+    let chunks = plan_chunks(&prompts, first_token_due, prefill_chunk, room_rows);
+    for (member, lane) in lanes.iter_mut().enumerate() {
+        if chunks.iter().any(|c| c.member == member) {
+            lane.passed_over = 0;
+        } else if lane.prefill_left() > 0 {
+            lane.passed_over += 1;
         }
-        let tokens = left.min(budget).min(room_rows.saturating_sub(rows));
-        if tokens == 0 {
-            break;
-        }
-        chunks.push(Chunk { member, tokens });
-        budget -= tokens;
-        rows += tokens;
     }
     chunks
 }
@@ -115,10 +110,13 @@ fn begin_drafters(lanes: &mut [&mut Lane<'_>], results: &mut [LaneStep]) {
 }
 
 /// The batch budget, when on and when there is more than one request's work in the forward (a
-/// request alone in a forward with no prompt chunk already priced its tree with its own budget):
-/// every cuttable proposal cut together on the merged forward. Returns the forward's rows.
-fn cut(lanes: &mut [&mut Lane<'_>], proposals: &Proposals, prefilled: usize, batch_budget: bool) -> usize {
-    if batch_budget && (proposals.members.len() > 1 || prefilled > 0) {
+/// request alone in a forward with no prompt chunk but its own already priced its tree with its
+/// own budget, as its first step alone would): every cuttable proposal cut together on the merged
+/// forward. Returns the forward's rows.
+fn cut(lanes: &mut [&mut Lane<'_>], proposals: &Proposals, reading: &[usize], batch_budget: bool) -> usize {
+    let prefilled: usize = reading.iter().sum();
+    let others = prefilled - proposals.members.iter().map(|&m| reading[m]).sum::<usize>();
+    if batch_budget && (proposals.members.len() > 1 || others > 0) {
         proposals.rows - cut_together(lanes, &proposals.members, proposals.rows, prefilled)
     } else {
         proposals.rows
@@ -139,6 +137,7 @@ fn tree_batches(lanes: &mut [&mut Lane<'_>], members: &[usize]) -> Vec<Tree> {
         .collect();
     for tree in &trees {
         lanes[tree.member].last_rows = tree.batch.len();
+        lanes[tree.member].decoded = true;
     }
     trees.sort_by_key(|t| t.batch.len() > 1);
     trees

@@ -54,20 +54,24 @@ struct Bounds {
     limits: StepLimits,
 }
 
-/// Propose the tree of every lane that decodes this step (begun, its prompt in, not done, not
-/// failed this step) on top of the `prefilled` rows of prompt chunks, within `room`. Every
-/// decoding lane puts at least its root in, whatever the order; a lane that finds no room waits
-/// for the next step.
+/// Propose the tree of every lane that decodes this step (begun, its prompt in or finished by
+/// this step's chunk, not done, not failed this step) on top of the `prefilled` rows of prompt
+/// chunks, within `room`; `reading[member]` is the prompt tokens member reads this step. A lane
+/// whose chunk finishes its prompt takes its first step in the same forward: its tree sits right
+/// after the chunk (one step sooner to the first token). Every decoding lane puts at least its
+/// root in, whatever the order; a lane that finds no room waits for the next step.
 pub(super) fn propose_trees(
     lm: &dyn BatchedLm,
     lanes: &mut [&mut Lane<'_>],
     results: &mut [LaneStep],
     room: BatchRoom,
-    prefilled: usize,
+    reading: &[usize],
     limits: StepLimits,
     draft: Option<&SharedDraft<'_>>,
 ) -> Proposals {
-    let proposing: Vec<usize> = (0..lanes.len()).filter(|&i| proposes(lanes[i], &results[i])).collect();
+    let prefilled: usize = reading.iter().sum();
+    let proposing: Vec<usize> =
+        (0..lanes.len()).filter(|&i| proposes(lanes[i], &results[i], reading[i])).collect();
     let n = proposing.len();
     let free_rows = room.rows.saturating_sub(prefilled);
     let draft_paths = draft.map_or(usize::MAX, SharedDraft::free_paths);
@@ -77,35 +81,36 @@ pub(super) fn propose_trees(
         Some(draft) => {
             // Each tree gets an equal share of the room.
             let cap = (free_rows / n - 1).min(room.paths / n - 1).min(draft_paths / n).min(limits.max_tree);
-            let at = shares(lm, lanes, &proposing, proposals.rows, cap, limits.batch_budget);
+            let at = shares(lm, lanes, &proposing, reading, proposals.rows, cap, limits.batch_budget);
             for (member, outcome) in propose_together(lanes, &at, draft) {
                 proposals.file(member, outcome, results);
             }
         }
         None => {
             let bounds = Bounds { room, draft_paths, limits };
-            propose_in_turn(lm, lanes, results, &proposing, bounds, &mut proposals);
+            propose_in_turn(lm, lanes, results, &proposing, reading, bounds, &mut proposals);
         }
     }
     proposals
 }
 
-/// Whether a lane proposes this step: its drafter began, its prompt is in, it is not done, and
-/// nothing failed it this step.
-fn proposes(lane: &Lane<'_>, result: &LaneStep) -> bool {
+/// Whether a lane proposes this step: its drafter began, its prompt is in once it has read the
+/// `reading` tokens of this step's chunk, it is not done, and nothing failed it this step.
+fn proposes(lane: &Lane<'_>, result: &LaneStep, reading: usize) -> bool {
     lane.begun
-        && lane.prefill_left() == 0
+        && lane.prefill_left() == reading
         && matches!(result, LaneStep::Waiting)
         && !lane.generation.is_done()
 }
 
-/// Where each of the `proposing` lanes proposes when all propose at once: at most `cap` drafted
-/// nodes, and, not seeing the others' trees, expecting each other lane to put in as many rows as
-/// its last tree did (beside the `rows` already in).
+/// Where each of the `proposing` lanes proposes when all propose at once: on top of what it holds
+/// and reads this step, at most `cap` drafted nodes, and, not seeing the others' trees, expecting
+/// each other lane to put in as many rows as its last tree did (beside the `rows` already in).
 fn shares(
     lm: &dyn BatchedLm,
     lanes: &[&mut Lane<'_>],
     proposing: &[usize],
+    reading: &[usize],
     rows: usize,
     cap: usize,
     batch_cut: bool,
@@ -115,8 +120,9 @@ fn shares(
         .iter()
         .map(|&i| {
             let lane = &lanes[i];
-            let committed = lm.committed_len(lane.lane);
-            let batch_rows = rows + expected.saturating_sub(lane.last_rows);
+            let committed = lm.committed_len(lane.lane) + reading[i];
+            // Its own chunk is not another request's work: it prices its first step as alone.
+            let batch_rows = rows - reading[i] + expected.saturating_sub(lane.last_rows);
             (i, ProposeAt { committed, batch_rows, cap, batch_cut })
         })
         .collect()
@@ -129,6 +135,7 @@ fn propose_in_turn(
     lanes: &mut [&mut Lane<'_>],
     results: &mut [LaneStep],
     proposing: &[usize],
+    reading: &[usize],
     bounds: Bounds,
     proposals: &mut Proposals,
 ) {
@@ -142,10 +149,10 @@ fn propose_in_turn(
         if free_rows == 0 || free_paths == 0 {
             continue; // no room this step: it waits
         }
-        let committed = lm.committed_len(lanes[i].lane);
+        let committed = lm.committed_len(lanes[i].lane) + reading[i];
         // The tree may use the rows and paths left, and at most `max_tree` drafted nodes.
         let cap = (free_rows - 1).min(free_paths - 1).min(draft_paths).min(limits.max_tree);
-        let batch_rows = proposals.rows + roots_to_come;
+        let batch_rows = proposals.rows - reading[i] + roots_to_come;
         let at = ProposeAt { committed, batch_rows, cap, batch_cut: limits.batch_budget };
         let outcome = propose_lane(lanes[i], at);
         paths += proposals.file(i, outcome, results);

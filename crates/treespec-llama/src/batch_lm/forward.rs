@@ -10,7 +10,7 @@ use treespec_core::TokenId;
 use treespec_engine::backend::{LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result, TreeBatch};
 
-use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};
+use super::{kv_err, LaneSeq, LlamaBatchLm, Placed, StepChunk};
 use crate::kv::{PendingTree, Plan};
 use crate::lm::{lend_rows, undo_plan};
 
@@ -78,9 +78,10 @@ fn check_vocab(tokens: &[TokenId], n_vocab: usize) -> Result<()> {
 }
 
 /// The batch rows of a step, in `work` order: (token, position, sequence ids, logits wanted). A
-/// prompt chunk's rows follow its lane's committed tokens on the lane's base sequence, without
-/// logits; a tree's rows sit at committed length + depth on the path ids its plan gave them, with
-/// logits. Every lane must be open and every tree planned.
+/// prompt chunk's rows follow its lane's committed tokens on the lane's base sequence (and the
+/// path ids of the lane's tree, when one rides the chunk), without logits; a tree's rows sit at
+/// committed length + the lane's chunk + depth on the path ids its plan gave them, with logits.
+/// Every lane must be open and every tree planned.
 fn batch_rows<'a>(
     lanes: &'a [Option<LaneSeq>],
     work: &'a [LaneWork<'a>],
@@ -90,12 +91,12 @@ fn batch_rows<'a>(
             LaneWork::Prefill { lane, tokens } => {
                 let l = lanes[lane].as_ref().expect("checked above");
                 let committed = l.tokens.len();
-                let seq = std::slice::from_ref(&l.seq);
-                Box::new(tokens.iter().enumerate().map(move |(i, &t)| (t, committed + i, seq, false)))
+                let seqs = l.chunk.seqs.as_slice();
+                Box::new(tokens.iter().enumerate().map(move |(i, &t)| (t, committed + i, seqs, false)))
             }
             LaneWork::Tree { lane, batch } => {
                 let l = lanes[lane].as_ref().expect("checked above");
-                let committed = l.tokens.len();
+                let committed = l.tokens.len() + l.chunk.len;
                 let (tree, _) = l.tree.as_ref().expect("planned above");
                 Box::new((0..batch.len()).map(move |i| {
                     let (depth, seqs) = tree.row(i);
@@ -149,20 +150,29 @@ impl LlamaBatchLm<'_> {
     }
 
     /// Plan every lane's rows in batch order: prompt chunks on the lane's base sequence, trees on
-    /// path ids from the pool. Stops at the first bad lane; what was planned before it stays in
-    /// `step` for the rollback.
+    /// path ids from the pool, after the lane's chunk when it feeds one too (the chunk's rows then
+    /// carry the tree's path ids as well). Stops at the first bad lane; what was planned before it
+    /// stays in `step` for the rollback.
     fn plan_rows(&mut self, work: &[LaneWork<'_>], step: &mut StepPlan) -> Result<()> {
+        for l in self.lanes.iter_mut().flatten() {
+            l.chunk = StepChunk { len: 0, seqs: vec![l.seq] };
+        }
         let mut start = 0;
         for w in work {
             let (lane, rows, tree) = match *w {
                 LaneWork::Prefill { lane, tokens } => {
-                    self.lane(lane)?;
                     check_vocab(tokens, self.n_vocab)?;
+                    self.lane_mut(lane)?.chunk.len += tokens.len();
                     (lane, tokens.len(), false)
                 }
                 LaneWork::Tree { lane, batch } => {
                     let plan = self.plan_tree(lane, batch)?;
                     step.plans.push((lane, plan));
+                    let l = self.lane_mut(lane)?;
+                    if l.chunk.len > 0 {
+                        let ids = l.tree.as_ref().map(|(t, _)| t.ids().to_vec()).unwrap_or_default();
+                        l.chunk.seqs.extend(ids);
+                    }
                     (lane, batch.len(), true)
                 }
             };
@@ -182,7 +192,7 @@ impl LlamaBatchLm<'_> {
         check_vocab(&batch.tokens, self.n_vocab)?;
         let ids: Vec<i32> = (0..leaves).filter_map(|_| self.free_seqs.pop()).collect();
         let (base, committed) = match self.lane(lane) {
-            Ok(l) => (l.seq, l.tokens.len()),
+            Ok(l) => (l.seq, l.tokens.len() + l.chunk.len),
             Err(e) => {
                 self.free_seqs.extend(ids);
                 return Err(e);
@@ -243,6 +253,7 @@ impl LlamaBatchLm<'_> {
             if let LaneWork::Prefill { lane, tokens } = *w {
                 if let Ok(l) = self.lane_mut(lane) {
                     l.tokens.extend_from_slice(tokens);
+                    l.chunk.len = 0;
                 }
             }
         }

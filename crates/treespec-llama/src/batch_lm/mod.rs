@@ -50,8 +50,20 @@ struct LaneSeq {
     tree: Option<(PendingTree, Vec<TokenId>)>,
     /// The path its commit keeps.
     commit: Option<Vec<usize>>,
+    /// Its prompt chunk of this step, if it feeds one: the tokens it adds (its tree, if it feeds
+    /// one too, sits right after them) and the sequence ids of their rows — its base, and the
+    /// path ids of that tree, whose rows must see the chunk's cells (the paths' copies of the
+    /// base, made before the decode, cannot hold cells the decode has yet to write).
+    chunk: StepChunk,
     /// Whose prefix it is: reused only by lanes opened with the same scope.
     scope: u64,
+}
+
+/// A lane's prompt chunk in the step being planned (see [`LaneSeq::chunk`]).
+#[derive(Debug, Default)]
+struct StepChunk {
+    len: usize,
+    seqs: Vec<i32>,
 }
 
 /// A finished lane's tokens, kept for prefix reuse.
@@ -367,8 +379,14 @@ impl BatchedLm for LlamaBatchLm<'_> {
                 }
             }
         }
-        self.lanes[slot] =
-            Some(LaneSeq { seq, tokens: prompt_head[..reused].to_vec(), tree: None, commit: None, scope });
+        self.lanes[slot] = Some(LaneSeq {
+            seq,
+            tokens: prompt_head[..reused].to_vec(),
+            tree: None,
+            commit: None,
+            chunk: StepChunk::default(),
+            scope,
+        });
         Ok((slot, reused))
     }
 
