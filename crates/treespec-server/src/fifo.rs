@@ -174,20 +174,30 @@ fn refused(spec: &JobSpec) -> Option<ApiError> {
     })
 }
 
+/// How a request's output is constrained.
+#[derive(Default)]
+pub struct Structure<'c> {
+    /// Its grammar state, when it asked for structured output or may call tools (every target
+    /// distribution masked; generation ends when it is complete).
+    pub constraint: Option<&'c mut dyn TokenConstraint>,
+    /// An answer opening with the call fence is one call ([`Event::Started`]).
+    pub fenced_calls: bool,
+}
+
 /// Run one prepared request on a target/drafter pair, each step's text streamed as the engine
-/// releases it. Shared by every worker. `constraint`: the request's grammar state, when it asked
-/// for structured output (every target distribution masked; generation ends when it is complete).
+/// releases it. Shared by every worker.
 pub fn run_generation(
     target: &mut dyn CausalLm,
     drafter: &mut dyn Drafter,
     method: &str,
     request: GenerateRequest,
     bytes: &dyn TokenBytes,
-    constraint: Option<&mut dyn TokenConstraint>,
+    structure: Structure<'_>,
     emit: &mut dyn FnMut(Event) -> bool,
 ) -> Result<RunSummary, RunError> {
+    let Structure { constraint, fenced_calls } = structure;
     let prompt_tokens = request.prompt.len();
-    if !emit(Event::Started { prompt_tokens, method: method.to_string() }) {
+    if !emit(Event::Started { prompt_tokens, method: method.to_string(), fenced_calls }) {
         return Err(RunError::Cancelled(method.to_string()));
     }
     let result = generate_constrained(target, drafter, &request, constraint, Some(bytes), &mut |step| {

@@ -25,6 +25,10 @@ pub enum Event {
         prompt_tokens: usize,
         /// The method decoding it.
         method: String,
+        /// An answer that opens with a ```` ```json ```` fence is decoded under the call grammar
+        /// to its end, so it is one call of a declared tool: a stream may send it as `tool_calls`
+        /// pieces from the fence on (`tool_choice: "auto"`) instead of holding it back whole.
+        fenced_calls: bool,
     },
     /// New text (stop strings already cut away, possible stop-string prefixes held back).
     Text(String),

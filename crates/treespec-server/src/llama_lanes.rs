@@ -78,6 +78,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
             drafter: prepared.drafter,
             constraint: prepared.constraint.map(|c| c as Box<dyn TokenConstraint + 'm>),
             scope: tenant.scope(),
+            fenced_calls: prepared.fenced_calls,
         })
     }
 

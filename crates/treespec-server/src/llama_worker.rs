@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use treespec_engine::{CausalLm, TokenConstraint};
 use treespec_llama::{LlamaLm, ModelRuntime};
 
-use crate::fifo::{run_generation, EnginePool, Worker};
+use crate::fifo::{run_generation, EnginePool, Structure, Worker};
 use crate::job::{Event, RunError, RunSummary};
 use crate::llama::{check_default_method, model_id, prepare, LlamaConfig, LlamaText};
 use crate::methods::ServerMethods;
@@ -50,7 +50,10 @@ impl Worker for LlamaWorker<'_> {
             method.name(),
             prepared.request,
             &bytes,
-            prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint),
+            Structure {
+                constraint: prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint),
+                fenced_calls: prepared.fenced_calls,
+            },
             emit,
         )
     }

@@ -29,6 +29,7 @@ use crate::structured;
 use crate::tenant::{ApiKeys, Tenant};
 use crate::tool_calls::ToolCallText;
 use crate::validate::{self, JobSpec};
+use treespec_grammar::FENCED_CALL;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -222,8 +223,8 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
     s.backend.submit(Job { spec, tenant, trace, events: tx })?;
     // The first event tells whether the prompt was accepted: errors before any output are
     // plain HTTP errors, also for streaming requests.
-    let _started = match rx.recv().await {
-        Some(Event::Started { prompt_tokens, method }) => (prompt_tokens, method),
+    let fenced_calls = match rx.recv().await {
+        Some(Event::Started { fenced_calls, .. }) => fenced_calls,
         Some(Event::Error(e)) => return Err(e),
         _ => return Err(ApiError::internal("the model thread stopped")),
     };
@@ -237,6 +238,7 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
         include_usage,
         tool_call,
         auto_tools,
+        fenced_calls,
         trace,
         plain_rate: s.backend.plain_tokens_per_second(),
     };
@@ -335,6 +337,9 @@ struct Meta {
     tool_call: bool,
     /// The answer may be a call of these tools (`tool_choice: "auto"`).
     auto_tools: Option<Vec<String>>,
+    /// An answer opening with a ```` ```json ```` fence is decoded under the call grammar to its
+    /// end (one call): it streams as `tool_calls` pieces from the call's name on.
+    fenced_calls: bool,
     /// Stream each chunk's provenance and the statistics (`X-Treespec-Trace: 1`, chat only).
     trace: bool,
     /// The server's plain decoding rate, for the trace's finish chunk.
@@ -343,7 +348,12 @@ struct Meta {
 
 /// The tool-call reader of a response whose answer is a call.
 fn call_text(tool_call: bool) -> Option<ToolCallText> {
-    tool_call.then(|| ToolCallText::new(format!("call_{}", &new_id("c")[2..])))
+    tool_call.then(|| ToolCallText::new(call_id()))
+}
+
+/// A new tool call id (`call_…`).
+fn call_id() -> String {
+    format!("call_{}", &new_id("c")[2..])
 }
 
 /// The finish reason of a tool call: `tool_calls`, or `length` when it was cut.
@@ -611,7 +621,10 @@ impl SseState {
         let t = match self.held.as_mut() {
             Some(h) => {
                 h.push_str(&t);
-                if structured::may_be_call(h) {
+                if let Some(pieces) = self.fenced_call_begins() {
+                    return pieces;
+                }
+                if structured::may_be_call(self.held.as_deref().unwrap_or_default()) {
                     return None;
                 }
                 self.held.take().unwrap_or_default()
@@ -633,6 +646,24 @@ impl SseState {
                 })
             }
         }
+    }
+
+    /// A held answer that opened with the call fence, once its header names a declared tool:
+    /// the call grammar decodes the rest of it (`fenced_calls`), so it is that call, and it
+    /// streams from here as `tool_calls` pieces (the first: id and name) instead of waiting for
+    /// its end. `Some` once it began (with its first chunk, if the pieces make one).
+    fn fenced_call_begins(&mut self) -> Option<Option<Vec<SseEvent>>> {
+        let meta = &self.meta;
+        let body = self.held.as_deref()?.strip_prefix(FENCED_CALL.0).filter(|_| meta.fenced_calls)?;
+        let mut call = ToolCallText::fenced(call_id());
+        let pieces = call.push(body);
+        let names = meta.auto_tools.as_deref().unwrap_or_default();
+        if !call.name().is_some_and(|n| names.iter().any(|d| d == n)) {
+            return None; // the header is not whole yet (or names no declared tool: held)
+        }
+        self.held = None;
+        self.call = Some(call);
+        Some(Some(vec![meta.chunk(Delta { tool_calls: Some(pieces), ..Delta::default() }, None, None)]))
     }
 
     /// The end: a held answer resolved (one call of a declared tool, or text after all), then
@@ -728,6 +759,7 @@ mod tests {
             include_usage: false,
             tool_call: false,
             auto_tools: auto.then(|| vec!["get_weather".to_string()]),
+            fenced_calls: auto,
             trace: false,
             plain_rate: None,
         }
@@ -784,6 +816,41 @@ mod tests {
         assert_eq!(call[0]["function"]["name"], "get_weather");
         let last = &c[c.len() - 1];
         assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[tokio::test]
+    async fn a_fenced_auto_call_streams_from_its_name_on() {
+        let events = vec![
+            Event::Text("```json\n{\"name\": \"get_".into()),
+            Event::Text("weather\", \"arguments\": {".into()),
+            Event::Text("\"city\": \"Paris\"".into()),
+            Event::Text(", \"days\": 2}}\n```".into()),
+            done(),
+        ];
+        let c = chunks(meta(true), events).await;
+        let calls: Vec<&serde_json::Value> =
+            c.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
+        // The name went out with the second piece of text, the arguments as they came.
+        assert!(calls.len() >= 3, "streamed in pieces, not whole at the end: {c:?}");
+        assert_eq!(calls[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+        let args: String = calls
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(args, r#"{"city": "Paris", "days": 2}"#);
+        let contents: String =
+            c.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(contents, "", "nothing of the call leaks as text");
+        assert_eq!(c[c.len() - 1]["choices"][0]["finish_reason"], "tool_calls");
+        // Without the call grammar behind the fence, the answer is held to its end as before.
+        let mut unconstrained = meta(true);
+        unconstrained.fenced_calls = false;
+        let events = vec![Event::Text("```json\n{\"name\": \"get_weather\", \"arguments\": {}}".into())];
+        let c =
+            chunks(unconstrained, events.into_iter().chain([Event::Text("\n```".into()), done()]).collect())
+                .await;
+        let calls = c.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).count();
+        assert_eq!(calls, 1, "held to its end, then sent whole: {c:?}");
     }
 
     #[tokio::test]

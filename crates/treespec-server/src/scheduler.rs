@@ -42,6 +42,8 @@ pub struct Prepared<'m> {
     pub constraint: Option<Box<dyn TokenConstraint + 'm>>,
     /// Its tenant's prefix scope: it reuses cached KV prefixes of its own tenant only.
     pub scope: u64,
+    /// An answer opening with a ```` ```json ```` fence is one call (see [`Event::Started`]).
+    pub fenced_calls: bool,
 }
 
 /// The models behind a scheduler: the batched target and what turns a request into a lane.
@@ -300,7 +302,12 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             .map_err(engine_error)?;
         let k = self.batch.len() - 1;
         self.batch.data_mut(k).cached = cached;
-        if job.events.send(Event::Started { prompt_tokens, method: prepared.method.clone() }).is_err() {
+        let started = Event::Started {
+            prompt_tokens,
+            method: prepared.method.clone(),
+            fenced_calls: prepared.fenced_calls,
+        };
+        if job.events.send(started).is_err() {
             // Gone before it began: as if it never joined (its drafter learns nothing).
             self.batch.abandon(lm, k);
             return Err(RunError::Cancelled(prepared.method));

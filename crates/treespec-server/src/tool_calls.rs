@@ -6,7 +6,8 @@
 //! complete it yields a first delta (id, type, name), then argument text as it comes, always
 //! holding back the last non-blank character (it may be the call's own `}`). Joining the
 //! deltas' arguments gives [`ToolCallText::finish`]'s arguments, so streamed and whole answers
-//! agree.
+//! agree. A call inside a ```` ```json ```` fence ([`ToolCallText::fenced`], the text after the
+//! opening) also holds back trailing backticks, and its closing fence is not an argument.
 
 use serde_json::Value;
 
@@ -21,12 +22,33 @@ pub struct ToolCallText {
     header: Option<(String, usize)>,
     /// Bytes of `buf` already sent as arguments.
     sent: usize,
+    /// The call closes with a fence (```` ``` ````) after its own `}`.
+    fenced: bool,
 }
 
 impl ToolCallText {
     /// A call to be answered under `id` (`call_…`).
     pub fn new(id: String) -> Self {
-        Self { id, buf: String::new(), header: None, sent: 0 }
+        Self { id, buf: String::new(), header: None, sent: 0, fenced: false }
+    }
+
+    /// A call inside a ```` ```json ```` fence, fed the text after the opening.
+    pub fn fenced(id: String) -> Self {
+        Self { fenced: true, ..Self::new(id) }
+    }
+
+    /// The function name, once the header is complete.
+    pub fn name(&self) -> Option<&str> {
+        self.header.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    /// `buf` without what may still turn out to be the call's closing: trailing blanks, and
+    /// trailing backticks in a fenced call.
+    fn body(&self) -> &str {
+        match self.fenced {
+            true => self.buf.trim_end_matches(|c: char| c.is_whitespace() || c == '`'),
+            false => self.buf.trim_end(),
+        }
     }
 
     /// Add generated text; returns the deltas it completes (none until the header is whole).
@@ -45,7 +67,7 @@ impl ToolCallText {
             self.sent = start;
         }
         // Hold back the last non-blank character and what follows it.
-        let end = self.buf.trim_end().len();
+        let end = self.body().len();
         let held = self.buf[..end].char_indices().next_back().map_or(end, |(i, _)| i);
         if let Some(delta) = self.arguments_until(held) {
             out.push(delta);
@@ -73,6 +95,10 @@ impl ToolCallText {
     pub fn finish(&mut self) -> Option<(Option<ToolCallDelta>, ToolCall)> {
         let (name, start) = self.header.clone()?;
         let body = self.buf.trim_end();
+        let body = match self.fenced {
+            true => body.strip_suffix("```").map_or(body, str::trim_end),
+            false => body,
+        };
         let end = match body.strip_suffix('}') {
             Some(inner) if start <= inner.len() => inner.trim_end().len(),
             _ => body.len(),
@@ -140,6 +166,32 @@ mod tests {
             assert_eq!(args, whole.function.arguments);
             assert!(deltas[1..].iter().all(|d| d.id.is_none() && d.function.name.is_none()));
         }
+    }
+
+    #[test]
+    fn a_fenced_call_streams_without_its_closing_fence() {
+        let text = format!("{CALL}\n```");
+        let (_, whole) = streamed(&[CALL]);
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        for split in [vec![text.clone()], vec![text[..30].to_string(), text[30..].to_string()], chars] {
+            let mut t = ToolCallText::fenced("call_1".into());
+            let mut deltas: Vec<ToolCallDelta> = split.iter().flat_map(|p| t.push(p)).collect();
+            let (last, call) = t.finish().unwrap();
+            deltas.extend(last);
+            assert_eq!(call, whole, "{split:?}");
+            let args: String = deltas.iter().map(|d| d.function.arguments.as_str()).collect();
+            assert_eq!(args, whole.function.arguments);
+            assert!(!args.contains('`'));
+        }
+        // Backticks inside the arguments are arguments, once more text follows them.
+        let code = r#"{"name": "run", "arguments": {"cmd": "echo ```"}}"#;
+        let mut t = ToolCallText::fenced("c".into());
+        let mut args: String = t.push(code).iter().map(|d| d.function.arguments.clone()).collect();
+        args.extend(t.push("\n```").iter().map(|d| d.function.arguments.clone()));
+        let (last, call) = t.finish().unwrap();
+        args.extend(last.map(|d| d.function.arguments));
+        assert_eq!(call.function.arguments, r#"{"cmd": "echo ```"}"#);
+        assert_eq!(args, call.function.arguments);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{GenerateRequest, Method, TokenBytes};
 
 use crate::error::ApiError;
-use crate::fifo::{run_generation, EnginePool, Worker};
+use crate::fifo::{run_generation, EnginePool, Structure, Worker};
 use crate::job::{Event, RunError, RunSummary};
 use crate::job::{ModelInfo, ModelText};
 use crate::methods::ServerMethods;
@@ -147,7 +147,7 @@ impl Worker for ToyWorker {
             method.name(),
             request,
             &Letters,
-            None,
+            Structure::default(),
             &mut slow_emit,
         )
     }

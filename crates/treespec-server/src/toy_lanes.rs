@@ -61,6 +61,7 @@ impl LaneModels<'static> for ToyLanes {
             drafter,
             constraint: None,
             scope: tenant.scope(),
+            fenced_calls: false,
         })
     }
 

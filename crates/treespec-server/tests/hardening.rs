@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{Method, TokenBytes};
-use treespec_server::fifo::run_generation;
+use treespec_server::fifo::{run_generation, Structure};
 use treespec_server::validate::{JobSpec, PromptInput};
 use treespec_server::{router, EnginePool, Event, Metrics, ServerConfig, ToyConfig};
 
@@ -158,7 +158,7 @@ fn text_of_one_token() -> String {
         "plain",
         spec.generate_request(vec![0, 1], 1, Vec::new()),
         &PartialEmoji,
-        None,
+        Structure::default(),
         &mut |e| {
             match e {
                 Event::Text(t) => text.push_str(&t),

@@ -66,6 +66,10 @@ pub struct Prepared<'d> {
     pub drafter: Box<dyn Drafter + 'd>,
     /// The grammar state, for structured output (or tool calls between tags).
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// An answer that opens with a ```` ```json ```` fence is decoded under the call grammar to
+    /// its end ([`FENCED_CALL`]): it is then exactly one call of a declared tool, which a server
+    /// may stream as `tool_calls` pieces from the fence on instead of holding the answer back.
+    pub fenced_calls: bool,
 }
 
 /// What is wrong with a request, by the part at fault.
@@ -127,10 +131,10 @@ impl ModelRuntime {
         draft: Option<D>,
     ) -> Result<Prepared<'d>, PrepareError> {
         let prompt = self.request_tokens(spec.prompt)?;
-        let constraint = match (spec.grammar, spec.tool_calls) {
-            (Some(g), _) => Some(Box::new(self.compile_grammar(g)?) as Box<dyn TokenConstraint>),
+        let (constraint, fenced_calls) = match (spec.grammar, spec.tool_calls) {
+            (Some(g), _) => (Some(Box::new(self.compile_grammar(g)?) as Box<dyn TokenConstraint>), false),
             (None, Some(tools)) => self.tagged_calls(tools)?,
-            (None, None) => None,
+            (None, None) => (None, false),
         };
         let drafter = self.drafter(spec.method, draft)?;
         let max_new_tokens = room(prompt.len(), spec.max_new_tokens, spec.context)?;
@@ -142,7 +146,7 @@ impl ModelRuntime {
             seed: spec.seed,
             stop,
         };
-        Ok(Prepared { request, drafter, constraint })
+        Ok(Prepared { request, drafter, constraint, fenced_calls })
     }
 
     /// The prompt as tokens.
@@ -193,21 +197,29 @@ impl ModelRuntime {
     /// single tokens ([`CALL_TAGS`]), and an answer that starts with a ```` ```json ```` fence
     /// (how Qwen2.5-Coder answers with a call) up to the fence's end. The text around calls stays
     /// free; a call's envelope, keys and closing come out as forced tokens. None where no
-    /// opening can be spelled (a call is still read off the free text after).
+    /// opening can be spelled (a call is still read off the free text after). The flag: whether
+    /// the fence's call grammar is among the openings.
     pub fn tagged_calls(
         &self,
         tools: &[ToolFunction],
-    ) -> Result<Option<Box<dyn TokenConstraint>>, PrepareError> {
+    ) -> Result<(Option<Box<dyn TokenConstraint>>, bool), PrepareError> {
         let table = self.token_table().map_err(|e| PrepareError::Internal(format!("token table: {e}")))?;
         let vocab = self.grammar_vocabulary()?;
         let mut openings: Vec<(Opening, NewInner<DecodingConstraint>)> = Vec::new();
+        let mut fenced = false;
         // A call grammar llguidance cannot build leaves the answer free, as without it: the tools
         // were valid for the request, and a call is still read off the text after.
         let mut add = |opening: Opening, grammar: Result<GrammarSpec, GrammarError>| match grammar
             .and_then(|g| g.compile(vocab))
         {
-            Ok(g) => openings.push((opening, Box::new(move || Ok(DecodingConstraint::new(g.constraint()))))),
-            Err(e) => eprintln!("[treespec] tool calls stay unconstrained: {e}"),
+            Ok(g) => {
+                openings.push((opening, Box::new(move || Ok(DecodingConstraint::new(g.constraint())))));
+                true
+            }
+            Err(e) => {
+                eprintln!("[treespec] tool calls stay unconstrained: {e}");
+                false
+            }
         };
         if let Some((open, close)) = table.tag_pair(CALL_TAGS) {
             add(
@@ -217,13 +229,13 @@ impl ModelRuntime {
         }
         let fence = self.target().tokenize(FENCED_CALL.0, false, false).unwrap_or_default();
         if !fence.is_empty() {
-            add(Opening { tokens: fence, at_start: true, close: None }, fenced_call_grammar(tools));
+            fenced = add(Opening { tokens: fence, at_start: true, close: None }, fenced_call_grammar(tools));
         }
         if openings.is_empty() {
-            return Ok(None);
+            return Ok((None, false));
         }
         let calls = TaggedConstraint::new(openings).map_err(|e| PrepareError::Internal(e.to_string()))?;
-        Ok(Some(Box::new(calls)))
+        Ok((Some(Box::new(calls)), fenced))
     }
 
     /// Whether this runtime can run `method`: one that needs a draft model needs one loaded.
