@@ -157,10 +157,11 @@ mod tests {
         join(&mut batch, &mut lm, &[3, 4, 5, 6], "b");
         join(&mut batch, &mut lm, &[0, 1, 2], "c");
         assert_eq!(batch.len(), 3);
-        // The first step reads the prompt heads (1 + 3 + 2 rows), the second decodes a token each.
+        // The first step reads the prompt heads (1 + 3 + 2 rows) and, riding them, each request's
+        // first tree (its root: 3 rows); the second decodes another token each.
         let (results, report) = batch.step(&mut lm, StepLimits::default(), None, None);
-        assert!(results.iter().all(|r| matches!(r, LaneStep::Waiting)));
-        assert_eq!((report.rows, report.prefilled, report.decoding), (6, 6, 0));
+        assert!(results.iter().all(|r| matches!(r, LaneStep::Stepped(o) if o.emitted.len() == 1)));
+        assert_eq!((report.rows, report.prefilled, report.decoding), (9, 6, 3));
         let (results, report) = batch.step(&mut lm, StepLimits::default(), None, None);
         assert!(results.iter().all(|r| matches!(r, LaneStep::Stepped(o) if o.emitted.len() == 1)));
         assert_eq!((report.rows, report.decoding), (3, 3));
@@ -170,10 +171,10 @@ mod tests {
         assert_eq!(batch.iter().map(|(_, d)| *d).collect::<Vec<_>>(), ["a", "c2"]);
         assert!(batch.leave(&mut lm, 0, false).1.is_none());
         assert_eq!(*batch.data(0), "c2");
-        // c emitted 1 of its 4 tokens: 3 more steps.
-        for k in 0..3 {
+        // c emitted 2 of its 4 tokens: 2 more steps.
+        for k in 0..2 {
             let (results, _) = batch.step(&mut lm, StepLimits::default(), None, None);
-            assert!(matches!(&results[0], LaneStep::Stepped(o) if o.done == (k == 2)), "step {k}");
+            assert!(matches!(&results[0], LaneStep::Stepped(o) if o.done == (k == 1)), "step {k}");
         }
         let (name, output) = batch.leave(&mut lm, 0, true);
         let output = output.unwrap();
