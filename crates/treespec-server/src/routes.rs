@@ -621,8 +621,8 @@ impl SseState {
         let t = match self.held.as_mut() {
             Some(h) => {
                 h.push_str(&t);
-                if let Some(pieces) = self.fenced_call_begins() {
-                    return pieces;
+                if let Some(first) = self.fenced_call_begins() {
+                    return Some(first);
                 }
                 if structured::may_be_call(self.held.as_deref().unwrap_or_default()) {
                     return None;
@@ -651,8 +651,8 @@ impl SseState {
     /// A held answer that opened with the call fence, once its header names a declared tool:
     /// the call grammar decodes the rest of it (`fenced_calls`), so it is that call, and it
     /// streams from here as `tool_calls` pieces (the first: id and name) instead of waiting for
-    /// its end. `Some` once it began (with its first chunk, if the pieces make one).
-    fn fenced_call_begins(&mut self) -> Option<Option<Vec<SseEvent>>> {
+    /// its end. `Some` once it began: its first chunk (the header, and any arguments so far).
+    fn fenced_call_begins(&mut self) -> Option<Vec<SseEvent>> {
         let meta = &self.meta;
         let body = self.held.as_deref()?.strip_prefix(FENCED_CALL.0).filter(|_| meta.fenced_calls)?;
         let mut call = ToolCallText::fenced(call_id());
@@ -663,7 +663,7 @@ impl SseState {
         }
         self.held = None;
         self.call = Some(call);
-        Some(Some(vec![meta.chunk(Delta { tool_calls: Some(pieces), ..Delta::default() }, None, None)]))
+        Some(vec![meta.chunk(Delta { tool_calls: Some(pieces), ..Delta::default() }, None, None)])
     }
 
     /// The end: a held answer resolved (one call of a declared tool, or text after all), then

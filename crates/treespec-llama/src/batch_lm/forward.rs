@@ -10,7 +10,7 @@ use treespec_core::TokenId;
 use treespec_engine::backend::{LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result, TreeBatch};
 
-use super::{kv_err, LaneSeq, LlamaBatchLm, Placed, StepChunk};
+use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};
 use crate::kv::{PendingTree, Plan};
 use crate::lm::{lend_rows, undo_plan};
 
@@ -155,7 +155,10 @@ impl LlamaBatchLm<'_> {
     /// stays in `step` for the rollback.
     fn plan_rows(&mut self, work: &[LaneWork<'_>], step: &mut StepPlan) -> Result<()> {
         for l in self.lanes.iter_mut().flatten() {
-            l.chunk = StepChunk { len: 0, seqs: vec![l.seq] };
+            // Reused every step: no allocation on the decode path.
+            l.chunk.len = 0;
+            l.chunk.seqs.clear();
+            l.chunk.seqs.push(l.seq);
         }
         let mut start = 0;
         for w in work {
