@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=900)
     ap.add_argument("--prompt-chars", type=int, default=50000)
+    ap.add_argument("--story", default="Write a very long story about a robot number {}, with many chapters.",
+                    help="the decoding clients' prompt ({} is the client's number); one the model answers at length")
     a = ap.parse_args()
     port = free_port()
     server = subprocess.Popen(a.server_cmd.format(port=port), shell=True, stdout=subprocess.DEVNULL,
@@ -62,7 +64,7 @@ def main():
             except Exception:
                 time.sleep(0.5)
         gaps = {}
-        story = "Write a very long story about a robot number {}, with many chapters."
+        story = a.story
         clients = [threading.Thread(target=stream, args=(port, story.format(i), a.tokens, gaps, i))
                    for i in range(a.clients)]
         for t in clients:
@@ -77,6 +79,17 @@ def main():
         for i in range(a.clients):
             g = gaps.get(i) or [float("nan")]
             print(f"client {i}: {len(g) + 1} chunks, longest gap {max(g):.2f} s, mean gap {sum(g) / len(g):.2f} s")
+        try:
+            # treespec's batch scheduler: its steps and the time they spent in the forward.
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            m = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith("treespec_batch_")
+                 and len(l.split()) == 2}
+            if m.get("treespec_batch_steps_total"):
+                steps = m["treespec_batch_steps_total"]
+                print(f"server: {steps:.0f} steps, {m.get('treespec_batch_step_seconds_total', 0):.1f} s in steps, "
+                      f"{m.get('treespec_batch_forward_seconds_total', 0):.1f} s in forwards")
+        except Exception:
+            pass
     finally:
         os.killpg(server.pid, signal.SIGTERM)
 

@@ -11,6 +11,7 @@
 #   treespec:auto       treespec serve -m T --draft D -t 2 --method auto   (without D: --method suffix)
 #   treespec:suffix     treespec serve -m T -t 2 --method suffix            (optional)
 #   treespec:auto-chunkN  treespec:auto with --prefill-chunk N                 (optional)
+#   treespec:plain-decodeN, treespec:auto-decodeN  plain / auto with --decode-chunk N (optional)
 #   llama:plain         llama-server -m T -t 2 -tb 2 -ngl 0 --jinja --no-webui
 #   llama:ngram-mod     the same with --spec-type ngram-mod (llama.cpp's default n-gram drafter)
 #   llama:draft         the same with -md D (optional)
@@ -70,6 +71,15 @@ server_cmd() {
     treespec:auto-chunk*)
         # `auto` with a larger prefill chunk (treespec:auto-chunk2048: --prefill-chunk 2048).
         echo "$TREESPEC_BIN" serve -m "$TARGET" "${draft[@]}" -t 2 --method auto --prefill-chunk "${name#treespec:auto-chunk}" \
+            --port "$port" "${ts_slots[@]}"
+        ;;
+    treespec:plain-decode*)
+        # Prompt tokens a step reads beside decoding requests (plain-decode128: --decode-chunk 128).
+        echo "$TREESPEC_BIN" serve -m "$TARGET" -t 2 --method plain --decode-chunk "${name#treespec:plain-decode}" \
+            --port "$port" "${ts_slots[@]}"
+        ;;
+    treespec:auto-decode*)
+        echo "$TREESPEC_BIN" serve -m "$TARGET" "${draft[@]}" -t 2 --method auto --decode-chunk "${name#treespec:auto-decode}" \
             --port "$port" "${ts_slots[@]}"
         ;;
     llama:plain) echo "$LLAMA_SERVER_BIN" -m "$TARGET" -t 2 -tb 2 -ngl 0 --jinja --no-webui --port "$port" "${ll_slots[@]}" ;;

@@ -105,6 +105,17 @@ fn serve_refuses_a_bad_default_method_at_start() {
     assert!(run.stderr.contains("budget"), "{run:#?}");
 }
 
+/// `serve`'s batch sizes are checked before the models load: 0 is refused by name.
+#[test]
+fn serve_refuses_empty_steps() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    for flag in ["--parallel", "--prefill-chunk", "--decode-chunk"] {
+        let run = treespec(&["serve", "-m", m, flag, "0", "--port", "0", "-t", "1"], LIMIT);
+        refused(&run, "--decode-chunk must be at least 1");
+    }
+}
+
 /// Row 11: one rule for -t everywhere: 0 refused (draft quantize accepted it), more than the cores
 /// capped with a warning.
 #[test]

@@ -48,8 +48,22 @@ struct Trace {
 /// A long prompt (300 tokens, joined first) and a short one (6 tokens, joined second) decoded
 /// together with 16-token chunks; returns each one's output and the per-step trace.
 fn long_then_short(temperature: f32, chain: bool, short_new: usize) -> ([Vec<TokenId>; 2], Trace) {
+    long_then_short_in(
+        StepLimits { prefill_chunk: CHUNK, ..StepLimits::default() },
+        temperature,
+        chain,
+        short_new,
+    )
+}
+
+/// [`long_then_short`] with the given step limits.
+fn long_then_short_in(
+    limits: StepLimits,
+    temperature: f32,
+    chain: bool,
+    short_new: usize,
+) -> ([Vec<TokenId>; 2], Trace) {
     let mut lm = ToyBatchLm::new(target(), CTX, 2);
-    let limits = StepLimits { prefill_chunk: CHUNK, ..StepLimits::default() };
     let mut batch: Batch<'_, usize> = Batch::new();
     let reqs = [request(&prompt(300, 1), 5, temperature), request(&prompt(6, 4), short_new, temperature)];
     for (i, req) in reqs.into_iter().enumerate() {
@@ -99,6 +113,38 @@ fn a_short_prompt_beside_a_long_one_gets_its_first_token_in_one_step() {
     assert_eq!(step, 299usize.div_ceil(CHUNK), "the long prompt lost one step, and its first token none");
     assert_eq!(outputs[0], alone(request(&prompt(300, 1), 5, 0.0), false));
     assert_eq!(outputs[1], alone(request(&prompt(6, 4), 4, 0.0), false));
+}
+
+#[test]
+fn while_a_request_decodes_a_prompt_is_read_in_decode_chunks() {
+    // 32-token chunks when nothing decodes, 8 while the short request does.
+    let limits = StepLimits { prefill_chunk: 32, decode_chunk: 8, ..StepLimits::default() };
+    let short_new = 10;
+    let (outputs, trace) = long_then_short_in(limits, 0.0, false, short_new);
+    assert_eq!(trace.emitted[0], [0, 1], "the short request's first token came out of step 1");
+    let (mut read_before, mut emitted_before) = (0, [0, 0]);
+    let (mut small, mut full) = (0, 0);
+    for (&read, &emitted) in trace.long_read.iter().zip(&trace.emitted) {
+        let chunk = read - read_before;
+        // The short request decoded in this step: its prompt was in and it was not done.
+        let short_decoding = emitted_before[1] > 0 && emitted_before[1] < short_new;
+        if chunk > 0 && read < 299 {
+            if short_decoding {
+                assert_eq!(chunk, 8, "a chunk beside a decoding request: {:?}", trace.long_read);
+                small += 1;
+            } else if emitted_before[1] == short_new {
+                assert_eq!(chunk, 32, "a chunk with nothing decoding: {:?}", trace.long_read);
+                full += 1;
+            }
+        }
+        (read_before, emitted_before) = (read, emitted);
+    }
+    // One small chunk beside each of the short request's tokens after its first, then the rest
+    // of the prompt in full chunks.
+    assert_eq!(small, short_new - 1, "{:?}", trace.long_read);
+    assert!(full >= 3, "{:?}", trace.long_read);
+    assert_eq!(outputs[0], alone(request(&prompt(300, 1), 5, 0.0), false));
+    assert_eq!(outputs[1], alone(request(&prompt(6, 4), short_new, 0.0), false));
 }
 
 #[test]

@@ -127,11 +127,12 @@ fn lanes_joining_leaving_compacting_and_reusing_prefixes_stay_exact() {
         return;
     }
     // Each prompt twice (the second time from a cached prefix), three lanes at a time in a
-    // context so small it must be compacted, prompts prefilled in chunks of 16 tokens.
+    // context so small it must be compacted, prompts prefilled in chunks of 16 tokens (5 beside
+    // a decoding lane).
     let requests = requests(2);
     let reference: Vec<Vec<u32>> = requests.iter().take(MIXED).map(alone).collect();
     let mut lm = model().new_batch_lm(256, 3).unwrap();
-    let limits = StepLimits { prefill_chunk: 16, ..StepLimits::default() };
+    let limits = StepLimits { prefill_chunk: 16, decode_chunk: 5, ..StepLimits::default() };
     let outputs = run_batched(&mut lm, jobs(&requests, None), 3, limits, None, None);
     for (i, out) in outputs.into_iter().enumerate() {
         let out = out.unwrap_or_else(|e| panic!("request {i}: {e}"));

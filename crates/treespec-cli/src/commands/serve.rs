@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// stall the requests already decoding).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// Most prompt tokens one batched step reads while another request is decoding (default and
+    /// at most: --prefill-chunk). The decoding requests wait for the whole step for their next
+    /// token, so a smaller chunk streams them more evenly; on a CPU it reads the prompt slower.
+    #[arg(long = "decode-chunk")]
+    pub decode_chunk: Option<usize>,
     /// Batch scheduler: who sizes the suffix drafts (`suffix`, `auto`) of a step: one budget
     /// for the whole batch, or each request on its own.
     #[arg(long = "batch-budget", value_enum, default_value_t = BatchBudget::Batch)]
@@ -141,6 +146,10 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
 /// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
 /// when a request added to it, and at shutdown, so that the next start drafts from it.
 pub fn run(args: ServeArgs) -> Result<()> {
+    let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
+    if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 {
+        anyhow::bail!("--parallel, --prefill-chunk and --decode-chunk must be at least 1");
+    }
     let keys = api_keys(&args)?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
@@ -164,11 +173,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)
         }
         SchedulerKind::Batch => {
-            if args.parallel == 0 || args.prefill_chunk == 0 {
-                anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
-            }
             let limits = StepLimits {
                 prefill_chunk: args.prefill_chunk,
+                decode_chunk,
                 batch_budget: args.batch_budget == BatchBudget::Batch,
                 batch_draft: args.draft_batching == DraftBatching::Batch,
                 ..StepLimits::default()

@@ -123,6 +123,14 @@ pub struct StepLimits {
     /// Most prompt tokens one step prefills (chunked prefill: a long prompt does not stall
     /// everyone's decoding).
     pub prefill_chunk: usize,
+    /// Most prompt tokens one step reads while a request is decoding (at most `prefill_chunk`;
+    /// the default is `prefill_chunk` itself). Every decoding request waits for the whole step
+    /// for its next token and a step's time is mostly its prompt rows, so a smaller chunk streams
+    /// their tokens more evenly (Sarathi-Serve's stall-free batching). It is not free on a CPU:
+    /// attention reads the whole context once per step, so more, smaller steps read the prompt
+    /// slower (SERVING.md, "Design decisions"). A prompt read while nothing decodes gets
+    /// `prefill_chunk`.
+    pub decode_chunk: usize,
     /// Most drafted nodes one lane's tree may hold.
     pub max_tree: usize,
     /// One value-ordered budget over every request's cuttable draft nodes (the default): when
@@ -139,7 +147,7 @@ pub struct StepLimits {
 
 impl Default for StepLimits {
     fn default() -> Self {
-        Self { prefill_chunk: 256, max_tree: 64, batch_budget: true, batch_draft: true }
+        Self { prefill_chunk: 256, decode_chunk: 256, max_tree: 64, batch_budget: true, batch_draft: true }
     }
 }
 

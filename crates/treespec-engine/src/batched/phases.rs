@@ -45,11 +45,12 @@ pub(super) fn step_lanes(
 ) -> (Vec<LaneStep>, StepReport) {
     let mut results: Vec<LaneStep> = lanes.iter().map(|_| LaneStep::Waiting).collect();
     let room = lm.room();
-    let chunks = prompt_chunks(lanes, limits.prefill_chunk, room.rows);
+    let budget = prompt_budget(lanes, limits);
+    let chunks = prompt_chunks(lanes, budget, room.rows);
     let prefilled: usize = chunks.iter().map(|c| c.tokens).sum();
     begin_drafters(lanes, &mut results);
     if let Some(draft) = draft {
-        draft.drain(limits.prefill_chunk);
+        draft.drain(budget);
     }
     let mut reading = vec![0; lanes.len()];
     chunks.iter().for_each(|c| reading[c.member] = c.tokens);
@@ -76,17 +77,28 @@ pub(super) fn step_lanes(
     (results, report)
 }
 
+/// Most prompt tokens the step reads (target and shared draft model alike): `decode_chunk`
+/// while any request is decoding — its next token waits for the whole step — and
+/// `prefill_chunk` when every request in the batch is still reading its prompt.
+fn prompt_budget(lanes: &[&mut Lane<'_>], limits: StepLimits) -> usize {
+    let decoding = lanes.iter().any(|l| l.prefill_left() == 0 && !l.generation.is_done());
+    match decoding {
+        true => limits.decode_chunk.clamp(1, limits.prefill_chunk.max(1)),
+        false => limits.prefill_chunk,
+    }
+}
+
 /// The step's prompt chunks (`chunks.rs`: shortest prompt first, a short step when a first token
-/// is near, no prompt starved), at most `prefill_chunk` tokens in all and no more than the forward
+/// is near, no prompt starved), at most `budget` tokens in all and no more than the forward
 /// holds: a long prompt is read over several steps, so it never stalls the requests already
 /// decoding. Each lane with prompt left that gets no chunk counts one more step passed over.
-fn prompt_chunks(lanes: &mut [&mut Lane<'_>], prefill_chunk: usize, room_rows: usize) -> Vec<Chunk> {
+fn prompt_chunks(lanes: &mut [&mut Lane<'_>], budget: usize, room_rows: usize) -> Vec<Chunk> {
     let prompts: Vec<PromptLeft> = lanes
         .iter()
         .map(|l| PromptLeft { left: l.prefill_left(), starved: l.passed_over >= STARVE_STEPS })
         .collect();
     let first_token_due = lanes.iter().any(|l| l.awaits_first_step());
-    let chunks = plan_chunks(&prompts, first_token_due, prefill_chunk, room_rows);
+    let chunks = plan_chunks(&prompts, first_token_due, budget, room_rows);
     for (member, lane) in lanes.iter_mut().enumerate() {
         if chunks.iter().any(|c| c.member == member) {
             lane.passed_over = 0;
