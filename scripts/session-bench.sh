@@ -15,6 +15,8 @@
 #   llama:plain         llama-server -m T -t 2 -tb 2 -ngl 0 --jinja --no-webui
 #   llama:ngram-mod     the same with --spec-type ngram-mod (llama.cpp's default n-gram drafter)
 #   llama:draft         the same with -md D (optional)
+#   llama:TYPE          the same with --spec-type TYPE, for its other n-gram drafters (optional:
+#                       llama:ngram-simple, llama:ngram-map-k, llama:ngram-map-k4v, llama:ngram-cache)
 # llama-server comes from scripts/peer-bench.sh build (same ggml CPU flags as treespec's build).
 # Both servers keep their prompt caches at their defaults: a client's later turns reuse the
 # earlier turns' KV on both.
@@ -89,6 +91,10 @@ server_cmd() {
         ;;
     llama:draft)
         echo "$LLAMA_SERVER_BIN" -m "$TARGET" -md "$DRAFT" -t 2 -tb 2 -ngl 0 -ngld 0 --jinja --no-webui \
+            --port "$port" "${ll_slots[@]}"
+        ;;
+    llama:ngram-*)
+        echo "$LLAMA_SERVER_BIN" -m "$TARGET" -t 2 -tb 2 -ngl 0 --jinja --no-webui --spec-type "${name#llama:}" \
             --port "$port" "${ll_slots[@]}"
         ;;
     *) log "unknown server $name"; exit 1 ;;
