@@ -19,6 +19,10 @@ Clients: --clients threads loop until --duration seconds have passed, each reque
        503 with Retry-After counts as overload; anything else (5xx, a 2xx, no JSON, a hang, a
        closed connection) is an unexpected error.
   25%  (--disconnect-frac) a streaming request whose socket is closed after 1-3 content chunks.
+   0%  (--impatient-frac) a streaming request whose client gives up when no response has come
+       after --patience seconds (0.5-2 s by default: it was still queued) and closes its socket;
+       a response that came in time is read as a normal stream. A server must drop a request
+       whose client left the queue, so live requests are not refused for it (issue #40).
   the rest  a streaming chat request (`stream_options.include_usage`), read to the end. The stream
        must be well-formed: HTTP 200, text/event-stream, every `data:` a JSON chunk
        (object chat.completion.chunk, one id for the whole stream and never an id seen in another
@@ -89,7 +93,8 @@ class Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.counts = {k: 0 for k in (
-            "started", "completed", "disconnected", "bad_requests_sent", "bad_request_4xx", "overloaded_503",
+            "started", "completed", "disconnected", "gave_up_queued", "bad_requests_sent", "bad_request_4xx",
+            "overloaded_503",
             "unexpected", "health_checks", "health_failures")}
         self.status = {}          # HTTP status -> count, chat endpoint only
         self.bad_kinds = {}       # bad-request kind -> {status: count}
@@ -247,9 +252,10 @@ def do_bad(a, host, port, tally, rng, prompt):
         conn.close()
 
 
-def do_stream(a, host, port, tally, rng, prompt, disconnect_after):
-    """One streamed chat request; disconnect_after = k closes the socket after k content chunks."""
-    what = "disconnect" if disconnect_after else "stream"
+def do_stream(a, host, port, tally, rng, prompt, disconnect_after, patience=None):
+    """One streamed chat request; disconnect_after = k closes the socket after k content chunks;
+    patience = s gives up (closes the socket) when no response came within s seconds."""
+    what = "disconnect" if disconnect_after else ("impatient" if patience else "stream")
     no = tally.begin(what)
     body = json.dumps(chat_body(prompt, a.max_tokens)).encode()
     conn = http.client.HTTPConnection(host, port, timeout=a.request_timeout)
@@ -259,7 +265,18 @@ def do_stream(a, host, port, tally, rng, prompt, disconnect_after):
     try:
         conn.request("POST", CHAT, body=body, headers={"Content-Type": "application/json"})
         sock = conn.sock
-        resp = conn.getresponse()
+        if patience:
+            sock.settimeout(patience)
+            try:
+                resp = conn.getresponse()
+            except (socket.timeout, TimeoutError):
+                # Still queued: the client leaves (its socket closes below).
+                conn.close()
+                tally.end(no, "gave_up_queued")
+                return
+            sock.settimeout(a.request_timeout)
+        else:
+            resp = conn.getresponse()
         status = resp.status
         if status == 503 and retry_after(resp) is not None:
             resp.read()
@@ -400,6 +417,8 @@ def client_loop(a, host, port, tally, deadline, prompts, seed):
             do_bad(a, host, port, tally, rng, prompt)
         elif x < a.bad_frac + a.disconnect_frac:
             do_stream(a, host, port, tally, rng, prompt, rng.randint(1, 3))
+        elif x < a.bad_frac + a.disconnect_frac + a.impatient_frac:
+            do_stream(a, host, port, tally, rng, prompt, 0, rng.uniform(*a.patience))
         else:
             do_stream(a, host, port, tally, rng, prompt, 0)
 
@@ -478,6 +497,9 @@ def check_metrics(host, port, tally, wait_s=30):
         client_status = {k: v for k, v in tally.status.items() if k is not None}
         after_200 = tally.after_200
         disconnected = tally.counts["disconnected"]
+        # A client that left the queue never saw the server's answer: a 200 that probed for it
+        # (or, had it started just then, a stream whose first write failed).
+        gave_up = tally.counts["gave_up_queued"]
     report = {
         "server_generations": gens, "server_cancelled": canc, "server_cancelled_by_method": cancelled,
         "server_errors": errors, "server_chat_requests_by_status": {str(k): v for k, v in sorted(by_status.items())},
@@ -486,10 +508,14 @@ def check_metrics(host, port, tally, wait_s=30):
         "in_flight_at_scrape": total("treespec_generations_in_flight"), "queue_at_scrape": total("treespec_queue_depth"),
     }
     mism = []
-    if gens + canc != after_200:
-        mism.append(f"generations {gens} + cancelled {canc} = {gens + canc} != {after_200} requests answered 200")
-    if canc > disconnected:
-        mism.append(f"cancelled {canc} > {disconnected} disconnects")
+    if gens + canc != after_200 + gave_up:
+        mism.append(f"generations {gens} + cancelled {canc} = {gens + canc} != {after_200} requests answered 200"
+                    f" + {gave_up} that left the queue")
+    if canc > disconnected + gave_up:
+        mism.append(f"cancelled {canc} > {disconnected} disconnects + {gave_up} that left the queue")
+    client_status = dict(client_status)
+    if gave_up:
+        client_status[200] = client_status.get(200, 0) + gave_up
     for st in sorted(set(by_status) | set(client_status)):
         if by_status.get(st, 0) != client_status.get(st, 0):
             mism.append(f"status {st}: server counted {by_status.get(st, 0)}, client saw {client_status.get(st, 0)}")
@@ -528,6 +554,11 @@ def main():
     ap.add_argument("--max-prompt-chars", type=int, default=1500)
     ap.add_argument("--disconnect-frac", type=float, default=0.25)
     ap.add_argument("--bad-frac", type=float, default=0.05)
+    ap.add_argument("--impatient-frac", type=float, default=0.0,
+                    help="requests whose client leaves when no response came within --patience seconds")
+    ap.add_argument("--max-overloaded", type=int, default=None,
+                    help="fail when more requests than this get a 503 (0: the queue has room for every client)")
+    ap.add_argument("--patience", type=float, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX"))
     ap.add_argument("--oversize-bytes", type=int, default=2 * 1024 * 1024)
     ap.add_argument("--long-prompt-chars", type=int, default=60000, help="prompt_too_long: longer than the context")
     ap.add_argument("--request-timeout", type=float, default=120)
@@ -640,6 +671,9 @@ def main():
         failures.append(f"the server exited during the run ({summary['server_exited_during_run']})")
     if a.strict_metrics and summary.get("metrics_mismatches"):
         failures.append("metrics mismatches")
+    overloaded = summary.get("overloaded_503", 0)
+    if a.max_overloaded is not None and overloaded > a.max_overloaded:
+        failures.append(f"{overloaded} requests refused with 503 (at most {a.max_overloaded})")
     summary["verdict"] = "FAIL: " + "; ".join(failures) if failures else "PASS"
     text = json.dumps(summary, indent=1)
     print(text)

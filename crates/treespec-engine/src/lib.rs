@@ -19,6 +19,7 @@ pub mod offline_measure;
 pub mod profile;
 pub mod registry;
 mod request;
+pub mod serving_gate;
 pub mod shared_draft;
 mod stop;
 mod text_stream;

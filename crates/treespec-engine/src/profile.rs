@@ -10,6 +10,7 @@ use treespec_core::cost::CostCurve;
 use crate::backend::{CausalLm, TreeBatch};
 use crate::cpu_time::{others_busy_cores, process_cpu_ms};
 use crate::error::{EngineError, Result};
+use crate::serving_gate;
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
 /// extrapolated), out to 64 rows since suffix drafts of long exact copies reach that far.
@@ -97,7 +98,14 @@ pub struct LmTimer<'a> {
     tail: Vec<u32>,
     last_only: bool,
     threads: usize,
+    /// Milliseconds paused so far while this process served requests (see [`serving_gate`]).
+    paused_ms: f64,
 }
+
+/// The most a measurement pauses, in all, for the requests of its own process: beyond it a server
+/// that never idles is measured beside its requests (those forwards count as shared, so the
+/// curve ends up provisional: used, refined, never cached).
+const MAX_PAUSE_MS: f64 = 600_000.0;
 
 impl<'a> LmTimer<'a> {
     /// Prefill `prefix` tokens and warm up for batches of up to `max_n` rows, on a model that
@@ -124,7 +132,7 @@ impl<'a> LmTimer<'a> {
         let tail = tokens.split_off(prefix);
         lm.truncate(0)?;
         lm.prefill(&tokens)?;
-        let mut timer = Self { lm, tail, last_only, threads: threads.max(1) };
+        let mut timer = Self { lm, tail, last_only, threads: threads.max(1), paused_ms: 0.0 };
         for n in [1, max_n] {
             timer.time(n)?;
         }
@@ -165,11 +173,18 @@ impl ForwardTimer for LmTimer<'_> {
             ))
         })?;
         let batch = TreeBatch::chain(tokens, None, 0, self.last_only);
+        // In a gap between this process's requests: serving never pays for the measurement.
+        let budget = Duration::from_secs_f64((MAX_PAUSE_MS - self.paused_ms).max(0.0) / 1e3);
+        let (paused, gap) = serving_gate::wait_for_gap(budget);
+        self.paused_ms += paused.as_secs_f64() * 1e3;
         let cpu = process_cpu_ms();
         let t = Instant::now();
         self.lm.forward(&batch)?;
         let ms = (t.elapsed().as_secs_f64() * 1e3).max(1e-6);
         let on_cpu = cpu.zip(process_cpu_ms()).map(|(a, b)| (b - a) / (ms * self.threads as f64));
+        // A request that ran beside the forward shared its cores (its threads are ours, so the
+        // CPU time cannot tell): timed again, as after another process.
+        let on_cpu = if gap.alone() { on_cpu } else { Some(0.0) };
         self.lm.commit(&[])?;
         Ok(Timing { ms, on_cpu })
     }

@@ -124,6 +124,9 @@ pub struct CommonParams {
     pub json_schema: Option<Value>,
     /// llama-server: token probabilities (only 0).
     pub n_probs: Option<Value>,
+    /// llama-server: the samplers' order, as names or letters (`sampling.rs`: the orders the
+    /// pipeline runs and llama-server's default; a sampler left out is off).
+    pub samplers: Option<Value>,
 }
 
 /// `POST /v1/chat/completions`.

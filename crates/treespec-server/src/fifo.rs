@@ -6,10 +6,9 @@
 //! backend, the batch scheduler, sits beside this one in `scheduler.rs`; they share only the job
 //! types of `job.rs`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use treespec_engine::serving_gate;
 use treespec_engine::{
     generate_constrained, CausalLm, Drafter, GenerateRequest, TokenBytes, TokenConstraint,
 };
@@ -18,6 +17,7 @@ use crate::error::ApiError;
 use crate::job::ModelText;
 use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, RunSummary};
 use crate::metrics::Metrics;
+use crate::queue::JobQueue;
 use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};
 
@@ -34,36 +34,29 @@ pub trait Worker {
     ) -> Result<RunSummary, RunError>;
 }
 
-/// The job queue's receiving end, shared by the workers (FIFO).
+/// The workers' end of the queue, shared by them (FIFO).
 #[derive(Clone)]
-pub struct JobQueue {
-    rx: Arc<Mutex<Receiver<Job>>>,
-    depth: Arc<AtomicUsize>,
+pub struct WorkerQueue {
+    queue: Arc<JobQueue>,
     metrics: Arc<Metrics>,
 }
 
-impl JobQueue {
+impl WorkerQueue {
     /// Serve jobs with `worker` until the pool is dropped.
     pub fn serve(&self, worker: &mut dyn Worker) {
-        loop {
-            let job = {
-                let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-                match rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return,
-                }
-            };
-            self.depth.fetch_sub(1, Ordering::SeqCst);
+        while let Some(job) = self.queue.take() {
+            let tenant = job.tenant;
             if job.events.is_closed() {
-                self.metrics.cancelled("queued");
+                self.metrics.cancelled(tenant, "queued");
                 continue;
             }
             if let Some(e) = refused(&job.spec) {
-                self.metrics.error("request");
+                self.metrics.error(Some(tenant), "request");
                 let _ = job.events.send(Event::Error(e));
                 continue;
             }
-            self.metrics.in_flight(1);
+            self.metrics.in_flight(tenant, 1);
+            serving_gate::request_started();
             let events = job.events.clone();
             // The `Done` event waits until the metrics hold the run (as the batch scheduler
             // does): a client that reads `/metrics` after its answer finds its request there.
@@ -80,21 +73,23 @@ impl JobQueue {
                     worker.run(&job.spec, job.tenant, &mut emit)
                 }))
             };
-            self.metrics.in_flight(-1);
+            self.metrics.in_flight(tenant, -1);
+            serving_gate::request_ended();
             match result {
                 Ok(Ok(run)) => {
-                    self.metrics.generation(&run.method, run.prompt_tokens, &run.stats);
+                    self.metrics.generation(tenant, &run.method, run.prompt_tokens, &run.stats);
                     if let Some(f) = done {
                         let _ = job.events.send(Event::Done(f));
                     }
                 }
-                Ok(Err(RunError::Cancelled(method))) => self.metrics.cancelled(&method),
+                Ok(Err(RunError::Cancelled(method))) => self.metrics.cancelled(tenant, &method),
                 Ok(Err(RunError::Api(e))) => {
-                    self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
+                    let kind = if e.status.is_server_error() { "engine" } else { "request" };
+                    self.metrics.error(Some(tenant), kind);
                     let _ = job.events.send(Event::Error(e));
                 }
                 Err(_) => {
-                    self.metrics.error("panic");
+                    self.metrics.error(Some(tenant), "panic");
                     let _ = job.events.send(Event::Error(ApiError::internal("the generation panicked")));
                 }
             }
@@ -102,11 +97,10 @@ impl JobQueue {
     }
 }
 
-/// Worker threads fed by one bounded FIFO channel.
+/// Worker threads fed by one bounded FIFO queue (dropping the pool lets them finish what waits
+/// and stop).
 pub struct EnginePool {
-    tx: SyncSender<Job>,
-    depth: Arc<AtomicUsize>,
-    capacity: usize,
+    queue: Arc<JobQueue>,
     model_id: String,
     limits: Limits,
     text: Arc<dyn ModelText>,
@@ -115,7 +109,8 @@ pub struct EnginePool {
 
 impl EnginePool {
     /// A pool whose queue holds at most `queue` waiting jobs for `workers` workers on the model
-    /// `text` tokenizes; returns the receiving end for the worker threads to [`JobQueue::serve`].
+    /// `text` tokenizes; returns the workers' end for the worker threads to
+    /// [`WorkerQueue::serve`].
     pub fn new(
         queue: usize,
         model_id: String,
@@ -123,11 +118,16 @@ impl EnginePool {
         text: Arc<dyn ModelText>,
         workers: usize,
         metrics: Arc<Metrics>,
-    ) -> (Self, JobQueue) {
-        let (tx, rx) = sync_channel(queue);
-        let depth = Arc::new(AtomicUsize::new(0));
-        let q = JobQueue { rx: Arc::new(Mutex::new(rx)), depth: depth.clone(), metrics };
-        (Self { tx, depth, capacity: queue, model_id, limits, text, workers }, q)
+    ) -> (Self, WorkerQueue) {
+        let queue = JobQueue::new(queue, metrics.clone());
+        let q = WorkerQueue { queue: queue.clone(), metrics };
+        (Self { queue, model_id, limits, text, workers }, q)
+    }
+}
+
+impl Drop for EnginePool {
+    fn drop(&mut self) {
+        self.queue.close();
     }
 }
 
@@ -139,22 +139,13 @@ impl GenerationBackend for EnginePool {
         self.limits.clone()
     }
     fn submit(&self, job: Job) -> Result<(), ApiError> {
-        // Count first so a worker that picks the job up at once never sees the depth below 0.
-        self.depth.fetch_add(1, Ordering::SeqCst);
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                self.depth.fetch_sub(1, Ordering::SeqCst);
-                Err(ApiError::overloaded(self.capacity))
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.depth.fetch_sub(1, Ordering::SeqCst);
-                Err(ApiError::internal("the model thread has stopped"))
-            }
-        }
+        self.queue.push(job)
     }
     fn queue_depth(&self) -> usize {
-        self.depth.load(Ordering::SeqCst)
+        self.queue.len()
+    }
+    fn queue_depth_of(&self, tenant: Tenant) -> usize {
+        self.queue.len_of(tenant)
     }
     fn model_text(&self) -> Arc<dyn ModelText> {
         self.text.clone()

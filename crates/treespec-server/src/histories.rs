@@ -2,35 +2,252 @@
 //! histories across restarts.
 //!
 //! With `--suffix-history FILE` the shared tenant's history lives in `FILE` and each key's in
-//! `FILE` with the tenant's fingerprint before the extension (`h.bin` → `h.0123…cdef.bin`), so a
+//! `FILE` with the tenant's file id before the extension (`h.bin` → `h.0123…cdef.bin`), so a
 //! restart gives every tenant back its own history and nothing else. Every history is loaded at
 //! start (a file that cannot be read, or a directory that cannot be written, stops the start,
 //! not the shutdown) and saved whenever a request added to it: periodically and at shutdown,
 //! whichever method the server defaults to.
 //!
+//! **Keyed file names** ([`HistoryNames`]). A tenant's file id is a keyed hash (BLAKE3 in keyed
+//! mode, 128 bits in hex) of its tenant under a per-install secret: 32 random bytes in
+//! `FILE.secret`, made (mode 0600) when a key's file is first named and read at every start
+//! after. Without the secret a file name tells nothing of the key (an unkeyed hash of a guessable
+//! key could be checked by guessing, and close keys gave close names); the same secret gives the
+//! same names across restarts. Files an older build named by the key's unkeyed fingerprint
+//! (`h.<fingerprint>.bin`) are renamed to their keyed name at start (with their prices), so the
+//! operator keeps them.
+//!
+//! **Several servers on one file** merge rather than replace each other's histories: every save
+//! re-reads the file under its lock and takes in what another server saved there since (see
+//! [`HistoryFile::save_merged`]), so both keep what they learned, and this server drafts from the
+//! other's documents too.
+//!
 //! Each tenant's learned prices travel with its history: loaded from the file's sibling
 //! `<file>.prices.json` ([`HistoryFile::prices_path`]; none yet, as beside a history saved by an
 //! older build, starts from the default pricing) and saved with the history, under its lock,
-//! whenever either changed.
+//! whenever either changed — unless the file holds prices of more trials (another server's, which
+//! learned more: prices are not merged).
 
 use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use anyhow::Context;
 use treespec_core::ngram::TokenizerId;
+use treespec_core::suffix::history_file::{MergeState, LOCK_SUFFIX, PRICES_SUFFIX};
 use treespec_core::suffix::{GlobalHistory, HistoryFile, SuffixPricing, DEFAULT_CAP_TOKENS};
 use treespec_engine::drafters::SuffixShared;
 
 use crate::tenant::Tenant;
 
+/// Bytes of the per-install secret that keys the tenants' file names.
+const SECRET_BYTES: usize = 32;
+/// Hex digits of a tenant's file id (128 bits of the keyed hash).
+const FILE_ID_HEX: usize = 32;
+/// What the secret file is named after the base file's name.
+const SECRET_SUFFIX: &str = ".secret";
+/// The keyed hash's input before the tenant: keeps these ids apart from any other use of the key.
+const FILE_ID_CONTEXT: &[u8] = b"treespec tenant history file v1\0";
+
 /// One tenant's suffix state, its file, and what of it is saved.
 struct Scope {
     shared: Arc<SuffixShared>,
     file: Option<HistoryFile>,
+    /// What the file held at the last save (or load), to merge another server's saves.
+    merge: MergeState,
     /// The history's additions when it was last saved (or loaded).
     saved: u64,
     /// The prices' trials when they were last saved (or loaded).
     saved_trials: u64,
+}
+
+/// How the tenants' history files are named (see the module docs): the shared tenant's is the
+/// base path itself, each key's carries its tenant's keyed file id before the extension.
+#[derive(Debug)]
+pub struct HistoryNames {
+    base: PathBuf,
+    /// The per-install secret, read (or made) when a key's file is first named: a server without
+    /// keys never makes one.
+    secret: OnceLock<[u8; SECRET_BYTES]>,
+}
+
+impl HistoryNames {
+    /// The names of histories kept beside `base` (`--suffix-history FILE`).
+    pub fn new(base: &Path) -> Self {
+        Self { base: base.to_path_buf(), secret: OnceLock::new() }
+    }
+
+    /// The shared tenant's file.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// The file of the secret that keys the names: `FILE.secret`, beside the files it names.
+    pub fn secret_path(&self) -> PathBuf {
+        let mut name = self.base.file_name().map(OsString::from).unwrap_or_default();
+        name.push(SECRET_SUFFIX);
+        self.base.with_file_name(name)
+    }
+
+    /// The file of `tenant`'s history (for a key's tenant, reading or making the secret).
+    pub fn path_of(&self, tenant: Tenant) -> anyhow::Result<PathBuf> {
+        if tenant.is_shared() {
+            return Ok(self.base.clone());
+        }
+        Ok(self.tagged(&file_id(self.secret()?, tenant)))
+    }
+
+    /// The name an older build gave `tenant`'s file: its unkeyed fingerprint (see [`Self::migrate`]).
+    fn legacy_path_of(&self, tenant: Tenant) -> PathBuf {
+        self.tagged(&tenant.to_string())
+    }
+
+    /// The base path with `tag` before its extension (`h.bin` → `h.<tag>.bin`).
+    fn tagged(&self, tag: &str) -> PathBuf {
+        let stem = self.base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = match self.base.extension() {
+            Some(ext) => format!("{stem}.{tag}.{}", ext.to_string_lossy()),
+            None => format!("{stem}.{tag}"),
+        };
+        self.base.with_file_name(name)
+    }
+
+    /// The secret, read from its file once (made first if there is none).
+    fn secret(&self) -> anyhow::Result<&[u8; SECRET_BYTES]> {
+        if let Some(secret) = self.secret.get() {
+            return Ok(secret);
+        }
+        let secret = read_or_make_secret(&self.secret_path())?;
+        Ok(self.secret.get_or_init(|| secret))
+    }
+
+    /// Give `tenant`'s history its keyed name when an older build left it under the unkeyed one
+    /// and the keyed name is free, so an upgrade keeps every tenant's history: the file is renamed
+    /// (a symlink as a link: its target, prices and lock stay where they are), and beside a
+    /// regular file its prices follow it. Once no file has the old name, the old name's lock file
+    /// is removed: an older build made one at every start for every key, and its name shows the
+    /// unkeyed fingerprint. Another server doing the same at once is no error. Returns whether it
+    /// moved the history.
+    pub fn migrate(&self, tenant: Tenant) -> anyhow::Result<bool> {
+        if tenant.is_shared() {
+            return Ok(false);
+        }
+        let (old, new) = (self.legacy_path_of(tenant), self.path_of(tenant)?);
+        let moved = move_legacy(&old, &new)?;
+        if std::fs::symlink_metadata(&old).is_err() {
+            // Unlocked: no server of this build saves under the old name.
+            let _ = std::fs::remove_file(with_suffix(&old, LOCK_SUFFIX));
+        }
+        Ok(moved)
+    }
+}
+
+/// Rename the history `old` (and the prices beside it, when it is a regular file) to `new`, if
+/// `old` exists and `new` does not. Returns whether it did.
+fn move_legacy(old: &Path, new: &Path) -> anyhow::Result<bool> {
+    let Ok(meta) = std::fs::symlink_metadata(old) else { return Ok(false) };
+    if std::fs::symlink_metadata(new).is_ok() {
+        return Ok(false);
+    }
+    rename_if_there(old, new)?;
+    if !meta.file_type().is_symlink() {
+        let new_prices = with_suffix(new, PRICES_SUFFIX);
+        if std::fs::symlink_metadata(&new_prices).is_err() {
+            rename_if_there(&with_suffix(old, PRICES_SUFFIX), &new_prices)?;
+        }
+    }
+    Ok(true)
+}
+
+/// `tenant`'s file id under `secret`: the first 128 bits of a keyed BLAKE3 hash of the tenant's
+/// identity, in hex. Unrelated for close keys, and not computable without the secret.
+fn file_id(secret: &[u8; SECRET_BYTES], tenant: Tenant) -> String {
+    let mut message = FILE_ID_CONTEXT.to_vec();
+    message.extend_from_slice(&tenant.scope().to_le_bytes());
+    blake3::keyed_hash(secret, &message).to_hex()[..FILE_ID_HEX].to_string()
+}
+
+/// `path` with `suffix` after its file name (`h.bin` → `h.bin.lock`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().map(OsString::from).unwrap_or_default();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+/// Rename `from` to `to`; `from` gone already (another server moved it first) is no error.
+fn rename_if_there(from: &Path, to: &Path) -> anyhow::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() != ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("renaming {} to {}", from.display(), to.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The secret in `path`, made first when there is none (see [`make_secret`]).
+fn read_or_make_secret(path: &Path) -> anyhow::Result<[u8; SECRET_BYTES]> {
+    if let Some(secret) = read_secret(path)? {
+        return Ok(secret);
+    }
+    make_secret(path)?;
+    read_secret(path)?.with_context(|| format!("the history-name secret {} vanished", path.display()))
+}
+
+/// The secret in `path`, None when there is none. Any other length is an error: names keyed by
+/// another secret would not find the tenants' files.
+fn read_secret(path: &Path) -> anyhow::Result<Option<[u8; SECRET_BYTES]>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading the history-name secret {}", path.display()))
+        }
+    };
+    let secret = bytes.try_into().map_err(|b: Vec<u8>| {
+        anyhow::anyhow!(
+            "the history-name secret {} holds {} bytes, not {SECRET_BYTES} (restore it; removing it \
+             renames every key's history file, and they start empty)",
+            path.display(),
+            b.len()
+        )
+    })?;
+    Ok(Some(secret))
+}
+
+/// Write a new random secret to `path`, 0600, whole or not at all: into a temporary file that is
+/// then moved to `path` unless a file is there already (another server starting at the same time
+/// made one first: it is kept, and both read it).
+fn make_secret(path: &Path) -> anyhow::Result<()> {
+    use rand::TryRngCore;
+    let mut secret = [0u8; SECRET_BYTES];
+    rand::rngs::OsRng.try_fill_bytes(&mut secret).context("drawing the history-name secret")?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let what = || format!("writing the history-name secret {}", path.display());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".treespec-secret.").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o600));
+    }
+    let mut tmp = builder.tempfile_in(dir).with_context(what)?;
+    tmp.write_all(&secret).with_context(what)?;
+    tmp.as_file().sync_all().with_context(what)?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => {
+            // Durable before any file is named by it (best effort: not every filesystem syncs a
+            // directory).
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+            Ok(())
+        }
+        Err(e) if e.error.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.error).with_context(what),
+    }
 }
 
 /// Documents ever added to `h` (those held and those evicted): changes whenever a request adds.
@@ -41,7 +258,7 @@ fn additions(h: &GlobalHistory) -> u64 {
 /// Every tenant's suffix state.
 pub struct TenantHistories {
     scopes: Mutex<HashMap<Tenant, Scope>>,
-    files: Option<(PathBuf, TokenizerId)>,
+    files: Option<(HistoryNames, TokenizerId)>,
     cap: usize,
 }
 
@@ -49,7 +266,7 @@ impl std::fmt::Debug for TenantHistories {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantHistories")
             .field("tenants", &self.lock().len())
-            .field("files", &self.files.as_ref().map(|(p, _)| p))
+            .field("files", &self.files.as_ref().map(|(names, _)| names.base()))
             .finish()
     }
 }
@@ -63,6 +280,12 @@ pub struct Saved {
     pub tokens: usize,
     /// Trials the learned prices saved with it have recorded.
     pub trials: u64,
+    /// Documents another server had saved to the file, merged into this history first.
+    pub merged: usize,
+    /// Whether the prices file was left holding another server's prices (of more trials).
+    pub prices_kept: bool,
+    /// Why the file could not be merged (damaged, another tokenizer's), when it was replaced.
+    pub replaced: Option<String>,
 }
 
 impl TenantHistories {
@@ -80,8 +303,8 @@ impl TenantHistories {
         cap: usize,
         tenants: impl IntoIterator<Item = Tenant>,
     ) -> anyhow::Result<Arc<Self>> {
-        let me =
-            Self { scopes: Mutex::new(HashMap::new()), files: Some((base.to_path_buf(), tokenizer)), cap };
+        let files = Some((HistoryNames::new(base), tokenizer));
+        let me = Self { scopes: Mutex::new(HashMap::new()), files, cap };
         {
             let mut scopes = me.lock();
             for tenant in std::iter::once(Tenant::SHARED).chain(tenants) {
@@ -97,29 +320,22 @@ impl TenantHistories {
         self.scopes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The file of `tenant`'s history.
-    pub fn path_of(base: &Path, tenant: Tenant) -> PathBuf {
-        if tenant.is_shared() {
-            return base.to_path_buf();
-        }
-        let stem = base.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let name = match base.extension() {
-            Some(ext) => format!("{stem}.{tenant}.{}", ext.to_string_lossy()),
-            None => format!("{stem}.{tenant}"),
-        };
-        base.with_file_name(name)
+    /// How the files are named (None: histories in memory only).
+    pub fn names(&self) -> Option<&HistoryNames> {
+        self.files.as_ref().map(|(names, _)| names)
     }
 
     fn open(&self, tenant: Tenant) -> anyhow::Result<Scope> {
-        use anyhow::Context;
-        let Some((base, tokenizer)) = &self.files else {
-            let history = GlobalHistory::new(self.cap)?;
-            return Ok(Scope { shared: SuffixShared::new(history), file: None, saved: 0, saved_trials: 0 });
+        let Some((names, tokenizer)) = &self.files else {
+            let shared = SuffixShared::new(GlobalHistory::new(self.cap)?);
+            let merge = MergeState::default();
+            return Ok(Scope { shared, file: None, merge, saved: 0, saved_trials: 0 });
         };
-        let path = Self::path_of(base, tenant);
+        names.migrate(tenant).context("moving a suffix history to its keyed name")?;
+        let path = names.path_of(tenant)?;
         let file = HistoryFile::open(&path).with_context(|| format!("suffix history {}", path.display()))?;
-        let history = file
-            .load(*tokenizer, self.cap)
+        let (history, merge) = file
+            .load_for_merging(*tokenizer, self.cap)
             .with_context(|| format!("loading the suffix history {}", path.display()))?;
         let pricing = file
             .load_pricing(*tokenizer)
@@ -127,7 +343,7 @@ impl TenantHistories {
             .unwrap_or_else(SuffixPricing::new);
         let (saved, saved_trials) = (additions(&history), pricing.total_trials());
         let shared = SuffixShared::with_pricing(history, pricing);
-        Ok(Scope { shared, file: Some(file), saved, saved_trials })
+        Ok(Scope { shared, file: Some(file), merge, saved, saved_trials })
     }
 
     /// `tenant`'s suffix state (a tenant first seen now starts empty, or from its file).
@@ -143,32 +359,19 @@ impl TenantHistories {
     }
 
     /// Save every history whose text or learned prices changed since its last save, with its
-    /// prices; returns what was written. Every history is tried even when one fails; the first
-    /// failure is returned after.
+    /// prices, merged with what another server saved to its file since (which this history then
+    /// holds too); returns what was written. Every history is tried even when one fails; the
+    /// first failure is returned after.
     pub fn save_changed(&self) -> anyhow::Result<Vec<Saved>> {
         let Some((_, tokenizer)) = &self.files else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         let mut first_error = None;
         let mut scopes = self.lock();
         for scope in scopes.values_mut() {
-            let Some(file) = &scope.file else { continue };
-            // A copy of the prices, taken before the history's read lock (never both held).
-            let pricing = scope.shared.pricing_snapshot();
-            let trials = pricing.total_trials();
-            let history = scope.shared.history();
-            let additions = additions(&history);
-            if additions == scope.saved && trials == scope.saved_trials {
-                continue;
-            }
-            match file.save_with_pricing(&history, &pricing, *tokenizer) {
-                Ok(()) => {
-                    out.push(Saved { path: file.path().to_path_buf(), tokens: history.tokens(), trials });
-                    drop(history);
-                    scope.saved = additions;
-                    scope.saved_trials = trials;
-                }
+            match Self::save_scope(scope, *tokenizer) {
+                Ok(Some(saved)) => out.push(saved),
+                Ok(None) => {}
                 Err(e) => {
-                    let e = anyhow::Error::new(e).context(format!("saving {}", file.path().display()));
                     first_error.get_or_insert(e);
                 }
             }
@@ -177,6 +380,38 @@ impl TenantHistories {
             Some(e) => Err(e),
             None => Ok(out),
         }
+    }
+
+    /// Save one tenant's history and prices if either changed since its last save (None: it did
+    /// not, or it has no file).
+    fn save_scope(scope: &mut Scope, tokenizer: TokenizerId) -> anyhow::Result<Option<Saved>> {
+        let Scope { shared, file: Some(file), merge, saved, saved_trials } = scope else { return Ok(None) };
+        // A copy of the prices, taken before the history's read lock (never both held).
+        let pricing = shared.pricing_snapshot();
+        let trials = pricing.total_trials();
+        if additions(&shared.history()) == *saved && trials == *saved_trials {
+            return Ok(None);
+        }
+        let done = file
+            .save_merged(
+                merge,
+                tokenizer,
+                Some(&pricing),
+                || shared.history(),
+                |key, text| shared.add(key, text),
+            )
+            .with_context(|| format!("saving {}", file.path().display()))?;
+        // What was written, merged documents included: they are not a change of this server's.
+        *saved = done.docs as u64 + done.evictions;
+        *saved_trials = trials;
+        Ok(Some(Saved {
+            path: file.path().to_path_buf(),
+            tokens: done.tokens,
+            trials,
+            merged: done.merged,
+            prices_kept: done.prices_kept,
+            replaced: done.replaced,
+        }))
     }
 }
 
@@ -220,7 +455,7 @@ mod tests {
         let saved = histories.save_changed().unwrap();
         assert_eq!(saved.len(), 1);
         assert_eq!(saved[0].trials, 500);
-        let file = HistoryFile::open(TenantHistories::path_of(&base, a)).unwrap();
+        let file = HistoryFile::open(histories.names().unwrap().path_of(a).unwrap()).unwrap();
         assert!(file.prices_path().exists(), "{}", file.prices_path().display());
         assert!(histories.save_changed().unwrap().is_empty(), "nothing changed");
         // Prices learned with no new text are saved too.

@@ -3,6 +3,7 @@
 //! (`fifo.rs`) and the batch scheduler (`scheduler.rs`) — speak these types and nothing of each
 //! other.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -89,6 +90,22 @@ pub struct Job {
     pub trace: bool,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
+    /// Set when its client closed the connection while it waited (`routes::first_event`): it
+    /// may have only half-closed, so it keeps its place, but it no longer counts toward the
+    /// queue's bound (a live request is not refused for it).
+    pub peer_left: Arc<AtomicBool>,
+}
+
+impl Job {
+    /// A job whose client is there.
+    pub fn new(spec: JobSpec, tenant: Tenant, trace: bool, events: UnboundedSender<Event>) -> Self {
+        Self { spec, tenant, trace, events, peer_left: Arc::default() }
+    }
+
+    /// Whether its client closed the connection while it waited.
+    pub fn peer_left(&self) -> bool {
+        self.peer_left.load(Ordering::Relaxed)
+    }
 }
 
 /// What the HTTP layer depends on.
@@ -101,6 +118,8 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn submit(&self, job: Job) -> Result<(), ApiError>;
     /// Jobs waiting for a worker.
     fn queue_depth(&self) -> usize;
+    /// Jobs of `tenant` waiting for a worker (what that tenant may see of the queue).
+    fn queue_depth_of(&self, tenant: Tenant) -> usize;
     /// The model's tokenizer and chat template, for llama-server's `/tokenize`, `/detokenize`,
     /// `/apply-template` and `/props` (llama-server's routes, `llama_api.rs`).
     fn model_text(&self) -> Arc<dyn ModelText>;

@@ -40,6 +40,7 @@ pub mod methods;
 pub mod metrics;
 pub mod openapi;
 pub mod prompt;
+pub mod queue;
 pub mod routes;
 pub mod sampling;
 pub mod scheduler;
@@ -71,10 +72,13 @@ pub use toy::ToyConfig;
 /// HTTP-side settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Require `Authorization: Bearer KEY` with one of these keys on `/v1/*` (and on `/metrics`
-    /// and `/openapi.json` unless `metrics_open`); each key is a tenant.
+    /// Require `Authorization: Bearer KEY` with one of these keys on `/v1/*` and llama-server's
+    /// routes; each key is a tenant, and reads only its own figures on `/metrics`.
     pub api_keys: ApiKeys,
-    /// Serve `/metrics` and `/openapi.json` without a key.
+    /// The operator's key: it alone reads the server-wide `/metrics` (`--metrics-key`).
+    pub metrics_key: Option<String>,
+    /// Serve the server-wide `/metrics` and `/openapi.json` without a key (`--metrics-open`,
+    /// for a trusted network).
     pub metrics_open: bool,
     /// Largest accepted request body in bytes (413 beyond).
     pub max_body_bytes: usize,
@@ -82,17 +86,26 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { api_keys: ApiKeys::default(), metrics_open: false, max_body_bytes: 1 << 20 }
+        Self { api_keys: ApiKeys::default(), metrics_key: None, metrics_open: false, max_body_bytes: 1 << 20 }
     }
 }
 
-/// The whole application. `/health` is open; `/v1/*` needs an API key if there are keys, and
-/// so do `/metrics` and `/openapi.json` unless `metrics_open` (two scrapes around one request
-/// tell its acceptance, which tells what earlier requests of its tenant sent).
+/// The whole application. `/health` is open; `/v1/*` needs an API key if there are keys.
+/// `/metrics` and `/openapi.json`: the server-wide figures for the operator's key (or for anybody
+/// with `metrics_open`, or on a server without any key), a tenant's own figures for its key —
+/// two scrapes around another tenant's request would otherwise tell that request's acceptance,
+/// which tells what it sent (docs/SECURITY.md).
 pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config: ServerConfig) -> Router {
     let keys = Arc::new(config.api_keys);
     metrics.set_model_name(&backend.model_id());
-    let state = AppState { backend, metrics, keys, started: routes::unix_now() };
+    let state = AppState {
+        backend,
+        metrics,
+        keys,
+        metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
+        metrics_open: config.metrics_open,
+        started: routes::unix_now(),
+    };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(routes::chat_completions))
@@ -100,11 +113,10 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .route("/v1/models", get(routes::models))
         .merge(llama_api::routes())
         .route_layer(auth());
-    let mut watch =
-        Router::new().route("/metrics", get(routes::metrics)).route("/openapi.json", get(openapi::openapi));
-    if !config.metrics_open {
-        watch = watch.route_layer(auth());
-    }
+    let watch = Router::new()
+        .route("/metrics", get(routes::metrics))
+        .route("/openapi.json", get(openapi::openapi))
+        .route_layer(middleware::from_fn_with_state(state.clone(), routes::watch_auth));
     Router::new()
         .merge(v1)
         .merge(watch)

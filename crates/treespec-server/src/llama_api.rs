@@ -10,7 +10,12 @@
 //! for "off", and the prompt, which is tokenized here as llama-server does it (a string, token
 //! ids, or both mixed; special-token text parsed, BOS as the tokenizer config says). The answer
 //! carries llama-server's fields and treespec's statistics under `treespec`, as the OpenAI routes
-//! do. What the model side must provide beyond generation is [`ModelText`].
+//! do; errors name llama-server's fields (`n_predict`, `prompt`). What the model side must
+//! provide beyond generation is [`ModelText`].
+//!
+//! As llama-server does, these routes read a body as JSON whatever its type: a JSON type, none,
+//! or curl's default `application/x-www-form-urlencoded` or `text/plain`, except from browsers
+//! (see [`validate::check_llama_content_type`]).
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
@@ -39,7 +44,7 @@ use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, Timings
 use crate::error::ApiError;
 use crate::job::{Event, Finished, Job, ModelText};
 use crate::metrics::RequestTimer;
-use crate::routes::{body_bytes, AppState, Arrived, PROBE_EVERY};
+use crate::routes::{first_event, probes, AppState, Arrived, PROBE_EVERY};
 use crate::serve::PeerClosed;
 use crate::tenant::Tenant;
 use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
@@ -338,11 +343,36 @@ fn refuse_unsupported(req: &LlamaCompletionRequest) -> Result<(), ApiError> {
     }
 }
 
+/// The field a request gave its length in: `n_predict`, or `max_tokens` when it set only that.
+fn length_field(req: &LlamaCompletionRequest) -> &'static str {
+    let set = req.n_predict.as_ref().is_some_and(|v| !v.is_null());
+    if !set && req.common.max_tokens.is_some() {
+        "max_tokens"
+    } else {
+        "n_predict"
+    }
+}
+
+/// An error of the `/v1/completions` checks or of the engine in the request's own names: the
+/// length in `length` (see [`length_field`]), the prompt `prompt` (they say `max_tokens`,
+/// `max_completion_tokens` and `messages`).
+fn llama_names(e: ApiError, length: &'static str) -> ApiError {
+    match e.param.as_deref() {
+        Some("max_tokens" | "max_completion_tokens") => {
+            let message = e.message.replace("max_completion_tokens", length).replace("max_tokens", length);
+            ApiError { param: Some(length.into()), message, ..e }
+        }
+        Some("messages") => ApiError { param: Some("prompt".into()), ..e },
+        _ => e,
+    }
+}
+
 /// A `/completion` request as the `/v1/completions` checks take it: llama-server's defaults
 /// and spellings translated. Returns the validated request (its prompt still to be tokenized),
 /// `n_predict` as asked (0: tokenize only) and the seed.
 fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Result<(JobSpec, i64), ApiError> {
     refuse_unsupported(&req)?;
+    let length = length_field(&req);
     match integer(&req.id_slot, "id_slot")? {
         None | Some(-1) => {}
         Some(k) if (0..slots as i64).contains(&k) => {}
@@ -378,7 +408,7 @@ fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Resu
     c.seed = Some(seed as i64);
     // The prompt is tokenized by the handler (llama-server's rules); the checks see a stand-in.
     let stand_in = CompletionRequest { prompt: Value::String("prompt".into()), common: c };
-    let spec = validate::completion(stand_in, limits)?;
+    let spec = validate::completion(stand_in, limits).map_err(|e| llama_names(e, length))?;
     Ok((spec, n_predict))
 }
 
@@ -518,12 +548,14 @@ fn settings(spec: &JobSpec, n_predict: i64, model: &str, n_ctx: usize) -> Genera
     }
 }
 
-/// A JSON request body, with the OpenAI routes' checks (content type, size, shape).
+/// A JSON request body: llama-server's content types (see
+/// [`validate::check_llama_content_type`]), then the OpenAI routes' checks (size, shape).
 fn parse_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
-    validate::parse_json(&body_bytes(headers, body)?)
+    validate::check_llama_content_type(headers)?;
+    validate::parse_json(&validate::read_body(body)?)
 }
 
 fn to_json<T: Serialize>(v: &T) -> String {
@@ -541,6 +573,7 @@ pub async fn completion(
 ) -> Result<Response, ApiError> {
     let req: LlamaCompletionRequest = parse_body(&headers, body)?;
     let pieces = prompt_pieces(&req.prompt)?;
+    let length = length_field(&req);
     let limits = s.backend.limits();
     let (mut spec, n_predict) = translate(req, &limits, s.backend.slots())?;
     let tokens = prompt_tokens(s.backend.model_text(), pieces).await?;
@@ -550,8 +583,7 @@ pub async fn completion(
         Answer { settings: settings(&spec, n_predict, &model, limits.context), model, n_ctx: limits.context };
     if n_predict == 0 {
         // llama-server reads the prompt into the cache; here the prompt is only tokenized.
-        check_lengths(prompt_n, None, limits.context)
-            .map_err(|e| ApiError { param: Some("prompt".into()), ..e })?;
+        check_lengths(prompt_n, None, limits.context).map_err(|e| llama_names(e, length))?;
         let f = Finished {
             finish_reason: "length",
             prompt_tokens: prompt_n,
@@ -571,16 +603,21 @@ pub async fn completion(
     spec.prompt = PromptInput::Tokens(tokens);
     let stream = spec.stream;
     let (tx, mut rx) = unbounded_channel();
-    s.backend.submit(Job { spec, tenant, trace: false, events: tx })?;
-    // Errors before any output are plain HTTP errors, also for streamed requests.
-    match rx.recv().await {
-        Some(Event::Started { .. }) => {}
-        Some(Event::Error(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the model thread stopped")),
-    }
-    let timer = RequestTimer::new(s.metrics.clone(), arrived.0);
+    let job = Job::new(spec, tenant, false, tx);
+    let peer_left = job.peer_left.clone();
+    s.backend.submit(job)?;
+    // Errors before any output are plain HTTP errors, also for streamed requests; a client that
+    // closed while the request waited is answered at once with probes (see `first_event`).
+    let peer = peer.map(|Extension(p)| p);
+    let started =
+        first_event(&mut rx, peer.as_ref(), &peer_left).await.map_err(|e| llama_names(e, length))?.is_some();
+    let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     if stream {
-        return Ok(Sse::new(sse_events(rx, answer, timer)).into_response());
+        let events = Sse::new(sse_events(rx, answer, timer));
+        if !started {
+            return Ok(events.keep_alive(probes()).into_response());
+        }
+        return Ok(events.into_response());
     }
     let mut whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>> = Box::pin(async move {
         gather(&mut rx, timer)
@@ -588,7 +625,10 @@ pub async fn completion(
             .map(|(text, f)| to_json(&answer.full(text, &f, Some(treespec_stats(&f)))))
     });
     let json = |body: String| ([(header::CONTENT_TYPE, "application/json")], body).into_response();
-    let Some(Extension(peer)) = peer else { return whole.await.map(json) };
+    let Some(peer) = peer else { return whole.await.map(json) };
+    if !started {
+        return Ok(probe_while_waiting(whole));
+    }
     tokio::select! {
         answer = &mut whole => answer.map(json),
         // The client closed its side: as the OpenAI routes do, spaces (JSON allows leading
@@ -739,17 +779,27 @@ pub async fn apply_template(
 }
 
 /// The slots: as many as requests decode at once, the first `busy` of them processing.
-fn slot_list(s: &AppState) -> Vec<Slot> {
+/// A tenant sees only its own requests as busy slots (others' activity is not its to read).
+fn slot_list(s: &AppState, tenant: Tenant) -> Vec<Slot> {
     let n_ctx = s.backend.limits().context;
-    let busy = s.metrics.generations_in_flight();
+    let busy = s.metrics.generations_in_flight(s.view_of(tenant));
     (0..s.backend.slots())
         .map(|id| Slot { id, id_task: -1, n_ctx, speculative: true, is_processing: id < busy })
         .collect()
 }
 
 /// `GET /slots`.
-pub async fn slots(State(s): State<AppState>) -> Json<Vec<Slot>> {
-    Json(slot_list(&s))
+pub async fn slots(State(s): State<AppState>, Extension(tenant): Extension<Tenant>) -> Json<Vec<Slot>> {
+    Json(slot_list(&s, tenant))
+}
+
+/// The model's path as `/props` shows it: with keys, a key holder is not the operator, so the
+/// file's name only (where the server keeps its files is not theirs to read).
+fn shown_path(path: &str, keys: bool) -> String {
+    if !keys {
+        return path.to_string();
+    }
+    std::path::Path::new(path).file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 /// `GET /props`.
@@ -764,7 +814,7 @@ pub async fn props(State(s): State<AppState>) -> Result<Json<Props>, ApiError> {
     Ok(Json(Props {
         default_generation_settings: DefaultSettings { slot, params },
         total_slots: s.backend.slots(),
-        model_path: info.path,
+        model_path: shown_path(&info.path, s.keys.required()),
         chat_template: info.chat_template.unwrap_or_default(),
         modalities: Modalities { vision: false, audio: false },
         build_info: format!("treespec {}", env!("CARGO_PKG_VERSION")),
@@ -810,7 +860,10 @@ mod tests {
     #[test]
     fn the_v1_checks_apply() {
         for (body, param) in [
-            (json!({"n_predict": 500}), "max_tokens"),
+            (json!({"n_predict": 500}), "n_predict"),
+            (json!({"n_predict": 1_000_000_000_000i64}), "n_predict"),
+            (json!({"n_predict": 1e12}), "n_predict"),
+            (json!({"max_tokens": 500}), "max_tokens"),
             (json!({"temperature": 3}), "temperature"),
             (json!({"top_p": 0}), "top_p"),
             (json!({"n_probs": 3}), "n_probs"),
@@ -828,6 +881,49 @@ mod tests {
         for ok in [json!({"id_slot": -1}), json!({"id_slot": 1, "cache_prompt": true, "dynatemp_range": 0})] {
             translate(req(ok), &limits(), 2).unwrap();
         }
+    }
+
+    #[test]
+    fn errors_name_the_fields_the_request_sent() {
+        // The length: in `n_predict`'s name unless only `max_tokens` was sent.
+        for (body, field) in [
+            (json!({"n_predict": 1_000_000_000_000i64}), "n_predict"),
+            (json!({"n_predict": 1_000_000_000_000i64, "max_tokens": 3}), "n_predict"),
+            (json!({"max_tokens": 1_000_000_000_000i64}), "max_tokens"),
+        ] {
+            let e = translate(req(body.clone()), &limits(), 1).unwrap_err();
+            assert_eq!(
+                (e.param.as_deref(), e.code),
+                (Some(field), Some("context_length_exceeded")),
+                "{body}"
+            );
+            assert!(e.message.starts_with(&format!("{field} = 1000000000000 ")), "{body}: {}", e.message);
+        }
+        // The engine's length errors (prompt and length against the context).
+        let too_long = check_lengths(200, None, 128).unwrap_err();
+        assert_eq!(too_long.param.as_deref(), Some("messages"));
+        assert_eq!(llama_names(too_long, "n_predict").param.as_deref(), Some("prompt"));
+        let too_many = check_lengths(100, Some(50), 128).unwrap_err();
+        let e = llama_names(too_many, "n_predict");
+        assert_eq!(e.param.as_deref(), Some("n_predict"));
+        assert!(
+            e.message.contains("plus n_predict (50)") && !e.message.contains("max_tokens"),
+            "{}",
+            e.message
+        );
+        let other = ApiError::invalid("temperature", "x");
+        assert_eq!(llama_names(other.clone(), "n_predict"), other);
+    }
+
+    #[test]
+    fn samplers_are_honoured_or_refused() {
+        let (spec, _) = translate(req(json!({"samplers": ["top_k", "temperature"]})), &limits(), 1).unwrap();
+        let p = &spec.sampling;
+        assert_eq!((p.top_k, p.top_p, p.min_p, p.temperature), (Some(40), 1.0, 0.0, 0.8));
+        let (spec, _) = translate(req(json!({"samplers": "edskypmxt"})), &limits(), 1).unwrap();
+        assert_eq!(spec.sampling, translate(req(json!({})), &limits(), 1).unwrap().0.sampling);
+        let e = translate(req(json!({"samplers": ["x"]})), &limits(), 1).unwrap_err();
+        assert_eq!((e.param.as_deref(), e.code), (Some("samplers"), Some("unsupported_parameter")));
     }
 
     #[test]

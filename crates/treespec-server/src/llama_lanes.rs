@@ -104,7 +104,8 @@ impl BatchPool {
         let LlamaConfig { runtime, methods } = config;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
         let text = Arc::new(LlamaText(runtime.clone()));
-        let (pool, inbox) = BatchPool::new(scheduler, model_id(&runtime.paths().model), limits, text);
+        let model = model_id(&runtime.paths().model);
+        let (pool, inbox) = BatchPool::new(scheduler, model, limits, text, metrics.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let runtime_for_rate = runtime.clone();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use treespec_core::stats::DecodeStats;
 use treespec_engine::shared_draft::DraftCounters;
 
+use crate::tenant::Tenant;
+
 pub use histogram::Histogram;
 pub use spec_decode::SpecDecode;
 
@@ -108,25 +110,64 @@ impl Default for Inner {
     }
 }
 
+/// Whose figures a `/metrics` scrape reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// Everything, server-wide: the operator's (`--metrics-key`, `--metrics-open`, or a server
+    /// without keys, where everybody is one tenant).
+    Server,
+    /// One tenant's own requests and nothing else: every other tenant's activity stays out, so
+    /// two scrapes around another tenant's request read nothing of it (docs/SECURITY.md).
+    Tenant(Tenant),
+}
+
+/// The books: server-wide, and the same per tenant for what belongs to one request.
+#[derive(Debug, Default)]
+struct Books {
+    server: Inner,
+    tenants: BTreeMap<Tenant, Inner>,
+}
+
+impl Books {
+    /// The server's books and, for a request with a tenant, that tenant's (made on first use;
+    /// tenants come from the configured keys, so the map is bounded by them).
+    fn each(&mut self, tenant: Option<Tenant>, mut f: impl FnMut(&mut Inner)) {
+        f(&mut self.server);
+        if let Some(t) = tenant {
+            f(self.tenants.entry(t).or_default());
+        }
+    }
+}
+
 /// The server's metrics.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    inner: Mutex<Books>,
     /// While this machine's cost curves are measured in the background: the method that stands
     /// in for the cost-aware default meanwhile.
     stand_in: Mutex<Option<String>>,
+    /// The curves in use are provisional: measured while the cores stayed busy past the bounded
+    /// wait, refined by the requests, not cached.
+    provisional: std::sync::atomic::AtomicBool,
 }
 
 impl Metrics {
-    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Books) -> R) -> R {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut g)
     }
 
+    /// Record `f` server-wide and in `tenant`'s books.
+    fn record(&self, tenant: Option<Tenant>, f: impl FnMut(&mut Inner)) {
+        self.with(|b| b.each(tenant, f));
+    }
+
     /// One batched step of `step` seconds: `lanes` requests decoded a step in one forward of
     /// `rows` rows and `forward` seconds, which also prefilled `prefilled` prompt tokens.
+    /// Server-wide only: a step holds every tenant's rows.
     pub fn batch_step(&self, lanes: usize, rows: usize, prefilled: usize, step: Duration, forward: Duration) {
-        self.with(|m| {
+        self.with(|b| {
+            let m = &mut b.server;
             m.batch_steps += 1;
             m.step_seconds += step.as_secs_f64();
             m.forward_seconds += forward.as_secs_f64();
@@ -136,9 +177,9 @@ impl Metrics {
         });
     }
 
-    /// The shared draft model's forwards so far.
+    /// The shared draft model's forwards so far (server-wide).
     pub fn draft_forwards(&self, counters: DraftCounters) {
-        self.with(|m| m.draft = counters);
+        self.with(|b| b.server.draft = counters);
     }
 
     /// The cost curves are being measured and `method` serves meanwhile (None: measured).
@@ -146,42 +187,55 @@ impl Metrics {
         *self.stand_in.lock().unwrap_or_else(|p| p.into_inner()) = method.map(String::from);
     }
 
+    /// Whether the measured curves in use are provisional (see [`Metrics::provisional`]).
+    pub fn costs_provisional(&self, provisional: bool) {
+        self.provisional.store(provisional, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the cost curves in use are provisional.
+    pub fn provisional(&self) -> bool {
+        self.provisional.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The method standing in for the default while the cost curves are measured, if they are.
     pub fn stand_in(&self) -> Option<String> {
         self.stand_in.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// One answered HTTP request.
-    pub fn request(&self, endpoint: &str, status: u16) {
-        self.with(|m| *m.requests.entry((endpoint.to_string(), status)).or_default() += 1);
+    /// One answered HTTP request, of `tenant` when it carried a tenant's key.
+    pub fn request(&self, tenant: Option<Tenant>, endpoint: &str, status: u16) {
+        self.record(tenant, |m| *m.requests.entry((endpoint.to_string(), status)).or_default() += 1);
         if status >= 400 {
-            self.error(if status >= 500 { "server" } else { "client" });
+            self.error(tenant, if status >= 500 { "server" } else { "client" });
         }
     }
 
     /// One error of `kind`.
-    pub fn error(&self, kind: &str) {
-        self.with(|m| *m.errors.entry(kind.to_string()).or_default() += 1);
+    pub fn error(&self, tenant: Option<Tenant>, kind: &str) {
+        self.record(tenant, |m| *m.errors.entry(kind.to_string()).or_default() += 1);
     }
 
-    /// A generation started (+1) or ended (−1).
-    pub fn in_flight(&self, delta: i64) {
-        self.with(|m| m.in_flight += delta);
+    /// A generation of `tenant` started (+1) or ended (−1).
+    pub fn in_flight(&self, tenant: Tenant, delta: i64) {
+        self.record(Some(tenant), |m| m.in_flight += delta);
     }
 
-    /// Generations running now.
-    pub fn generations_in_flight(&self) -> usize {
-        self.with(|m| m.in_flight.max(0) as usize)
+    /// Generations running now: all of them, or one tenant's.
+    pub fn generations_in_flight(&self, view: View) -> usize {
+        self.with(|b| match view {
+            View::Server => b.server.in_flight.max(0) as usize,
+            View::Tenant(t) => b.tenants.get(&t).map_or(0, |m| m.in_flight.max(0) as usize),
+        })
     }
 
     /// The served model's id, for the labels that carry it.
     pub fn set_model_name(&self, name: &str) {
-        self.with(|m| m.model_name = name.to_string());
+        self.with(|b| b.server.model_name = name.to_string());
     }
 
-    /// A finished generation.
-    pub fn generation(&self, method: &str, prompt_tokens: usize, stats: &DecodeStats) {
-        self.with(|m| {
+    /// A finished generation of `tenant`.
+    pub fn generation(&self, tenant: Tenant, method: &str, prompt_tokens: usize, stats: &DecodeStats) {
+        self.record(Some(tenant), |m| {
             let t = m.methods.entry(method.to_string()).or_default();
             t.generations += 1;
             t.prompt_tokens += prompt_tokens as u64;
@@ -207,25 +261,39 @@ impl Metrics {
         });
     }
 
-    /// A generation cancelled because its client went away.
-    pub fn cancelled(&self, method: &str) {
-        self.with(|m| m.methods.entry(method.to_string()).or_default().cancelled += 1);
+    /// A generation of `tenant` cancelled because its client went away (`queued`: before it
+    /// started).
+    pub fn cancelled(&self, tenant: Tenant, method: &str) {
+        self.record(Some(tenant), |m| m.methods.entry(method.to_string()).or_default().cancelled += 1);
     }
 
     /// Time from a request's arrival to its first generated text.
-    pub fn first_token(&self, d: Duration) {
-        self.with(|m| m.ttft.observe(d.as_secs_f64()));
+    pub fn first_token(&self, tenant: Tenant, d: Duration) {
+        self.record(Some(tenant), |m| m.ttft.observe(d.as_secs_f64()));
     }
 
     /// Time from a request's arrival to the end of its generation.
-    pub fn finished(&self, d: Duration) {
-        self.with(|m| m.latency.observe(d.as_secs_f64()));
+    pub fn finished(&self, tenant: Tenant, d: Duration) {
+        self.record(Some(tenant), |m| m.latency.observe(d.as_secs_f64()));
     }
 
-    /// The Prometheus text, with the current queue depth.
-    pub fn render(&self, queue_depth: usize) -> String {
+    /// The server-wide Prometheus text, with the current queue depth.
+    pub fn render_server(&self, queue_depth: usize) -> String {
+        self.render(View::Server, queue_depth)
+    }
+
+    /// The Prometheus text `view` may read, with its queue depth (the whole queue's, or the
+    /// tenant's own waiting requests). A tenant's text has the per-request families only: the
+    /// batched steps and the shared draft model hold every tenant's rows.
+    pub fn render(&self, view: View, queue_depth: usize) -> String {
         let measuring = self.stand_in().is_some();
-        self.with(|m| {
+        self.with(|b| {
+            let empty = Inner::default();
+            let m = match view {
+                View::Server => &b.server,
+                View::Tenant(t) => b.tenants.get(&t).unwrap_or(&empty),
+            };
+            let model_name = &b.server.model_name;
             let mut s = String::new();
             head(
                 &mut s,
@@ -234,10 +302,20 @@ impl Metrics {
                 "1 while this machine's cost curves are measured.",
             );
             let _ = writeln!(s, "treespec_cost_curve_measuring {}", u8::from(measuring));
+            head(
+                &mut s,
+                "treespec_cost_curve_provisional",
+                "gauge",
+                "1 while the curves in use were measured on busy cores (refined as requests run, not cached).",
+            );
+            let _ = writeln!(s, "treespec_cost_curve_provisional {}", u8::from(self.provisional()));
             render_requests(&mut s, m, queue_depth);
             render_methods(&mut s, m);
-            render_histograms(&mut s, m);
-            m.spec.render(&mut s, &m.model_name);
+            render_request_histograms(&mut s, m);
+            if view == View::Server {
+                render_steps(&mut s, m);
+            }
+            m.spec.render(&mut s, model_name);
             s
         })
     }
@@ -331,10 +409,10 @@ fn render_methods(s: &mut String, m: &Inner) {
     }
 }
 
-/// Histograms: time to first token and latency (all requests), per-request acceptance and rows
+/// Per-request histograms: time to first token and latency (all requests), acceptance and rows
 /// per forward (by method).
-fn render_histograms(s: &mut String, m: &Inner) {
-    let whole: [(&str, &str, &Histogram); 4] = [
+fn render_request_histograms(s: &mut String, m: &Inner) {
+    let whole: [(&str, &str, &Histogram); 2] = [
         (
             "treespec_time_to_first_token_seconds",
             "Seconds from a generation request's arrival to its first generated text.",
@@ -345,6 +423,33 @@ fn render_histograms(s: &mut String, m: &Inner) {
             "Seconds from a generation request's arrival to its end (finished ones).",
             &m.latency,
         ),
+    ];
+    for (name, help, h) in whole {
+        head(s, name, "histogram", help);
+        h.render(s, name, "");
+    }
+    type Pick = fn(&MethodTotals) -> &Histogram;
+    let per_method: [(&str, &str, Pick); 2] = [
+        ("treespec_request_mean_accepted_length", "Per request: tokens emitted per target forward.", |t| {
+            &t.accepted_length
+        }),
+        (
+            "treespec_request_rows_per_forward",
+            "Per request: target rows (drafted nodes + 1) verified per forward.",
+            |t| &t.rows_per_forward,
+        ),
+    ];
+    for (name, help, pick) in per_method {
+        head(s, name, "histogram", help);
+        for (method, t) in &m.methods {
+            pick(t).render(s, name, &format!("method=\"{method}\""));
+        }
+    }
+}
+
+/// The batched steps and the shared draft model (server-wide: every tenant's rows).
+fn render_steps(s: &mut String, m: &Inner) {
+    let steps: [(&str, &str, &Histogram); 2] = [
         (
             "treespec_batch_size",
             "Per batched step: requests that decoded a step in its forward.",
@@ -356,7 +461,7 @@ fn render_histograms(s: &mut String, m: &Inner) {
             &m.batch_rows,
         ),
     ];
-    for (name, help, h) in whole {
+    for (name, help, h) in steps {
         head(s, name, "histogram", help);
         h.render(s, name, "");
     }
@@ -393,23 +498,6 @@ fn render_histograms(s: &mut String, m: &Inner) {
         head(s, name, "counter", help);
         let _ = writeln!(s, "{name} {v}");
     }
-    type Pick = fn(&MethodTotals) -> &Histogram;
-    let per_method: [(&str, &str, Pick); 2] = [
-        ("treespec_request_mean_accepted_length", "Per request: tokens emitted per target forward.", |t| {
-            &t.accepted_length
-        }),
-        (
-            "treespec_request_rows_per_forward",
-            "Per request: target rows (drafted nodes + 1) verified per forward.",
-            |t| &t.rows_per_forward,
-        ),
-    ];
-    for (name, help, pick) in per_method {
-        head(s, name, "histogram", help);
-        for (method, t) in &m.methods {
-            pick(t).render(s, name, &format!("method=\"{method}\""));
-        }
-    }
 }
 
 /// One generation request's clock, from its arrival: records the time to its first text and
@@ -417,26 +505,27 @@ fn render_histograms(s: &mut String, m: &Inner) {
 #[derive(Debug)]
 pub struct RequestTimer {
     metrics: Arc<Metrics>,
+    tenant: Tenant,
     arrived: Instant,
     first_seen: bool,
 }
 
 impl RequestTimer {
-    /// Started at `arrived`.
-    pub fn new(metrics: Arc<Metrics>, arrived: Instant) -> Self {
-        Self { metrics, arrived, first_seen: false }
+    /// `tenant`'s request, started at `arrived`.
+    pub fn new(metrics: Arc<Metrics>, tenant: Tenant, arrived: Instant) -> Self {
+        Self { metrics, tenant, arrived, first_seen: false }
     }
 
     /// Generated text arrived (only the first call counts).
     pub fn text(&mut self) {
         if !std::mem::replace(&mut self.first_seen, true) {
-            self.metrics.first_token(self.arrived.elapsed());
+            self.metrics.first_token(self.tenant, self.arrived.elapsed());
         }
     }
 
     /// The generation finished.
     pub fn done(&mut self) {
-        self.metrics.finished(self.arrived.elapsed());
+        self.metrics.finished(self.tenant, self.arrived.elapsed());
     }
 }
 
@@ -448,8 +537,8 @@ mod tests {
     #[test]
     fn renders_counters_and_rates() {
         let m = Metrics::default();
-        m.request("/v1/chat/completions", 200);
-        m.request("/v1/chat/completions", 400);
+        m.request(None, "/v1/chat/completions", 200);
+        m.request(None, "/v1/chat/completions", 400);
         let stats = DecodeStats {
             new_tokens: 10,
             target_forwards: 4,
@@ -457,9 +546,9 @@ mod tests {
             wall: Duration::from_secs(2),
             ..Default::default()
         };
-        m.generation("chain", 5, &stats);
+        m.generation(Tenant::SHARED, "chain", 5, &stats);
         m.draft_forwards(DraftCounters { forwards: 2, feeds: 7, rows: 9 });
-        let text = m.render(3);
+        let text = m.render_server(3);
         // One HELP per metric name: a name reused by two metrics breaks the exposition.
         let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
         let names: std::collections::BTreeSet<&str> =
@@ -501,10 +590,10 @@ mod tests {
             wall: Duration::from_secs(1),
             ..Default::default()
         };
-        m.generation("tree", 3, &stats);
-        m.first_token(Duration::from_millis(30));
-        m.finished(Duration::from_millis(700));
-        let text = m.render(2);
+        m.generation(Tenant::SHARED, "tree", 3, &stats);
+        m.first_token(Tenant::SHARED, Duration::from_millis(30));
+        m.finished(Tenant::SHARED, Duration::from_millis(700));
+        let text = m.render_server(2);
         let mut declared = BTreeMap::new();
         for l in text.lines().filter(|l| l.starts_with('#')) {
             let parts: Vec<&str> = l.splitn(4, ' ').collect();

@@ -2,7 +2,7 @@
 //! `data: [DONE]`). No tensors here: everything model-side is behind [`GenerationBackend`].
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,7 +11,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -23,7 +23,7 @@ use crate::api::Timings;
 use crate::api::*;
 use crate::error::ApiError;
 use crate::job::{Event, Finished, GenerationBackend, Job};
-use crate::metrics::{Metrics, RequestTimer};
+use crate::metrics::{Metrics, RequestTimer, View};
 use crate::serve::PeerClosed;
 use crate::structured;
 use crate::tenant::{ApiKeys, Tenant};
@@ -40,8 +40,42 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The accepted API keys (none: open), each a tenant.
     pub keys: Arc<ApiKeys>,
+    /// The operator's key for the server-wide `/metrics` (`--metrics-key`).
+    pub metrics_key: Option<Arc<str>>,
+    /// Server-wide figures for anybody (`--metrics-open`).
+    pub metrics_open: bool,
     /// Server start (Unix seconds), the models' `created`.
     pub started: u64,
+}
+
+impl AppState {
+    /// Whether the server-wide figures (queue, activity) are anybody's to read: opened on
+    /// purpose, or a server without keys or operator key, where everybody is one tenant.
+    pub fn figures_public(&self) -> bool {
+        self.metrics_open || (!self.keys.required() && self.metrics_key.is_none())
+    }
+
+    /// What a scrape carrying `given` may read of the metrics (None: refused).
+    pub fn viewer(&self, given: Option<&str>) -> Option<View> {
+        if self.figures_public() {
+            return Some(View::Server);
+        }
+        let operator = self.metrics_key.as_deref().zip(given).is_some_and(|(k, g)| ApiKeys::same_key(k, g));
+        if operator {
+            return Some(View::Server);
+        }
+        // Without tenant keys only the operator's key opens the metrics.
+        self.keys.required().then(|| self.keys.tenant(given)).flatten().map(View::Tenant)
+    }
+
+    /// What a request of `tenant` may see of the server's activity (`/slots`).
+    pub fn view_of(&self, tenant: Tenant) -> View {
+        if self.figures_public() {
+            View::Server
+        } else {
+            View::Tenant(tenant)
+        }
+    }
 }
 
 fn now() -> u64 {
@@ -61,29 +95,40 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// `GET /health`: ready at once; while this machine's cost curves are measured in the background it says so,
-/// and which method serves meanwhile.
+/// and which method serves meanwhile. Open to all, so the queue's depth only where the
+/// server-wide figures are public (others' activity is not a key holder's to read).
 pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
-    let mut v =
-        json!({"status": "ok", "model": s.backend.model_id(), "queue_depth": s.backend.queue_depth()});
+    let mut v = json!({"status": "ok", "model": s.backend.model_id()});
+    if s.figures_public() {
+        v["queue_depth"] = json!(s.backend.queue_depth());
+    }
     v["cost_curve"] = match s.metrics.stand_in() {
         Some(method) => {
             v["serving_method"] = json!(method);
             json!("measuring")
         }
+        None if s.metrics.provisional() => json!("provisional"),
         None => json!("ready"),
     };
     Json(v)
 }
 
+mod chat;
+
 /// `GET /`: a chat page (one self-contained file in the binary: no build, no network) that
-/// streams each answer coloured by how every token was produced (the trace extension).
-pub async fn chat_page() -> axum::response::Html<&'static str> {
-    axum::response::Html(include_str!("chat.html"))
+/// streams each answer coloured by how every token was produced (the trace extension), under a
+/// Content-Security-Policy that lets only its own inline script and style run (see [`chat`]).
+pub async fn chat_page() -> Response {
+    chat::response()
 }
 
-/// `GET /metrics`.
-pub async fn metrics(State(s): State<AppState>) -> Response {
-    let text = s.metrics.render(s.backend.queue_depth());
+/// `GET /metrics`: the server-wide figures for the operator, a tenant's own for its key.
+pub async fn metrics(State(s): State<AppState>, Extension(view): Extension<View>) -> Response {
+    let depth = match view {
+        View::Server => s.backend.queue_depth(),
+        View::Tenant(t) => s.backend.queue_depth_of(t),
+    };
+    let text = s.metrics.render(view, depth);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -119,23 +164,38 @@ pub async fn track(State(s): State<AppState>, mut req: Request, next: Next) -> R
     req.extensions_mut().insert(Arrived(Instant::now()));
     let endpoint = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
     let r = next.run(req).await;
-    s.metrics.request(&endpoint, r.status().as_u16());
+    s.metrics.request(r.extensions().get::<Tenant>().copied(), &endpoint, r.status().as_u16());
     r
 }
 
+/// The key a request carries: `Authorization: Bearer KEY`, the scheme in any case (RFC 9110
+/// §11.1) and any whitespace before the key.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim_start();
+    let (scheme, key) = value.split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+}
+
 /// With API keys: `Authorization: Bearer KEY` (one of them) or 401. The request carries its
-/// key's [`Tenant`] on (the shared tenant without keys).
+/// key's [`Tenant`] on (the shared tenant without keys), and so does its response, for
+/// [`track`] to count it in that tenant's metrics.
 pub async fn auth(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(tenant) = s.keys.tenant(given) else {
+    let Some(tenant) = s.keys.tenant(bearer(req.headers())) else {
         return ApiError::unauthorized().into_response();
     };
     req.extensions_mut().insert(tenant);
+    let mut r = next.run(req).await;
+    r.extensions_mut().insert(tenant);
+    r
+}
+
+/// Who may read `/metrics` and `/openapi.json`, and what: the operator's key (`--metrics-key`)
+/// reads the server-wide figures, a tenant's key its own (see [`AppState::viewer`]).
+pub async fn watch_auth(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let Some(view) = s.viewer(bearer(req.headers())) else {
+        return ApiError::unauthorized().into_response();
+    };
+    req.extensions_mut().insert(view);
     next.run(req).await
 }
 
@@ -145,16 +205,7 @@ pub(crate) fn body_bytes(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Bytes, ApiError> {
     validate::check_content_type(headers)?;
-    body.map_err(|r| {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::invalid(None, "the request body is too large")
-                .with_status(status)
-                .with_code("body_too_large")
-        } else {
-            ApiError::invalid(None, format!("could not read the request body: {r}")).with_status(status)
-        }
-    })
+    validate::read_body(body)
 }
 
 /// `POST /v1/chat/completions`.
@@ -220,16 +271,14 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
     let (tx, mut rx) = unbounded_channel();
     // The trace extension is a chat chunk's.
     let trace = trace && kind == Kind::Chat;
-    s.backend.submit(Job { spec, tenant, trace, events: tx })?;
+    let job = Job::new(spec, tenant, trace, tx);
+    let peer_left = job.peer_left.clone();
+    s.backend.submit(job)?;
     // The first event tells whether the prompt was accepted: errors before any output are
     // plain HTTP errors, also for streaming requests.
-    let fenced_calls = match rx.recv().await {
-        Some(Event::Started { fenced_calls, .. }) => fenced_calls,
-        Some(Event::Error(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the model thread stopped")),
-    };
+    let started = first_event(&mut rx, peer.as_ref(), &peer_left).await?;
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
-    let timer = RequestTimer::new(s.metrics.clone(), arrived.0);
+    let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     let meta = Meta {
         id,
         created: now(),
@@ -238,16 +287,25 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
         include_usage,
         tool_call,
         auto_tools,
-        fenced_calls,
+        // Known once started; a stream that begins while queued reads it from `Started`.
+        fenced_calls: started.is_some_and(|s| s.fenced_calls),
         trace,
         plain_rate: s.backend.plain_tokens_per_second(),
     };
     if stream {
-        let events = sse_events(rx, meta, timer);
-        return Ok(Sse::new(events).into_response());
+        let events = Sse::new(sse_events(rx, meta, timer));
+        if started.is_none() {
+            // Comments while nothing else goes out: a client that closed while queued is told
+            // apart from one that only half-closed by whether these writes fail.
+            return Ok(events.keep_alive(probes()).into_response());
+        }
+        return Ok(events.into_response());
     }
     let mut whole = Whole { rx, meta, timer, text: String::new(), logprobs: None };
     let Some(peer) = peer else { return whole.finish().await };
+    if started.is_none() {
+        return Ok(whole.probe_while_waiting());
+    }
     tokio::select! {
         answer = whole.next() => answer.map(|v| Json(v).into_response()),
         // The client closed its side: it half-closed and still reads, or it is gone. Only
@@ -257,6 +315,47 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
         // dropped receiver cancels the generation at its next step.
         _ = peer.closed() => Ok(whole.probe_while_waiting()),
     }
+}
+
+/// A queued request that started: what its `Started` event said.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    /// See [`Event::Started`].
+    pub fenced_calls: bool,
+}
+
+/// Wait for a queued request's first event: `Some` once it started, an error if it was refused
+/// before any output (a plain HTTP error), or `None` when its client closed its side while it
+/// waited. Hyper does not read a connection while its request is in flight, so only the socket
+/// tells (see [`PeerClosed`]): the request stops counting toward the queue's bound at once
+/// (`peer_left`), and the caller answers with a body that probes (spaces, SSE comments) while it
+/// waits: to a client gone the writes fail, the body and its receiver are dropped, and the queue
+/// drops the request (`queue.rs`) instead of keeping its place until a lane frees.
+pub(crate) async fn first_event(
+    rx: &mut UnboundedReceiver<Event>,
+    peer: Option<&PeerClosed>,
+    peer_left: &AtomicBool,
+) -> Result<Option<Start>, ApiError> {
+    let event = match peer {
+        None => rx.recv().await,
+        Some(peer) => tokio::select! {
+            event = rx.recv() => event,
+            _ = peer.closed() => {
+                peer_left.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+        },
+    };
+    match event {
+        Some(Event::Started { fenced_calls, .. }) => Ok(Some(Start { fenced_calls })),
+        Some(Event::Error(e)) => Err(e),
+        _ => Err(ApiError::internal("the model thread stopped")),
+    }
+}
+
+/// SSE comments every [`PROBE_EVERY`] while a stream has nothing to send.
+pub(crate) fn probes() -> KeepAlive {
+    KeepAlive::new().interval(PROBE_EVERY).text("")
 }
 
 /// A non-streamed answer being gathered.
@@ -607,7 +706,10 @@ impl SseState {
                 None
             }
             Some(Event::Text(t)) => self.on_text(t),
-            Some(Event::Started { .. }) => None,
+            Some(Event::Started { fenced_calls, .. }) => {
+                self.meta.fenced_calls = fenced_calls;
+                None
+            }
             Some(Event::Done(f)) => Some(self.on_done(&f)),
             Some(Event::Error(e)) => Some(error_chunks(&e)),
             None => Some(error_chunks(&ApiError::internal("the generation ended without a result"))),
@@ -785,7 +887,8 @@ mod tests {
             tx.send(e).unwrap();
         }
         drop(tx);
-        let timer = RequestTimer::new(Arc::new(Metrics::default()), std::time::Instant::now());
+        let timer =
+            RequestTimer::new(Arc::new(Metrics::default()), Tenant::SHARED, std::time::Instant::now());
         let out: Vec<_> = sse_events(rx, meta, timer).collect().await;
         // An axum SSE event renders as "data: …\n\n".
         out.into_iter()

@@ -6,6 +6,11 @@
 //! honoured (validated exactly as `treespec generate` validates `--top-k` and friends, by
 //! [`SamplingParams::validate`]) or refused, never ignored. The raw JSON values are checked here so
 //! that a wrong type names its field.
+//!
+//! llama-server's `samplers` (the order of its sampler chain, as names or as letters) is honoured
+//! where it is an order treespec's one pipeline runs (see [`samplers`]); a sampler left out of
+//! the list is off, as in llama-server. Any other order, and samplers treespec does not have, are
+//! refused.
 
 use serde_json::Value;
 use treespec_core::sampling::SamplingParams;
@@ -66,7 +71,7 @@ pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
     };
-    let p = SamplingParams {
+    let mut p = SamplingParams {
         temperature: temperature as f32,
         top_k,
         top_p: top_p as f32,
@@ -89,7 +94,197 @@ pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
         };
         ApiError::invalid(param, e.to_string())
     })?;
+    if let Some(chain) = samplers(&c.samplers)? {
+        chain.switch_off_the_rest(&mut p);
+    }
     Ok(p)
+}
+
+/// One of llama-server's samplers (its `common_sampler_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sampler {
+    Penalties,
+    Dry,
+    TopNSigma,
+    TopK,
+    TypicalP,
+    TopP,
+    MinP,
+    Xtc,
+    Temperature,
+    Infill,
+    AdaptiveP,
+}
+
+impl Sampler {
+    /// By name, as llama-server reads them: any case, `-` for `_` or neither, and its aliases.
+    fn by_name(name: &str) -> Option<Self> {
+        use Sampler::*;
+        Some(match name.to_ascii_lowercase().as_str() {
+            "penalties" => Penalties,
+            "dry" => Dry,
+            "top_n_sigma" | "top-n-sigma" | "topnsigma" => TopNSigma,
+            "top_k" | "top-k" | "topk" => TopK,
+            "typ_p" | "typ-p" | "typp" | "typ" | "typical_p" | "typical-p" | "typical" => TypicalP,
+            "top_p" | "top-p" | "topp" | "nucleus" => TopP,
+            "min_p" | "min-p" | "minp" => MinP,
+            "xtc" => Xtc,
+            "temperature" | "temp" => Temperature,
+            "infill" => Infill,
+            "adaptive_p" | "adaptive-p" | "adaptivep" => AdaptiveP,
+            _ => return None,
+        })
+    }
+
+    /// By letter (`--sampling-seq`, a `samplers` string: llama-server's default is `edskypmxt`).
+    fn by_letter(c: char) -> Option<Self> {
+        use Sampler::*;
+        Some(match c {
+            'e' => Penalties,
+            'd' => Dry,
+            's' => TopNSigma,
+            'k' => TopK,
+            'y' => TypicalP,
+            'p' => TopP,
+            'm' => MinP,
+            'x' => Xtc,
+            't' => Temperature,
+            'i' => Infill,
+            'a' => AdaptiveP,
+            _ => return None,
+        })
+    }
+
+    /// The name in messages.
+    fn name(self) -> &'static str {
+        use Sampler::*;
+        match self {
+            Penalties => "penalties",
+            Dry => "dry",
+            TopNSigma => "top_n_sigma",
+            TopK => "top_k",
+            TypicalP => "typ_p",
+            TopP => "top_p",
+            MinP => "min_p",
+            Xtc => "xtc",
+            Temperature => "temperature",
+            Infill => "infill",
+            AdaptiveP => "adaptive_p",
+        }
+    }
+}
+
+/// The samplers a `samplers` list turns on, in an order treespec runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chain(Vec<Sampler>);
+
+impl Chain {
+    /// A sampler left out of the list does not run (llama-server's rule): its parameter is set
+    /// to its neutral value. Temperature left out is 1 (llama-server then samples the
+    /// distribution as it stands).
+    fn switch_off_the_rest(&self, p: &mut SamplingParams) {
+        let on = |s| self.0.contains(&s);
+        if !on(Sampler::Penalties) {
+            p.repetition_penalty = 1.0;
+            p.presence_penalty = 0.0;
+            p.frequency_penalty = 0.0;
+        }
+        if !on(Sampler::TopK) {
+            p.top_k = None;
+        }
+        if !on(Sampler::TopP) {
+            p.top_p = 1.0;
+        }
+        if !on(Sampler::MinP) {
+            p.min_p = 0.0;
+        }
+        if !on(Sampler::Temperature) {
+            p.temperature = 1.0;
+        }
+    }
+}
+
+/// What the one pipeline ([`treespec_core::sampling`]) runs: penalties, temperature, top-k,
+/// top-p, min-p. Temperature and top-k commute (top-k keeps the same tokens at any
+/// temperature), so either may come first.
+const PIPELINE: [(Sampler, u8); 5] = [
+    (Sampler::Penalties, 0),
+    (Sampler::Temperature, 1),
+    (Sampler::TopK, 1),
+    (Sampler::TopP, 2),
+    (Sampler::MinP, 3),
+];
+
+/// llama-server's default order of the same samplers (its `--samplers` default, without the
+/// ones treespec has only at their neutral values): temperature last.
+const LLAMA_DEFAULT: [Sampler; 5] =
+    [Sampler::Penalties, Sampler::TopK, Sampler::TopP, Sampler::MinP, Sampler::Temperature];
+
+/// llama-server's `samplers`: a list of names (`["top_k", "top_p", "temperature"]`) or a string
+/// of letters (`"kpt"`). None: absent or null, llama-server's default order.
+///
+/// - `dry`, `top_n_sigma`, `typ_p` and `xtc` run only at their neutral values here (their
+///   parameters are refused otherwise), where they change nothing: they may stand anywhere.
+/// - `infill`, `adaptive_p` and names llama-server does not know: refused.
+/// - The others, each at most once, in an order the pipeline runs ([`PIPELINE`]), or in
+///   llama-server's default order or a part of it ([`LLAMA_DEFAULT`], which puts temperature
+///   last: accepted, as that order is what clients send when they send the default, and run
+///   with temperature first, as every request without `samplers` is; see docs/SERVING.md).
+///   Anything else is refused rather than run in another order.
+/// - A sampler not listed is off (see [`Chain::switch_off_the_rest`]).
+fn samplers(v: &Option<Value>) -> Result<Option<Chain>, ApiError> {
+    let unsupported = |m: String| ApiError::invalid("samplers", m).with_code("unsupported_parameter");
+    let shape = || {
+        ApiError::invalid(
+            "samplers",
+            "`samplers` must be a list of sampler names or a string of sampler letters",
+        )
+    };
+    let listed: Vec<Sampler> = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(letters)) => letters
+            .chars()
+            .map(|c| {
+                Sampler::by_letter(c)
+                    .ok_or_else(|| unsupported(format!("unknown sampler letter {c:?} in `samplers`")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| {
+                let n = n.as_str().ok_or_else(shape)?;
+                Sampler::by_name(n).ok_or_else(|| unsupported(format!("unknown sampler {n:?} in `samplers`")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
+    };
+    let mut chain = Vec::new();
+    for s in listed {
+        match s {
+            Sampler::Dry | Sampler::TopNSigma | Sampler::TypicalP | Sampler::Xtc => {}
+            Sampler::Infill | Sampler::AdaptiveP => {
+                return Err(unsupported(format!("the `{}` sampler is not supported", s.name())))
+            }
+            s if chain.contains(&s) => {
+                return Err(unsupported(format!("`samplers` lists `{}` twice: each runs once", s.name())))
+            }
+            s => chain.push(s),
+        }
+    }
+    let rank = |s: &Sampler| PIPELINE.iter().find(|(p, _)| p == s).map_or(0, |(_, r)| *r);
+    let runs = chain.windows(2).all(|w| rank(&w[0]) <= rank(&w[1]));
+    let position = |s: &Sampler| LLAMA_DEFAULT.iter().position(|d| d == s);
+    let llama_default = chain.windows(2).all(|w| position(&w[0]) < position(&w[1]));
+    if !runs && !llama_default {
+        let names: Vec<&str> = chain.iter().map(|s| s.name()).collect();
+        return Err(unsupported(format!(
+            "`samplers` order [{}] is not supported: treespec runs penalties, then temperature and \
+             top_k, then top_p, then min_p (temperature may also be listed last, as in \
+             llama-server's default order)",
+            names.join(", ")
+        )));
+    }
+    Ok(Some(Chain(chain)))
 }
 
 #[cfg(test)]
@@ -139,6 +334,87 @@ mod tests {
         ] {
             let e = parse(json!({ field: v })).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{field}={v}: {}", e.message);
+        }
+    }
+
+    /// llama-server's sampling settings, every sampler on.
+    fn llama(samplers: Value) -> Result<SamplingParams, ApiError> {
+        parse(json!({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+            "repeat_penalty": 1.1, "presence_penalty": 0.5, "samplers": samplers}))
+    }
+
+    #[test]
+    fn samplers_in_an_order_the_pipeline_runs_are_honoured() {
+        let all = llama(Value::Null).unwrap();
+        assert_eq!((all.top_k, all.top_p, all.min_p, all.temperature), (Some(40), 0.95, 0.05, 0.8));
+        for order in [
+            // llama-server's default, by name (with the neutral-only samplers) and by letter.
+            json!([
+                "penalties",
+                "dry",
+                "top_n_sigma",
+                "top_k",
+                "typ_p",
+                "top_p",
+                "min_p",
+                "xtc",
+                "temperature"
+            ]),
+            json!("edskypmxt"),
+            // Older spellings (`typical_p`) and without the neutral-only samplers.
+            json!(["penalties", "dry", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature"]),
+            json!(["penalties", "top_k", "top_p", "min_p", "temperature"]),
+            // The pipeline's own order, temperature and top-k either way round, aliases, any case.
+            json!(["penalties", "temperature", "top_k", "top_p", "min_p"]),
+            json!(["Penalties", "top-k", "temp", "nucleus", "minp"]),
+            json!("etkpm"),
+        ] {
+            assert_eq!(llama(order.clone()).unwrap(), all, "{order}");
+        }
+        // A part of an accepted order: the samplers left out are off, as in llama-server.
+        let p = llama(json!(["top_k", "temperature"])).unwrap();
+        assert_eq!((p.top_k, p.top_p, p.min_p, p.temperature), (Some(40), 1.0, 0.0, 0.8));
+        assert_eq!((p.repetition_penalty, p.presence_penalty), (1.0, 0.0));
+        let p = llama(json!("pm")).unwrap();
+        assert_eq!((p.top_k, p.top_p, p.min_p, p.temperature), (None, 0.95, 0.05, 1.0));
+        // llama-server's README's default leaves penalties out: they are off then.
+        let p = llama(json!(["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"])).unwrap();
+        assert_eq!((p.repetition_penalty, p.presence_penalty, p.top_p), (1.0, 0.0, 0.95));
+        let p = llama(json!(["penalties"])).unwrap();
+        assert_eq!((p.repetition_penalty, p.presence_penalty, p.top_k), (1.1, 0.5, None));
+        let p = llama(json!([])).unwrap();
+        assert_eq!(p, SamplingParams { temperature: 1.0, ..SamplingParams::default() });
+        let p = llama(json!("edkypmxt")).unwrap();
+        assert_eq!(p, all, "without top_n_sigma");
+    }
+
+    #[test]
+    fn other_samplers_and_orders_are_refused_naming_samplers() {
+        for bad in [
+            json!(["x"]),
+            json!(["top_k", "tfs_z"]),
+            json!("kpz"),
+            json!(["infill"]),
+            json!(["adaptive_p", "temperature"]),
+            json!("ka"),
+            // Another order than the pipeline's or llama-server's default.
+            json!(["top_p", "top_k"]),
+            json!(["min_p", "top_p"]),
+            json!(["top_k", "top_p", "temperature", "min_p"]),
+            json!(["temperature", "penalties"]),
+            json!(["top_k", "penalties"]),
+            json!("pk"),
+            // Twice.
+            json!(["temperature", "temperature"]),
+            json!("kk"),
+        ] {
+            let e = llama(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("samplers"), "{bad}: {e:?}");
+            assert_eq!(e.code, Some("unsupported_parameter"), "{bad}: {e:?}");
+        }
+        for shape in [json!(3), json!([1, 2]), json!({"top_k": 1}), json!([["top_k"]]), json!(true)] {
+            let e = llama(shape.clone()).unwrap_err();
+            assert_eq!((e.param.as_deref(), e.code), (Some("samplers"), None), "{shape}: {e:?}");
         }
     }
 }

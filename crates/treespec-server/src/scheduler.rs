@@ -8,14 +8,12 @@
 //! chunks so it does not stall the others. Beyond the queue's bound a request gets a 503 with
 //! `Retry-After`.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use treespec_core::TokenId;
 use treespec_engine::batched::{Batch, LaneStep, StepLimits};
+use treespec_engine::serving_gate;
 use treespec_engine::BatchedLm;
 use treespec_engine::SharedDraft;
 use treespec_engine::{Drafter, GenerateRequest, Generation};
@@ -26,6 +24,7 @@ use crate::error::ApiError;
 use crate::job::ModelText;
 use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::metrics::Metrics;
+use crate::queue::JobQueue;
 use crate::tenant::Tenant;
 use crate::validate::{JobSpec, Limits};
 
@@ -80,11 +79,10 @@ impl Default for SchedulerConfig {
 /// Where a pool reads its target's plain decoding rate (tokens a second) from, when known.
 pub type PlainRate = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
 
-/// The HTTP layer's handle on a scheduler thread.
+/// The HTTP layer's handle on a scheduler thread (dropping it lets the scheduler finish what
+/// waits and stop).
 pub struct BatchPool {
-    tx: Sender<Job>,
-    depth: Arc<AtomicUsize>,
-    capacity: usize,
+    queue: Arc<JobQueue>,
     model_id: String,
     limits: Limits,
     plain_rate: Option<PlainRate>,
@@ -93,20 +91,19 @@ pub struct BatchPool {
 }
 
 impl BatchPool {
-    /// A pool whose scheduler will read from the returned receiver (run it with [`Scheduler`]),
-    /// on the model `text` tokenizes.
+    /// A pool whose scheduler will take jobs from the returned queue (run it with
+    /// [`Scheduler`]), on the model `text` tokenizes.
     pub fn new(
         config: SchedulerConfig,
         model_id: String,
         limits: Limits,
         text: Arc<dyn ModelText>,
-    ) -> (Self, Inbox) {
-        let (tx, rx) = channel();
-        let depth = Arc::new(AtomicUsize::new(0));
-        let (capacity, parallel) = (config.queue, config.parallel);
-        let pool =
-            Self { tx, depth: depth.clone(), capacity, model_id, limits, plain_rate: None, text, parallel };
-        (pool, Inbox { rx, depth })
+        metrics: Arc<Metrics>,
+    ) -> (Self, Arc<JobQueue>) {
+        let queue = JobQueue::new(config.queue, metrics);
+        let parallel = config.parallel;
+        let pool = Self { queue: queue.clone(), model_id, limits, plain_rate: None, text, parallel };
+        (pool, queue)
     }
 
     /// The target's plain decoding rate (tokens a second), for traced responses: asked at the end
@@ -117,10 +114,10 @@ impl BatchPool {
     }
 }
 
-/// The scheduler's end of the queue.
-pub struct Inbox {
-    rx: Receiver<Job>,
-    depth: Arc<AtomicUsize>,
+impl Drop for BatchPool {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 impl GenerationBackend for BatchPool {
@@ -131,17 +128,13 @@ impl GenerationBackend for BatchPool {
         self.limits.clone()
     }
     fn submit(&self, job: Job) -> Result<(), ApiError> {
-        if self.depth.fetch_add(1, Ordering::SeqCst) >= self.capacity {
-            self.depth.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::overloaded(self.capacity));
-        }
-        self.tx.send(job).map_err(|_| {
-            self.depth.fetch_sub(1, Ordering::SeqCst);
-            ApiError::internal("the model thread has stopped")
-        })
+        self.queue.push(job)
     }
     fn queue_depth(&self) -> usize {
-        self.depth.load(Ordering::SeqCst)
+        self.queue.len()
+    }
+    fn queue_depth_of(&self, tenant: Tenant) -> usize {
+        self.queue.len_of(tenant)
     }
     fn plain_tokens_per_second(&self) -> Option<f64> {
         self.plain_rate.as_ref().and_then(|r| r()).filter(|r| r.is_finite() && *r > 0.0)
@@ -157,6 +150,7 @@ impl GenerationBackend for BatchPool {
 /// What the scheduler keeps beside a request's lane.
 struct Served {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
+    tenant: Tenant,
     method: String,
     prompt_tokens: usize,
     /// Prompt tokens its lane reused from a cached or live prefix (not prefilled).
@@ -174,13 +168,14 @@ pub struct Scheduler<'m, M: LaneModels<'m>> {
     metrics: Arc<Metrics>,
     /// Active requests, each in its lane with what it reports to.
     batch: Batch<'m, Served>,
-    waiting: VecDeque<Job>,
     /// The first waiting job, prepared, when it waits for room.
     ready: Option<Ready<'m>>,
 }
 
 /// A prepared job and what it reserves of the shared context.
 struct Ready<'m> {
+    /// The queued job it was made for (it is dropped if that job left the queue).
+    job: u64,
     prepared: Prepared<'m>,
     reserve: usize,
 }
@@ -191,25 +186,22 @@ const DEFAULT_RESERVE: usize = 512;
 impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// A scheduler on `models`.
     pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
-        Self { models, config, metrics, batch: Batch::new(), waiting: VecDeque::new(), ready: None }
+        Self { models, config, metrics, batch: Batch::new(), ready: None }
     }
 
-    /// Serve until every [`BatchPool`] handle is dropped and the work is done.
-    pub fn run(mut self, inbox: Inbox) {
-        let mut open = true;
-        while open || !self.batch.is_empty() || !self.waiting.is_empty() {
-            // Take new jobs: block only when idle.
-            if self.batch.is_empty() && self.waiting.is_empty() {
-                match inbox.rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(job) => self.waiting.push_back(job),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => open = false,
+    /// Serve until the [`BatchPool`] is dropped and the work is done.
+    pub fn run(mut self, queue: Arc<JobQueue>) {
+        loop {
+            // Block only when idle.
+            if self.batch.is_empty() && !queue.wait(Duration::from_millis(200)) {
+                if queue.is_closed() && queue.is_empty() {
+                    return;
                 }
+                continue;
             }
-            while let Ok(job) = inbox.rx.try_recv() {
-                self.waiting.push_back(job);
-            }
-            self.admit(&inbox.depth);
+            // Between steps: requests whose clients left free their places in the queue too.
+            queue.prune();
+            self.admit(&queue);
             self.drop_cancelled();
             if self.batch.is_empty() {
                 continue;
@@ -223,30 +215,22 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     }
 
     /// Move waiting jobs into free lanes while the context can hold them, oldest first.
-    fn admit(&mut self, depth: &AtomicUsize) {
+    fn admit(&mut self, queue: &JobQueue) {
         while self.batch.len() < self.config.parallel {
-            let Some(job) = self.waiting.front() else { break };
-            if job.events.is_closed() {
-                self.waiting.pop_front();
-                // A preparation kept for later is always the front job's: it leaves with it.
-                self.ready = None;
-                depth.fetch_sub(1, Ordering::SeqCst);
-                self.metrics.cancelled("queued");
-                continue;
-            }
-            let ready = match self.ready.take() {
+            // Gone while waiting: dropped by the prune (a preparation kept for it is dropped
+            // below, as it no longer matches the front).
+            queue.prune();
+            let Some((id, spec, tenant)) = queue.front() else { break };
+            let ready = match self.ready.take().filter(|r| r.job == id) {
                 Some(r) => Ok(r),
-                None => {
-                    let (spec, tenant) = (job.spec.clone(), job.tenant);
-                    self.prepare(&spec, tenant)
-                }
+                None => self.prepare(id, &spec, tenant),
             };
             let ready = match ready {
                 Ok(r) => r,
                 Err(e) => {
-                    let job = self.waiting.pop_front().expect("front exists");
-                    depth.fetch_sub(1, Ordering::SeqCst);
-                    self.fail(&job.events, e);
+                    if let Some(job) = queue.take_front(id) {
+                        self.fail(&job.events, job.tenant, e);
+                    }
                     continue;
                 }
             };
@@ -256,27 +240,27 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                 self.ready = Some(ready);
                 break;
             }
-            let job = self.waiting.pop_front().expect("front exists");
-            depth.fetch_sub(1, Ordering::SeqCst);
+            // Still the front: only this thread takes jobs, and a prune keeps the order.
+            let Some(job) = queue.take_front(id) else { continue };
             if let Err(e) = self.start(&job, ready) {
-                self.fail(&job.events, e);
+                self.fail(&job.events, job.tenant, e);
             }
         }
     }
 
-    /// Prepare the job and reckon what it reserves.
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
+    /// Prepare queued job `id` and reckon what it reserves.
+    fn prepare(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
         let prepared = self.models.prepare(spec, tenant)?;
         let (prompt_tokens, max_new) = (prepared.request.prompt.len(), prepared.request.max_new_tokens);
         // Without max_tokens a request may fill the context, but reserves only a share of it
         // (if the cache runs out, the longest request ends with `length`; see `relieve`).
         let reserve =
             prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
-        Ok(Ready { prepared, reserve })
+        Ok(Ready { job: id, prepared, reserve })
     }
 
     fn start(&mut self, job: &Job, ready: Ready<'m>) -> Result<(), RunError> {
-        let Ready { prepared, reserve } = ready;
+        let Ready { prepared, reserve, .. } = ready;
         let spec = &job.spec;
         let lm = self.models.lm();
         let context = lm.context_size();
@@ -289,6 +273,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
         let served = Served {
             events: job.events.clone(),
+            tenant: job.tenant,
             method: prepared.method.clone(),
             prompt_tokens,
             cached: 0,
@@ -312,15 +297,17 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             self.batch.abandon(lm, k);
             return Err(RunError::Cancelled(prepared.method));
         }
-        self.metrics.in_flight(1);
+        self.metrics.in_flight(job.tenant, 1);
+        serving_gate::request_started();
         Ok(())
     }
 
-    fn fail(&self, events: &tokio::sync::mpsc::UnboundedSender<Event>, e: RunError) {
+    fn fail(&self, events: &tokio::sync::mpsc::UnboundedSender<Event>, tenant: Tenant, e: RunError) {
         match e {
-            RunError::Cancelled(method) => self.metrics.cancelled(&method),
+            RunError::Cancelled(method) => self.metrics.cancelled(tenant, &method),
             RunError::Api(e) => {
-                self.metrics.error(if e.status.is_server_error() { "engine" } else { "request" });
+                self.metrics
+                    .error(Some(tenant), if e.status.is_server_error() { "engine" } else { "request" });
                 let _ = events.send(Event::Error(e));
             }
         }
@@ -338,19 +325,20 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// End request `k`: free its lane, report it.
     fn retire(&mut self, k: usize, end: Result<(), RunError>) {
         let (s, out) = self.batch.leave(self.models.lm(), k, end.is_ok());
-        self.metrics.in_flight(-1);
+        self.metrics.in_flight(s.tenant, -1);
+        serving_gate::request_ended();
         // A request that ended well has its output; one that did not, its error.
         if let Some(out) = out {
             if !out.tail.is_empty() && s.events.send(Event::Text(out.tail.clone())).is_err() {
-                self.metrics.cancelled(&s.method);
+                self.metrics.cancelled(s.tenant, &s.method);
                 return;
             }
-            self.metrics.generation(&s.method, s.prompt_tokens, &out.stats);
+            self.metrics.generation(s.tenant, &s.method, s.prompt_tokens, &out.stats);
             let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached)));
         } else if let Err(e) = end {
             match e {
-                RunError::Cancelled(_) => self.metrics.cancelled(&s.method),
-                e => self.fail(&s.events, e),
+                RunError::Cancelled(_) => self.metrics.cancelled(s.tenant, &s.method),
+                e => self.fail(&s.events, s.tenant, e),
             }
         }
     }

@@ -118,11 +118,16 @@ impl ApiKeys {
         let given = given?;
         let mut found = None;
         for (key, tenant) in &self.keys {
-            if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            if Self::same_key(given, key) {
                 found = Some(*tenant);
             }
         }
         found
+    }
+
+    /// Whether `given` is `key`, compared in constant time.
+    pub fn same_key(given: &str, key: &str) -> bool {
+        constant_time_eq(given.as_bytes(), key.as_bytes())
     }
 }
 

@@ -84,7 +84,7 @@ impl BatchPool {
     pub fn toy(config: ToyConfig, scheduler: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
         let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
         let text = Arc::new(ToyText { vocab: config.vocab });
-        let (pool, inbox) = BatchPool::new(scheduler, "toy".into(), limits, text);
+        let (pool, inbox) = BatchPool::new(scheduler, "toy".into(), limits, text, metrics.clone());
         let models = ToyLanes::new(config, scheduler.parallel);
         std::thread::spawn(move || Scheduler::new(models, scheduler, metrics).run(inbox));
         pool

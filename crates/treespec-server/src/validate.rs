@@ -2,6 +2,8 @@
 //! Nothing here touches a model: the only check that needs the tokenizer (prompt length against
 //! the context) is [`check_lengths`], which the engine thread calls after tokenizing.
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -99,22 +101,86 @@ impl Default for Limits {
     }
 }
 
-/// `Content-Type` must be JSON.
-pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+/// The request's `Content-Type` (empty when absent) and its media type, lower case.
+fn media_type(headers: &HeaderMap) -> (&str, String) {
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+    (ct, ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+fn is_json(mime: &str) -> bool {
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
+fn unsupported_media_type(message: String) -> ApiError {
+    ApiError::invalid(None, message)
+        .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+        .with_code("unsupported_media_type")
+}
+
+/// `Content-Type` must be JSON (the OpenAI routes, `/v1/*`: every OpenAI client sends it).
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let (ct, mime) = media_type(headers);
+    if is_json(&mime) {
         Ok(())
     } else {
-        Err(ApiError::invalid(None, format!("expected `Content-Type: application/json`, got `{ct}`"))
-            .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
-            .with_code("unsupported_media_type"))
+        Err(unsupported_media_type(format!("expected `Content-Type: application/json`, got `{ct}`")))
     }
 }
+
+/// llama-server's routes read every body as JSON whatever its type, and their clients rely on it
+/// (`curl -d '{…}'` sends `application/x-www-form-urlencoded`, some clients no type at all). Here
+/// a JSON type, no type, `application/x-www-form-urlencoded` or `text/plain` is read as JSON;
+/// other types are a 415. From a browser (an `Origin` header, which browsers send with every
+/// cross-origin request and every POST) only a JSON type: the other three are what a page on any
+/// site may send to this server without a CORS preflight, and this server answers no preflight,
+/// so requiring JSON there keeps other sites' pages from making a browser submit requests to it
+/// (a keyless server on localhost, for one).
+pub fn check_llama_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let (ct, mime) = media_type(headers);
+    if is_json(&mime) {
+        return Ok(());
+    }
+    let lenient = matches!(mime.as_str(), "" | "application/x-www-form-urlencoded" | "text/plain");
+    if lenient && !headers.contains_key(header::ORIGIN) {
+        return Ok(());
+    }
+    let shown = if ct.is_empty() { "none".to_string() } else { format!("`{ct}`") };
+    Err(unsupported_media_type(if lenient {
+        format!("a request from a browser page must be sent as `Content-Type: application/json`, got {shown}")
+    } else {
+        format!("expected a JSON body (`Content-Type: application/json`), got {shown}")
+    }))
+}
+
+/// The body as bytes, with the size limit's and the connection's errors in OpenAI form.
+pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::invalid(None, "the request body is too large")
+                .with_status(status)
+                .with_code("body_too_large")
+        } else {
+            ApiError::invalid(None, format!("could not read the request body: {r}")).with_status(status)
+        }
+    })
+}
+
+/// How many levels of arrays and objects a request body may nest, itself the first: what
+/// serde_json's recursion limit (128) lets through.
+pub const MAX_BODY_DEPTH: usize = 127;
 
 /// Parse a JSON body into `T`, with an OpenAI-style error for malformed JSON or wrong types.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
+        // serde_json's own words for its recursion limit (it has no public error code for it).
+        if e.to_string().starts_with("recursion limit exceeded") {
+            return ApiError::invalid(
+                None,
+                format!("the request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)"),
+            )
+            .with_code("nested_too_deeply");
+        }
         ApiError::invalid(None, format!("malformed JSON body: {e}")).with_code("invalid_json")
     })?;
     if !value.is_object() {
@@ -366,22 +432,25 @@ fn refuse_unsupported(c: &CommonParams, chat: bool) -> Result<(), ApiError> {
     }
 }
 
-/// `max_completion_tokens` (or the older `max_tokens`): ≥ 1 and within the context.
+/// `max_completion_tokens` (or the older `max_tokens`): ≥ 1 and within the context; an error
+/// names the field the request set.
 fn max_tokens(c: &CommonParams, limits: &Limits) -> Result<Option<usize>, ApiError> {
-    Ok(match c.max_completion_tokens.or(c.max_tokens) {
-        None => None,
-        Some(n) if n <= 0 => {
-            return Err(ApiError::invalid("max_tokens", format!("max_tokens must be ≥ 1, got {n}")))
-        }
-        Some(n) if n as u64 >= limits.context as u64 => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens = {n} does not fit the context of {} tokens", limits.context),
-            )
-            .with_code("context_length_exceeded"))
-        }
-        Some(n) => Some(n as usize),
-    })
+    let (field, n) = match (c.max_completion_tokens, c.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", n),
+        (None, Some(n)) => ("max_tokens", n),
+        (None, None) => return Ok(None),
+    };
+    if n <= 0 {
+        return Err(ApiError::invalid(field, format!("{field} must be ≥ 1, got {n}")));
+    }
+    if n as u64 >= limits.context as u64 {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} = {n} does not fit the context of {} tokens", limits.context),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    Ok(Some(n as usize))
 }
 
 /// Stop strings: at most `limits.max_stop`, none empty.
@@ -542,6 +611,12 @@ mod tests {
             let e = chat_json(json!({"messages": msg(), field: v})).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{field}={v}");
             assert!(e.param.as_deref().unwrap().starts_with(&field[..3]), "{field}: {e:?}");
+        }
+        // The field the request set is named.
+        for field in ["max_tokens", "max_completion_tokens"] {
+            let e = chat_json(json!({"messages": msg(), field: 1000})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+            assert!(e.message.starts_with(&format!("{field} = 1000 ")), "{}", e.message);
         }
         let ok =
             chat_json(json!({"messages": msg(), "max_tokens": 127, "temperature": 0, "top_p": 1, "seed": 7}))
@@ -704,6 +779,74 @@ mod tests {
         assert!(check_content_type(&h).is_err());
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
         assert!(check_content_type(&h).is_ok());
+        // The OpenAI routes keep requiring JSON: no type and curl's form type are 415s.
+        for ct in [None, Some("application/x-www-form-urlencoded"), Some("text/plain")] {
+            let h = headers(ct, false);
+            assert_eq!(
+                check_content_type(&h).unwrap_err().status,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "{ct:?}"
+            );
+        }
+    }
+
+    fn headers(content_type: Option<&'static str>, origin: bool) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(ct) = content_type {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+        }
+        if origin {
+            h.insert(header::ORIGIN, HeaderValue::from_static("https://elsewhere.example"));
+        }
+        h
+    }
+
+    #[test]
+    fn llama_server_routes_read_json_whatever_the_type_but_not_from_browsers() {
+        for ct in [
+            None,
+            Some("application/x-www-form-urlencoded"),
+            Some("text/plain;charset=UTF-8"),
+            Some("application/json"),
+            Some("Application/JSON; charset=utf-8"),
+            Some("application/vnd.api+json"),
+        ] {
+            check_llama_content_type(&headers(ct, false)).unwrap_or_else(|e| panic!("{ct:?}: {e:?}"));
+        }
+        // Types a cross-site page may send without a CORS preflight: JSON only from browsers.
+        for ct in [None, Some("application/x-www-form-urlencoded"), Some("text/plain")] {
+            let e = check_llama_content_type(&headers(ct, true)).unwrap_err();
+            assert_eq!(
+                (e.status, e.code),
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"))
+            );
+            assert!(e.message.contains("browser"), "{}", e.message);
+        }
+        check_llama_content_type(&headers(Some("application/json"), true)).unwrap();
+        for ct in ["multipart/form-data; boundary=x", "application/xml", "image/png"] {
+            let e = check_llama_content_type(&headers(Some(ct), false)).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}");
+        }
+    }
+
+    #[test]
+    fn a_body_nested_too_deeply_says_so() {
+        let nested = |n: usize| format!("{{\"messages\": {}1{}}}", "[".repeat(n), "]".repeat(n));
+        // The body itself is one level: `nested(n)` is n + 1 levels.
+        let e = parse_json::<ChatCompletionRequest>(nested(MAX_BODY_DEPTH).as_bytes()).unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref(), e.code),
+            (StatusCode::BAD_REQUEST, None, Some("nested_too_deeply"))
+        );
+        assert_eq!(
+            e.message,
+            format!("the request body is nested too deeply (more than {MAX_BODY_DEPTH} levels)")
+        );
+        let e = parse_json::<ChatCompletionRequest>(nested(100_000).as_bytes()).unwrap_err();
+        assert_eq!(e.code, Some("nested_too_deeply"));
+        // Just within the limit it parses (and is refused for what it says).
+        let e = parse_json::<ChatCompletionRequest>(nested(MAX_BODY_DEPTH - 1).as_bytes()).unwrap_err();
+        assert_ne!(e.code, Some("nested_too_deeply"), "{e:?}");
     }
 
     #[test]

@@ -71,7 +71,7 @@ async fn concurrent_requests_get_what_they_get_alone() {
         assert_eq!(s, StatusCode::OK, "{text}");
         assert_eq!(text, alone[i], "request {i}");
     }
-    let text = metrics.render(0);
+    let text = metrics.render_server(0);
     let steps = metric(&text, "treespec_batch_size_count");
     let lanes = metric(&text, "treespec_batch_size_sum");
     assert!(lanes > steps * 1.5, "requests shared steps: {lanes} lane-steps in {steps} steps\n{text}");

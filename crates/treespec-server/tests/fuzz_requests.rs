@@ -11,7 +11,7 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 use treespec_server::api::{ChatCompletionRequest, CompletionRequest};
@@ -118,7 +118,55 @@ const FIELDS: &[&str] = &[
     "widths",
     "acceptance",
     "include_usage",
+    "samplers",
+    "n_predict",
 ];
+
+/// llama-server's `samplers`: names (some aliases, some unknown) in any order, or letters.
+fn samplers() -> impl Strategy<Value = Value> {
+    const NAMES: &[&str] = &[
+        "penalties",
+        "dry",
+        "top_n_sigma",
+        "top_k",
+        "typ_p",
+        "top_p",
+        "min_p",
+        "xtc",
+        "temperature",
+        "infill",
+        "adaptive_p",
+        "Top-K",
+        "nucleus",
+        "temp",
+        "typical_p",
+        "tfs_z",
+        "x",
+        "",
+    ];
+    prop_oneof![
+        // llama-server's default order: the first nine names.
+        Just(json!(NAMES[..9])),
+        Just(json!("edskypmxt")),
+        proptest::collection::vec(prop::sample::select(NAMES), 0..10).prop_map(|v| json!(v)),
+        "[edskypmxtiaz]{0,10}".prop_map(Value::String),
+        any_json(),
+    ]
+}
+
+/// How many levels of arrays and objects `v` nests.
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A value nested `depth` levels (arrays or objects), around a leaf.
+fn nested(depth: usize, objects: bool) -> Value {
+    (0..depth).fold(json!("leaf"), |v, _| if objects { json!({"a": v}) } else { json!([v]) })
+}
 
 fn field_name() -> impl Strategy<Value = String> {
     prop_oneof![4 => prop::sample::select(FIELDS).prop_map(str::to_string), 1 => "[a-z_]{0,10}"]
@@ -144,7 +192,14 @@ fn message() -> impl Strategy<Value = Value> {
 
 /// A request object: mostly plausible fields, each possibly hostile.
 fn request() -> impl Strategy<Value = Value> {
-    let value = prop_oneof![2 => interesting_number(), 1 => any_json(), 1 => interesting_string().prop_map(Value::String)];
+    let value = prop_oneof![
+        2 => interesting_number(),
+        1 => any_json(),
+        1 => interesting_string().prop_map(Value::String),
+        1 => samplers(),
+        // Around serde_json's recursion limit: a value nested 127 levels in the body is refused.
+        1 => (100..200usize, any::<bool>()).prop_map(|(d, objects)| nested(d, objects)),
+    ];
     let treespec = prop_oneof![
         3 => Just(Value::Null),
         2 => (
@@ -376,4 +431,107 @@ fn hostile_schemas_are_answered_with_a_4xx_quickly() {
             Ok(())
         })
         .unwrap();
+}
+
+/// llama-server's routes and the OpenAI ones with every content type (none, curl's form type,
+/// text, JSON, others; from a browser page or not) and `Authorization` headers in every spelling,
+/// on a server with a key: never a 5xx; a 401 exactly when the key is not `Bearer KEY` (any case,
+/// any whitespace); a 415 exactly when the type is not one the route reads; a body nested past the
+/// limit a 400 saying so.
+#[test]
+fn every_route_content_type_and_auth_scheme_is_answered_by_the_rules() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 64, metrics.clone()));
+    let api_keys = treespec_server::ApiKeys::new(["k3y".to_string()], false);
+    let app = router(pool, metrics, ServerConfig { max_body_bytes: 1 << 16, api_keys, ..Default::default() });
+    const PATHS: &[&str] = &[
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/completion",
+        "/completions",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+    ];
+    const TYPES: &[Option<&str>] = &[
+        None,
+        Some("application/json"),
+        Some("Application/JSON; charset=utf-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain;charset=UTF-8"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application/xml"),
+        Some("json"),
+    ];
+    // Mostly the key in one of its accepted spellings, so that the rest is reached.
+    let accepted = (
+        prop::sample::select(&["Bearer", "bearer", "BEARER", "bEaReR"][..]),
+        prop::sample::select(&[" ", "   ", "\t", " \t "][..]),
+        prop::sample::select(&["k3y", "k3y  "][..]),
+    );
+    let spelled_anyhow = (
+        prop::sample::select(&["Bearer", "bearer", "BEARER", "bEaReR", "Basic", "Token", ""][..]),
+        prop::sample::select(&[" ", "   ", "\t", " \t ", ""][..]),
+        prop::sample::select(&["k3y", "k3y  ", "wrong", "K3Y", ""][..]),
+    );
+    let auth = prop_oneof![3 => accepted, 1 => spelled_anyhow];
+    let body = prop_oneof![
+        3 => request(),
+        1 => (120..140usize, any::<bool>()).prop_map(|(d, o)| json!({"prompt": "hi", "content": "hi", "tokens": [1], "stop": nested(d, o)})),
+    ];
+    let answered = std::cell::RefCell::new(std::collections::BTreeMap::<u16, u32>::new());
+    runner(300)
+        .run(
+            &(prop::sample::select(PATHS), prop::sample::select(TYPES), any::<bool>(), auth, body),
+            |(path, ct, from_page, (scheme, space, key), body)| {
+                let mut req = Request::post(path);
+                if let Some(ct) = ct {
+                    req = req.header(header::CONTENT_TYPE, ct);
+                }
+                if from_page {
+                    req = req.header(header::ORIGIN, "https://elsewhere.example");
+                }
+                let credentials = format!("{scheme}{space}{key}");
+                if !credentials.is_empty() {
+                    req = req.header(header::AUTHORIZATION, credentials.as_str());
+                }
+                let text = body.to_string();
+                let r =
+                    rt.block_on(app.clone().oneshot(req.body(Body::from(text.clone())).unwrap())).unwrap();
+                let status = r.status();
+                let bytes = rt.block_on(r.into_body().collect()).unwrap().to_bytes();
+                let answer = String::from_utf8_lossy(&bytes);
+                *answered.borrow_mut().entry(status.as_u16()).or_default() += 1;
+                let case = format!("{status} for {path} {ct:?} origin={from_page} {credentials:?}: {answer}");
+                prop_assert!(status.is_success() || status.is_client_error(), "{case}");
+                if status.is_client_error() {
+                    let v: Value = serde_json::from_str(&answer)
+                        .map_err(|e| TestCaseError::fail(format!("{e}: {case}")))?;
+                    prop_assert!(v["error"]["message"].is_string(), "{case}");
+                }
+                let key_ok =
+                    scheme.eq_ignore_ascii_case("bearer") && !space.is_empty() && key.trim() == "k3y";
+                prop_assert_eq!(status == StatusCode::UNAUTHORIZED, !key_ok, "{}", case);
+                if !key_ok {
+                    return Ok(());
+                }
+                let mime =
+                    ct.map(|c| c.split(';').next().unwrap().trim().to_ascii_lowercase()).unwrap_or_default();
+                let json = mime == "application/json";
+                let lenient =
+                    matches!(mime.as_str(), "" | "application/x-www-form-urlencoded" | "text/plain");
+                let read = json || (!path.starts_with("/v1/") && lenient && !from_page);
+                prop_assert_eq!(status == StatusCode::UNSUPPORTED_MEDIA_TYPE, !read, "{}", case);
+                if read && depth(&body) > validate::MAX_BODY_DEPTH {
+                    prop_assert_eq!(status, StatusCode::BAD_REQUEST, "{}", case);
+                    prop_assert!(answer.contains("nested too deeply"), "{case}");
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    let answered = answered.into_inner();
+    eprintln!("fuzz routes: responses by status {answered:?}");
+    assert!(answered.contains_key(&200), "some requests should get through: {answered:?}");
 }

@@ -1,5 +1,8 @@
 //! Hostile requests against the server (issue #15), on the toy backend: llama-server sampling
-//! fields, wrong methods, half-closed connections, and text cut inside a character.
+//! fields, wrong methods, half-closed connections, and text cut inside a character; and the
+//! security/compatibility review's rows 7–9 (content types and the `Bearer` scheme on
+//! llama-server's routes, errors naming the fields sent, `samplers`, deep nesting, the chat
+//! page's headers).
 
 mod common;
 
@@ -179,4 +182,236 @@ fn text_of_one_token() -> String {
 #[test]
 fn output_cut_inside_a_character_has_no_replacement_character() {
     assert_eq!(text_of_one_token(), "");
+}
+
+// ---------------------------------------------------------------- review rows 7–9
+
+/// A POST of `body` to `path` with these headers (no `Content-Type` unless given).
+fn post_with(path: &str, headers: &[(&str, &str)], body: &str) -> Request<Body> {
+    let mut req = Request::post(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(Body::from(body.to_string())).unwrap()
+}
+
+/// Review row 7: llama-server's routes read the body as JSON whatever its type, as llama-server
+/// does (`curl -d` sends `application/x-www-form-urlencoded`; some clients send no type), except
+/// from a browser page; the OpenAI routes keep requiring JSON. They were 415s.
+#[tokio::test]
+async fn llama_server_routes_take_curls_form_type_and_no_type() {
+    let app = app();
+    let body = r#"{"prompt": "hi", "n_predict": 4, "temperature": 0}"#;
+    for ct in [None, Some("application/x-www-form-urlencoded"), Some("text/plain;charset=UTF-8")] {
+        let headers: Vec<(&str, &str)> = ct.iter().map(|c| ("content-type", *c)).collect();
+        for path in ["/completion", "/completions"] {
+            let (s, _, v) = call(&app, post_with(path, &headers, body)).await;
+            assert_eq!(s, StatusCode::OK, "{path} {ct:?}: {v}");
+            assert_eq!(v["tokens_predicted"], 4, "{v}");
+        }
+        let (s, _, v) = call(&app, post_with("/tokenize", &headers, r#"{"content": "ab"}"#)).await;
+        assert_eq!(s, StatusCode::OK, "{ct:?}: {v}");
+        let (s, _, v) = call(&app, post_with("/detokenize", &headers, r#"{"tokens": [0, 1]}"#)).await;
+        assert_eq!(s, StatusCode::OK, "{ct:?}: {v}");
+        let chat = r#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+        let (s, _, v) = call(&app, post_with("/apply-template", &headers, chat)).await;
+        assert_eq!(s, StatusCode::OK, "{ct:?}: {v}");
+        // The OpenAI routes: JSON only, as before.
+        let (s, _, v) = call(&app, post_with("/v1/completions", &headers, body)).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"))
+        );
+        // From a browser page (an Origin header) those types could come from any site without a
+        // CORS preflight: JSON only.
+        let mut from_page = headers.clone();
+        from_page.push(("origin", "https://elsewhere.example"));
+        let (s, _, v) = call(&app, post_with("/completion", &from_page, body)).await;
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct:?}: {v}");
+    }
+    let json_from_page = [("content-type", "application/json"), ("origin", "http://127.0.0.1:8080")];
+    let (s, _, v) = call(&app, post_with("/completion", &json_from_page, body)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // Other types are not JSON bodies.
+    let (s, _, _) =
+        call(&app, post_with("/completion", &[("content-type", "multipart/form-data; boundary=x")], body))
+            .await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+/// Review row 7: the `Bearer` scheme in any case (RFC 9110 §11.1), any whitespace before the
+/// key. `bearer KEY` was a 401.
+#[tokio::test]
+async fn the_bearer_scheme_matches_in_any_case() {
+    let metrics = Arc::new(Metrics::default());
+    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 8, metrics.clone()));
+    let api_keys = treespec_server::ApiKeys::new(["sesame".to_string()], false);
+    let app = router(pool, metrics, ServerConfig { api_keys, ..Default::default() });
+    let get = |auth: Option<&str>| {
+        let mut req = Request::get("/v1/models");
+        if let Some(a) = auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        req.body(Body::empty()).unwrap()
+    };
+    for ok in [
+        "Bearer sesame",
+        "bearer sesame",
+        "BEARER sesame",
+        "bEaReR   sesame",
+        "Bearer\tsesame",
+        "Bearer sesame  ",
+    ] {
+        let (s, _, v) = call(&app, get(Some(ok))).await;
+        assert_eq!(s, StatusCode::OK, "{ok:?}: {v}");
+    }
+    for refused in [
+        None,
+        Some("Bearer"),
+        Some("Bearersesame"),
+        Some("Basic sesame"),
+        Some("bearer other"),
+        Some("sesame"),
+    ] {
+        let (s, _, v) = call(&app, get(refused)).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("invalid_api_key")),
+            "{refused:?}"
+        );
+    }
+}
+
+/// Review row 8: errors name the fields the client sent (`n_predict` and `prompt` on
+/// llama-server's routes, not `max_tokens` and `messages`); a body nested too deeply says so; a
+/// schema nested too deeply names its field; `samplers` is honoured or refused, not ignored.
+#[tokio::test]
+async fn errors_name_the_fields_sent_and_samplers_are_not_ignored() {
+    let app = app();
+    let json_post =
+        |path: &str, v: Value| post_with(path, &[("content-type", "application/json")], &v.to_string());
+    let long = "x".repeat(300); // the toys' context is 256 positions, one a byte
+    for (path, body, param) in [
+        ("/completion", json!({"prompt": "hi", "n_predict": 1_000_000_000_000i64}), "n_predict"),
+        ("/completion", json!({"prompt": "hi", "n_predict": 1e12}), "n_predict"),
+        ("/completion", json!({"prompt": "hi", "max_tokens": 1_000_000_000_000i64}), "max_tokens"),
+        ("/completion", json!({"prompt": long, "n_predict": 4}), "prompt"),
+        ("/completion", json!({"prompt": long, "n_predict": 0}), "prompt"),
+        ("/completion", json!({"prompt": "x".repeat(200), "n_predict": 100}), "n_predict"),
+        ("/completion", json!({"prompt": "hi", "samplers": ["x"]}), "samplers"),
+        ("/completion", json!({"prompt": "hi", "samplers": ["top_p", "top_k"]}), "samplers"),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_completion_tokens": 100_000}),
+            "max_completion_tokens",
+        ),
+        ("/v1/completions", json!({"prompt": "hi", "samplers": "kz"}), "samplers"),
+    ] {
+        let (s, _, v) = call(&app, json_post(path, body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{path} {body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{path} {body}: {v}");
+        if param != "max_tokens" {
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(!message.contains("max_tokens") && !message.contains("messages"), "{message}");
+        }
+    }
+    // A body nested deeper than serde_json's recursion limit: no param, and says so.
+    let deep = format!(r#"{{"prompt": "hi", "stop": {}"a"{}}}"#, "[".repeat(200), "]".repeat(200));
+    for path in ["/completion", "/v1/completions"] {
+        let (s, _, v) = call(&app, post_with(path, &[("content-type", "application/json")], &deep)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(v["error"]["code"], "nested_too_deeply", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("nested too deeply"), "{v}");
+    }
+    // A schema within the body's limit but beyond the grammar compiler's: its field is named.
+    let schema = (0..100).fold(json!({"type": "integer"}), |s, _| json!({"type": "array", "items": s}));
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {"a": schema}}}}]);
+    for (body, param) in [
+        (
+            json!({"messages": user, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": user, "tools": tools, "tool_choice": "required"}),
+            "tools[0].function.parameters",
+        ),
+    ] {
+        let (s, _, v) = call(&app, json_post("/v1/chat/completions", body)).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some(param)), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("levels deep"), "{v}");
+    }
+    // `samplers` is honoured: at temperature 2, top-k 1 is greedy; leaving top_k out of the
+    // samplers turns it off (llama-server's rule), so the text wanders again.
+    let text = |extra: Value| {
+        let mut body = json!({"prompt": "the quick brown fox", "n_predict": 24, "seed": 3});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let app = app.clone();
+        async move {
+            let (s, _, v) = call(&app, post_with("/completion", &[], &body.to_string())).await;
+            assert_eq!(s, StatusCode::OK, "{body}: {v}");
+            v["content"].as_str().unwrap().to_string()
+        }
+    };
+    let greedy = text(json!({"temperature": 0})).await;
+    let hot = text(json!({"temperature": 2, "top_p": 1, "min_p": 0, "top_k": 0})).await;
+    assert_ne!(hot, greedy, "temperature 2 should wander off the greedy path on the toy model");
+    assert_eq!(
+        text(json!({"temperature": 2, "top_k": 1, "samplers": ["top_k", "temperature"]})).await,
+        greedy
+    );
+    assert_eq!(text(json!({"temperature": 2, "top_k": 1, "samplers": "edskypmxt"})).await, greedy);
+    assert_eq!(text(json!({"temperature": 2, "top_k": 1, "samplers": ["temperature"]})).await, hot);
+}
+
+/// Review row 9: the chat page comes with a strict Content-Security-Policy that still lets its
+/// own inline script and style run (the hashes are recomputed here with another SHA-256), and is
+/// not to be framed, sniffed or sent as a referrer.
+#[tokio::test]
+async fn the_chat_page_has_a_strict_policy_that_lets_its_own_code_run() {
+    use base64::Engine as _;
+    let r = app().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let h = r.headers().clone();
+    let page = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(h[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html"), "{h:?}");
+    assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+    assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    assert_eq!(h[header::REFERRER_POLICY], "no-referrer");
+    let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    let directive = |name: &str| -> Vec<String> {
+        let d = csp.split(';').map(str::trim).find(|d| d.split_whitespace().next() == Some(name));
+        d.unwrap_or_else(|| panic!("no {name} in {csp}"))
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(directive("default-src"), ["'self'"]);
+    assert_eq!(directive("frame-ancestors"), ["'none'"]);
+    assert_eq!(directive("object-src"), ["'none'"]);
+    for tag in ["script", "style"] {
+        let sources = directive(&format!("{tag}-src"));
+        assert!(!sources.iter().any(|s| s.contains("unsafe")), "{csp}");
+        // Every inline block's hash is listed, and nothing else.
+        let mut hashes = Vec::new();
+        for block in page.split(&format!("<{tag}>")).skip(1) {
+            let text = &block[..block.find(&format!("</{tag}>")).unwrap()];
+            let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+            hashes.push(format!("'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(digest)));
+        }
+        assert_eq!(hashes.len(), 1, "one inline <{tag}> block");
+        assert_eq!(sources, hashes, "{tag}: {csp}");
+    }
+    // What hashes do not cover must not be in the page: attributes with code or style, or
+    // `<script>`/`<style>` with attributes (their text would not be found above).
+    for never in
+        [" style=", " onclick=", " onload=", " onsubmit=", "javascript:", "<script ", "<style ", "<link"]
+    {
+        assert!(!page.contains(never), "the page uses {never:?}, which the policy blocks");
+    }
+    // The key: this tab's sessionStorage unless "remember" is ticked.
+    assert!(page.contains("sessionStorage.setItem(KEY") && page.contains("id=\"remember\""));
+    assert!(page.contains("localStorage.removeItem(KEY)"));
 }

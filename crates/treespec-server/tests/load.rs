@@ -100,7 +100,7 @@ async fn sixteen_streaming_clients() {
         }
     }
     let wall = start.elapsed();
-    let text = metrics.render(0);
+    let text = metrics.render_server(0);
     let tokens: f64 = text
         .lines()
         .filter(|l| l.starts_with("treespec_completion_tokens_total"))

@@ -159,7 +159,7 @@ fn raw_request(addr: std::net::SocketAddr, max_tokens: usize) -> TcpStream {
 }
 
 fn gauge(metrics: &Metrics, name: &str) -> f64 {
-    let text = metrics.render(0);
+    let text = metrics.render_server(0);
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -180,8 +180,8 @@ async fn an_abandoned_non_streamed_request_lets_go() {
     while gauge(&metrics, "treespec_cancelled_total") < 1.0 && start.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(gauge(&metrics, "treespec_cancelled_total") >= 1.0, "{}", metrics.render(0));
-    assert_eq!(gauge(&metrics, "treespec_generations_in_flight"), 0.0, "{}", metrics.render(0));
+    assert!(gauge(&metrics, "treespec_cancelled_total") >= 1.0, "{}", metrics.render_server(0));
+    assert_eq!(gauge(&metrics, "treespec_generations_in_flight"), 0.0, "{}", metrics.render_server(0));
     let _ = stop.send(());
 }
 

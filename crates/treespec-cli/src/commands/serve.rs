@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use treespec_engine::batched::StepLimits;
+use treespec_engine::serving_gate;
 use treespec_engine::MethodSpec;
 use treespec_server::histories::TenantHistories;
 use treespec_server::methods::ServerMethods;
@@ -102,9 +103,9 @@ pub struct ServeArgs {
     /// Requests that may wait for a worker; beyond that a 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
-    /// Require `Authorization: Bearer KEY` on /v1/* (and on /metrics and /openapi.json unless
-    /// --metrics-open) with one of these comma-separated keys (or env TREESPEC_API_KEY). Each
-    /// key is a tenant: see --share-history.
+    /// Require `Authorization: Bearer KEY` on /v1/* and llama-server's routes with one of these
+    /// comma-separated keys (or env TREESPEC_API_KEY). Each key is a tenant (see
+    /// --share-history) and reads only its own figures on /metrics.
     #[arg(long = "api-key", env = "TREESPEC_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// A file of API keys, one a line (blank lines and `#` comments skipped), added to --api-key.
@@ -115,9 +116,14 @@ pub struct ServeArgs {
     /// own speed what others sent.
     #[arg(long = "share-history", value_enum, default_value_t = ShareHistory::Tenant)]
     pub share_history: ShareHistory,
-    /// Serve /metrics and /openapi.json without a key.
+    /// Serve the server-wide /metrics and /openapi.json without a key (a trusted network only:
+    /// two scrapes around a request tell its acceptance).
     #[arg(long = "metrics-open")]
     pub metrics_open: bool,
+    /// The operator's key (or env TREESPEC_METRICS_KEY): it alone reads the server-wide /metrics
+    /// (every tenant's requests, the queue, the batched steps); a tenant's key reads its own.
+    #[arg(long = "metrics-key", env = "TREESPEC_METRICS_KEY", hide_env_values = true)]
+    pub metrics_key: Option<String>,
     /// With --suffix-history: save the histories that changed this often (seconds; 0 = only at
     /// shutdown), so that a crash or a kill loses minutes, not everything.
     #[arg(long = "history-save-every", default_value_t = 60)]
@@ -139,7 +145,18 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
         }
         keys.extend(from_file);
     }
-    Ok(ApiKeys::new(keys, args.share_history == ShareHistory::All))
+    let keys = ApiKeys::new(keys, args.share_history == ShareHistory::All);
+    if let Some(operator) = &args.metrics_key {
+        let operator = operator.trim();
+        if operator.is_empty() {
+            anyhow::bail!("--metrics-key is empty");
+        }
+        // A tenant holding the operator's key would read every tenant's figures.
+        if keys.required() && keys.tenant(Some(operator)).is_some() {
+            anyhow::bail!("--metrics-key must differ from every API key");
+        }
+    }
+    Ok(keys)
 }
 
 /// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
@@ -193,8 +210,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         };
         eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
     }
-    let server =
-        ServerConfig { api_keys: keys, metrics_open: args.metrics_open, max_body_bytes: args.max_body };
+    let server = ServerConfig {
+        api_keys: keys,
+        metrics_key: args.metrics_key.clone(),
+        metrics_open: args.metrics_open,
+        max_body_bytes: args.max_body,
+    };
     let app = router(pool, metrics, server);
     let saver = (history_path.is_some() && args.history_save_every > 0)
         .then(|| PeriodicSave::start(histories.clone(), Duration::from_secs(args.history_save_every)));
@@ -228,8 +249,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// The server's methods. A cost-aware default whose curves this machine has not measured yet
 /// (or `--reprofile`) does not hold the server up: it listens at once, serving the default's
 /// fixed-budget neighbour ([`MethodSpec::without_costs`]) while a background thread measures the
-/// curves, then switches (`/health` says which; a failed measurement keeps the stand-in and
-/// warns).
+/// curves in the gaps between requests (it pauses while any is in flight, so serving never pays
+/// for it: `treespec_engine::serving_gate`), then switches (`/health` says which, and whether the
+/// curve is provisional; a failed measurement keeps the stand-in and warns).
 fn default_methods(
     runtime: &Arc<treespec_llama::ModelRuntime>,
     spec: &MethodSpec,
@@ -246,18 +268,25 @@ fn default_methods(
     spec.validate()?;
     let stand_in = resolve(runtime, &spec.without_costs(), false)?;
     eprintln!(
-        "treespec serve: measuring this machine's cost curves in the background; '{}' on a fixed \
-         budget serves until then (see /health)",
+        "treespec serve: measuring this machine's cost curves in the background, between requests; \
+         '{}' on a fixed budget serves until then (see /health)",
         stand_in.name()
     );
     metrics.measuring_costs(Some(stand_in.name()));
     let methods = Arc::new(ServerMethods::measuring(stand_in, context, histories));
     let (runtime, spec, metrics, handle) = (runtime.clone(), spec.clone(), metrics.clone(), methods.clone());
     std::thread::Builder::new().name("treespec-costs".into()).spawn(move || {
-        match resolve(&runtime, &spec, reprofile) {
+        match serving_gate::in_background(|| resolve(&runtime, &spec, reprofile)) {
             Ok(method) => {
-                eprintln!("treespec serve: cost curves measured; '{}' serves from now on", method.name());
+                let provisional = runtime.cost_curves_provisional();
+                let how = if provisional {
+                    " on cores that stayed busy (provisional: refined as requests run, measured again next start)"
+                } else {
+                    ""
+                };
+                eprintln!("treespec serve: cost curves measured{how}; '{}' serves from now on", method.name());
                 handle.measured(method);
+                metrics.costs_provisional(provisional);
                 metrics.measuring_costs(None);
             }
             Err(e) => eprintln!(
@@ -271,7 +300,27 @@ fn default_methods(
 /// Print what a save wrote; the error (with every history tried) is the caller's.
 fn report_saves(saved: Result<Vec<treespec_server::histories::Saved>>) -> Result<()> {
     for s in saved? {
-        eprintln!("treespec serve: saved the suffix history ({} tokens) to {}", s.tokens, s.path.display());
+        let merged = match s.merged {
+            0 => String::new(),
+            n => format!(", {n} document(s) another server saved merged in"),
+        };
+        eprintln!(
+            "treespec serve: saved the suffix history ({} tokens{merged}) to {}",
+            s.tokens,
+            s.path.display()
+        );
+        if let Some(why) = &s.replaced {
+            eprintln!(
+                "treespec serve: warning: {} could not be merged ({why}); it was replaced",
+                s.path.display()
+            );
+        }
+        if s.prices_kept {
+            eprintln!(
+                "treespec serve: the learned prices beside {} hold more trials than ours: kept",
+                s.path.display()
+            );
+        }
     }
     Ok(())
 }

@@ -176,6 +176,10 @@ impl GlobalHistory {
     pub fn load(path: &Path, tokenizer: TokenizerId, cap_tokens: usize) -> Result<Self> {
         let bytes =
             std::fs::read(path).map_err(|e| Error::Invalid(format!("reading {}: {e}", path.display())))?;
+        // An empty file (made with `touch` before its permissions are set) is an empty history.
+        if bytes.is_empty() {
+            return Self::new(cap_tokens);
+        }
         Self::from_bytes(&bytes, tokenizer, cap_tokens)
             .map_err(|e| Error::Invalid(format!("suffix history {}: {e}", path.display())))
     }
@@ -279,6 +283,13 @@ mod tests {
         let others = h.lookup(&[5, 6], LookupLimits::default(), Some(2));
         assert_eq!(others.len(), 1);
         assert_eq!(h.index().continuation(others[0].start, 4), &[7, 8]);
+    }
+
+    #[test]
+    fn an_empty_file_loads_as_an_empty_history() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let h = GlobalHistory::load(file.path(), TOK, 1000).unwrap();
+        assert_eq!((h.docs(), h.tokens()), (0, 0));
     }
 
     #[test]

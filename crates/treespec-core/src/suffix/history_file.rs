@@ -13,10 +13,23 @@
 //! * **Savers take turns.** A save holds an advisory lock on the sidecar file `<target>.lock`
 //!   (`flock` on Unix, `LockFileEx` on Windows, through the `fs4` crate), waiting for it at most
 //!   [`HistoryFile::lock_timeout`] (an error after that, naming the lock file). The lock is held
-//!   only while saving, so two servers on one file both keep running and the file always holds
-//!   the history of the last one that saved. It is taken on a fresh descriptor for every save, so
-//!   it also orders two threads of one process. The lock file is left in place after a save
-//!   (removing it would let a third saver lock a new file while the second still holds the old).
+//!   only while saving, so two servers on one file both keep running. It is taken on a fresh
+//!   descriptor for every save, so it also orders two threads of one process. The lock file is
+//!   left in place after a save (removing it would let a third saver lock a new file while the
+//!   second still holds the old). A plain [`HistoryFile::save`] replaces the file with its history.
+//! * **Merging saves.** [`HistoryFile::save_merged`] (what the server uses) re-reads the file under
+//!   the lock and merges what another saver put there since into the history in memory before
+//!   writing it, so two servers on one file both keep what they learned (see [`MergeState`]):
+//!   documents are told apart by a hash of their tokens, a document already in memory is never
+//!   added twice, one this history evicted is not brought back, and the merged history stays
+//!   within its cap by its own eviction (the merged documents count as the newest). Learned
+//!   prices are not merged (decayed counts cannot be added without counting twice what both
+//!   savers loaded): the prices file keeps whichever prices recorded more trials.
+//! * **Private files.** Every file created here — the temporary file renamed over the target (so
+//!   a new history or prices file), the lock file — is created `0600` on Unix (less the umask); a
+//!   save over an existing file keeps that file's mode (the operator's choice).
+//! * **An empty file is an empty history.** A 0-byte history or prices file (one `touch`ed to set
+//!   its permissions before the first start) loads as no history, no prices, and is saved over.
 //!
 //! The lock file sits beside the resolved target, so two symlinks to one file share it. The
 //! symlink is resolved once, at open.
@@ -50,17 +63,22 @@
 //! an older or newer build wrote. A file whose pricing does not have its own grid's shape is
 //! damaged, and refused.
 
+use std::cell::{Ref, RefCell};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, RandomState};
 use std::io::{ErrorKind, Write};
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Number, Value};
 
 use super::history::GlobalHistory;
+use super::index::BREAK;
 use super::pricing::{SuffixPricing, PRICING_GRID};
 use crate::ngram::TokenizerId;
-use crate::{Error, Result};
+use crate::{Error, Result, TokenId};
 
 /// How long a save waits for another process's save by default.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -73,7 +91,14 @@ pub const PRICES_FORMAT: &str = "treespec suffix prices";
 /// The version of the prices file format this build writes and reads.
 pub const PRICES_VERSION: u64 = 1;
 /// What a history's prices file is named after the history's file name.
-const PRICES_SUFFIX: &str = ".prices.json";
+pub const PRICES_SUFFIX: &str = ".prices.json";
+/// What a file's lock file is named after the file's name.
+pub const LOCK_SUFFIX: &str = ".lock";
+/// The mode of every file created here (Unix): the history holds the tenants' text.
+#[cfg(unix)]
+const PRIVATE_MODE: u32 = 0o600;
+/// The first bytes of a saved history (format version 1; see [`GlobalHistory::to_bytes`]).
+const HISTORY_MAGIC: &[u8; 8] = b"TSSUFH01";
 
 /// Where a global history is saved: a resolved, checked path and its lock (see the module docs).
 #[derive(Debug, Clone)]
@@ -126,7 +151,7 @@ impl HistoryFile {
         }
         let file = Self {
             target: dir.join(&name),
-            lock: dir.join(format!("{name}.lock")),
+            lock: dir.join(format!("{name}{LOCK_SUFFIX}")),
             dir,
             name,
             path: path.clone(),
@@ -169,14 +194,49 @@ impl HistoryFile {
     }
 
     /// The saved history capped at `cap_tokens` (see [`GlobalHistory::from_bytes`]), or an empty
-    /// one when the file does not exist yet. A malformed file is an error naming the path.
+    /// one when the file does not exist yet or is empty (0 bytes: `touch`ed before the first
+    /// start). A malformed file is an error naming the path.
     pub fn load(&self, tokenizer: TokenizerId, cap_tokens: usize) -> Result<GlobalHistory> {
-        let bytes = match std::fs::read(&self.target) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == ErrorKind::NotFound => return GlobalHistory::new(cap_tokens),
-            Err(e) => return Err(Error::Invalid(format!("reading {}: {e}", self.describe()))),
-        };
-        GlobalHistory::from_bytes(&bytes, tokenizer, cap_tokens)
+        let bytes = self.read_target()?;
+        self.parse_history(&bytes, tokenizer, cap_tokens)
+    }
+
+    /// [`Self::load`], with what a merging save ([`Self::save_merged`]) needs to know of the file
+    /// as loaded: every document in it (those past the cap too, so they are not merged back).
+    pub fn load_for_merging(
+        &self,
+        tokenizer: TokenizerId,
+        cap_tokens: usize,
+    ) -> Result<(GlobalHistory, MergeState)> {
+        let bytes = self.read_target()?;
+        let history = self.parse_history(&bytes, tokenizer, cap_tokens)?;
+        let docs = saved_docs(&bytes, tokenizer)
+            .map_err(|e| Error::Invalid(format!("suffix history {}: {e}", self.describe())))?;
+        let mut state = MergeState::default();
+        state.seen = docs.iter().map(|(_, text)| state.hash(text)).collect();
+        Ok((history, state))
+    }
+
+    /// The target's bytes; none when it does not exist yet.
+    fn read_target(&self) -> Result<Vec<u8>> {
+        match std::fs::read(&self.target) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::Invalid(format!("reading {}: {e}", self.describe()))),
+        }
+    }
+
+    /// The history in `bytes` (none: an empty history, as a missing file).
+    fn parse_history(
+        &self,
+        bytes: &[u8],
+        tokenizer: TokenizerId,
+        cap_tokens: usize,
+    ) -> Result<GlobalHistory> {
+        if bytes.is_empty() {
+            return GlobalHistory::new(cap_tokens);
+        }
+        GlobalHistory::from_bytes(bytes, tokenizer, cap_tokens)
             .map_err(|e| Error::Invalid(format!("suffix history {}: {e}", self.describe())))
     }
 
@@ -220,6 +280,84 @@ impl HistoryFile {
         self.write_locked(&self.target, &self.name, &history.to_bytes(tokenizer), &mut |_| Ok(()))
     }
 
+    /// Save the history that `read` gives (tagged with `tokenizer`) atomically under the lock,
+    /// merged with what another saver put in the file since `state` last saw it (see the module
+    /// docs and [`MergeState`]), and with it `pricing` unless the prices file holds prices of more
+    /// trials. Under the lock: the file is read; its documents that are neither in the history
+    /// nor known to `state` are handed to `add` (oldest first), which adds them to the history;
+    /// then `read` is called again and what it gives is written. `read` is never held while `add`
+    /// runs (an `RwLock`'s read guard may be what it returns), nor during the file's I/O. A file
+    /// that cannot be parsed (damaged, another tokenizer's) is replaced, as a plain save would,
+    /// and the reason reported in [`MergedSave::replaced`].
+    pub fn save_merged<G: Deref<Target = GlobalHistory>>(
+        &self,
+        state: &mut MergeState,
+        tokenizer: TokenizerId,
+        pricing: Option<&SuffixPricing>,
+        read: impl Fn() -> G,
+        mut add: impl FnMut(u64, &[TokenId]),
+    ) -> Result<MergedSave> {
+        let _lock = self.take_lock()?;
+        let (file_docs, replaced) = match saved_docs(&self.read_target()?, tokenizer) {
+            Ok(docs) => (docs, None),
+            Err(why) => (Vec::new(), Some(why)),
+        };
+        let file_hashes: Vec<u64> = file_docs.iter().map(|(_, text)| state.hash(text)).collect();
+        let in_memory = state.hashes_of(&read());
+        let foreign = state.foreign(&file_hashes, &in_memory);
+        for &i in &foreign {
+            let (key, text) = &file_docs[i];
+            add(*key, text);
+        }
+        let (bytes, written, saved) = {
+            let history = read();
+            let saved = MergedSave {
+                merged: foreign.len(),
+                docs: history.docs(),
+                tokens: history.tokens(),
+                evictions: history.evictions(),
+                prices_kept: false,
+                replaced,
+            };
+            (history.to_bytes(tokenizer), state.hashes_of(&history), saved)
+        };
+        let prices_kept = match pricing {
+            Some(pricing) => self.write_prices_unless_richer(pricing, tokenizer)?,
+            None => false,
+        };
+        self.write_locked(&self.target, &self.name, &bytes, &mut |_| Ok(()))?;
+        state.remember(written, file_hashes);
+        Ok(MergedSave { prices_kept, ..saved })
+    }
+
+    /// [`Self::save_merged`] for a history owned here (the merged documents are added to it).
+    pub fn save_merging(
+        &self,
+        history: &mut GlobalHistory,
+        state: &mut MergeState,
+        tokenizer: TokenizerId,
+        pricing: Option<&SuffixPricing>,
+    ) -> Result<MergedSave> {
+        let cell = RefCell::new(history);
+        let read = || Ref::map(cell.borrow(), |h| &**h);
+        self.save_merged(state, tokenizer, pricing, read, |key, text| cell.borrow_mut().add(key, text))
+    }
+
+    /// Write `pricing` over the prices file (the caller holds the lock) unless the file holds
+    /// prices of this tokenizer that recorded more trials: another saver learned more, and its
+    /// prices are kept rather than replaced by poorer ones. Returns whether they were kept.
+    fn write_prices_unless_richer(&self, pricing: &SuffixPricing, tokenizer: TokenizerId) -> Result<bool> {
+        let prices = self.prices_path();
+        if let Ok(Some(theirs)) = read_pricing(&prices, tokenizer) {
+            if theirs.total_trials() > pricing.total_trials() {
+                return Ok(true);
+            }
+        }
+        let bytes = pricing_to_bytes(pricing, tokenizer);
+        self.write_locked(&prices, &self.prices_name(), &bytes, &mut |_| Ok(()))?;
+        Ok(false)
+    }
+
     /// Write `bytes` over the target under the lock; `before_rename` runs on the synced temporary
     /// file just before it is renamed (tests stop a save there).
     fn save_bytes(
@@ -258,7 +396,9 @@ impl HistoryFile {
     }
 
     /// A new temporary file for `name` in the target's directory, removed when dropped unless
-    /// persisted. Created with the mode a plain `File::create` would give (0666 less the umask).
+    /// persisted. Created 0600 (less the umask): renamed over a target that did not exist, it is
+    /// the new file, which holds the tenants' text (a save over an existing file gives it that
+    /// file's mode first).
     fn temp_file(&self, name: &str) -> std::io::Result<tempfile::NamedTempFile> {
         let mut b = tempfile::Builder::new();
         let prefix = format!(".{name}.");
@@ -266,13 +406,21 @@ impl HistoryFile {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            b.permissions(std::fs::Permissions::from_mode(0o666));
+            b.permissions(std::fs::Permissions::from_mode(PRIVATE_MODE));
         }
         b.tempfile_in(&self.dir)
     }
 
+    /// The lock file, created 0600 when missing (an existing one keeps its mode).
     fn open_lock(&self) -> std::io::Result<File> {
-        OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.lock)
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(PRIVATE_MODE);
+        }
+        options.open(&self.lock)
     }
 
     /// The lock, held until the returned file is dropped; waits at most `lock_timeout`.
@@ -308,6 +456,143 @@ impl HistoryFile {
         } else {
             format!("{} (-> {})", self.path.display(), self.target.display())
         }
+    }
+}
+
+/// What a merging save ([`HistoryFile::save_merged`]) remembers of its file between saves: the
+/// documents the file held when this history last loaded or saved it, and those it wrote, each by
+/// a hash of its tokens. At the next save a document of the file that is neither in memory nor
+/// remembered here was put there by another saver since, and is merged in; one remembered here
+/// but no longer in memory was evicted by this history and stays out (merging it back would undo
+/// every eviction, and two servers would hand old documents back and forth for ever).
+#[derive(Debug, Clone, Default)]
+pub struct MergeState {
+    /// The hash's keys: random in each process, so a client cannot craft a document whose hash
+    /// collides with another's to keep it from being merged.
+    hasher: RandomState,
+    /// Hashes of the documents the file held, or this history wrote there, at the last save.
+    seen: HashSet<u64>,
+}
+
+impl MergeState {
+    /// A document's identity: a hash of its tokens (the same text is one document, whatever
+    /// prompt it came with).
+    fn hash(&self, text: &[TokenId]) -> u64 {
+        self.hasher.hash_one(text)
+    }
+
+    /// The hashes of the documents `history` holds (its store is each document, then [`BREAK`]).
+    fn hashes_of(&self, history: &GlobalHistory) -> HashSet<u64> {
+        history
+            .index()
+            .tokens()
+            .split(|&t| t == BREAK)
+            .filter(|d| !d.is_empty())
+            .map(|d| self.hash(d))
+            .collect()
+    }
+
+    /// Which of the file's documents (by their hashes, oldest first) to merge: those neither in
+    /// memory nor seen before, each text once.
+    fn foreign(&self, file: &[u64], in_memory: &HashSet<u64>) -> Vec<usize> {
+        let mut taken = HashSet::new();
+        (0..file.len())
+            .filter(|&i| {
+                !in_memory.contains(&file[i]) && !self.seen.contains(&file[i]) && taken.insert(file[i])
+            })
+            .collect()
+    }
+
+    /// After a save: what was written and what the file held before are what the file is known
+    /// to have held (bounded by two files' documents).
+    fn remember(&mut self, written: HashSet<u64>, read: Vec<u64>) {
+        self.seen = written;
+        self.seen.extend(read);
+    }
+
+    /// Documents remembered (tests).
+    pub fn remembered(&self) -> usize {
+        self.seen.len()
+    }
+}
+
+/// What a merging save ([`HistoryFile::save_merged`]) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergedSave {
+    /// Documents another saver had put in the file, added to the history in memory.
+    pub merged: usize,
+    /// Documents of the history written.
+    pub docs: usize,
+    /// Tokens of the history written (breaks included).
+    pub tokens: usize,
+    /// Documents the written history had evicted until then (with `docs`: all it was ever given).
+    pub evictions: u64,
+    /// Whether the prices file was left as it was, holding prices of more trials than these.
+    pub prices_kept: bool,
+    /// Why the file could not be merged (damaged, another tokenizer's) when it was replaced.
+    pub replaced: Option<String>,
+}
+
+/// The documents of a saved history (prompt key and text each), in the format
+/// [`GlobalHistory::to_bytes`] writes: magic, the tokenizer (fingerprint, vocabulary), the number
+/// of documents, then each one's prompt key, length and tokens, all little-endian. Checked as
+/// [`GlobalHistory::from_bytes`] checks it (without building an index). No bytes: no documents.
+fn saved_docs(bytes: &[u8], tokenizer: TokenizerId) -> std::result::Result<Vec<(u64, Vec<TokenId>)>, String> {
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut r = Cursor { bytes, at: 0 };
+    if r.take(8)? != HISTORY_MAGIC {
+        return Err("not a treespec suffix history (bad magic)".into());
+    }
+    let found = TokenizerId { fingerprint: r.u64()?, vocab: r.u32()? };
+    if found != tokenizer {
+        return Err(format!("written for the tokenizer with {found}, but the model's is {tokenizer}"));
+    }
+    let count = r.u64()?;
+    let mut docs = Vec::new();
+    for i in 0..count {
+        let key = r.u64()?;
+        let len = r.u32()? as usize;
+        let raw = r.take(len.checked_mul(4).ok_or("document too long")?)?;
+        let text: Vec<TokenId> =
+            raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        if let Some(t) = text.iter().find(|&&t| t >= tokenizer.vocab) {
+            return Err(format!(
+                "document {i} holds token {t}, outside the vocabulary of {}",
+                tokenizer.vocab
+            ));
+        }
+        docs.push((key, text));
+    }
+    if r.at != bytes.len() {
+        return Err(format!("{} trailing bytes after the last document", bytes.len() - r.at));
+    }
+    Ok(docs)
+}
+
+/// A bounds-checked little-endian reader of a saved history.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
+            format!("truncated: wanted {n} bytes at offset {} of {}", self.at, self.bytes.len())
+        })?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 }
 
@@ -353,9 +638,10 @@ impl PricesFile {
     }
 }
 
-/// The prices in the file at `path`, None when it does not exist.
+/// The prices in the file at `path`, None when it does not exist or is empty (`touch`ed).
 fn read_pricing(path: &Path, tokenizer: TokenizerId) -> Result<Option<SuffixPricing>> {
     let bytes = match std::fs::read(path) {
+        Ok(bytes) if bytes.is_empty() => return Ok(None),
         Ok(bytes) => bytes,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::Invalid(format!("reading the learned prices {}: {e}", path.display()))),
@@ -770,6 +1056,189 @@ mod tests {
         // Another tokenizer's prices are refused whatever their grid.
         write(&newer);
         assert!(alone.load(TokenizerId { fingerprint: 12, vocab: 100 }).is_err());
+    }
+
+    /// The texts `h` holds, oldest first.
+    fn texts(h: &GlobalHistory) -> Vec<Vec<u32>> {
+        h.index().tokens().split(|&t| t == BREAK).filter(|d| !d.is_empty()).map(<[u32]>::to_vec).collect()
+    }
+
+    /// A document of six tokens, a different one for each seed below 10,000.
+    fn doc(seed: u32) -> Vec<u32> {
+        vec![seed % TOK.vocab, seed / TOK.vocab % TOK.vocab, 1, 2, 3, 4]
+    }
+
+    #[test]
+    fn two_savers_on_one_file_keep_both_histories() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        let (mut a, mut a_state) = file.load_for_merging(TOK, 1000).unwrap();
+        let (mut b, mut b_state) = file.load_for_merging(TOK, 1000).unwrap();
+        // Each serves different text and saves after every request, in turn.
+        for round in 0..3u32 {
+            a.add(1, &doc(round));
+            let saved = file.save_merging(&mut a, &mut a_state, TOK, None).unwrap();
+            assert_eq!(saved.merged, usize::from(round > 0), "B's document of the round before");
+            b.add(2, &doc(100 + round));
+            let saved = file.save_merging(&mut b, &mut b_state, TOK, None).unwrap();
+            assert_eq!(saved.merged, 1, "A's document of this round");
+            assert_eq!((saved.docs, saved.replaced), (2 * round as usize + 2, None));
+        }
+        // B's last save holds both; A holds B's documents in memory too (it drafts from them).
+        let mut want: Vec<Vec<u32>> = (0..3).flat_map(|r| [doc(r), doc(100 + r)]).collect();
+        want.sort();
+        let sorted = |h: &GlobalHistory| {
+            let mut t = texts(h);
+            t.sort();
+            t
+        };
+        assert_eq!(sorted(&b), want);
+        assert_eq!(sorted(&a), want[..].iter().filter(|d| **d != doc(102)).cloned().collect::<Vec<_>>());
+        // A third start on the file sees both servers' documents, each once.
+        let third = file.load(TOK, 1000).unwrap();
+        assert_eq!(sorted(&third), want);
+        // A's next save brings B's last one into A, and writes every document once.
+        file.save_merging(&mut a, &mut a_state, TOK, None).unwrap();
+        assert_eq!(sorted(&a), want);
+        assert_eq!(sorted(&file.load(TOK, 1000).unwrap()), want);
+    }
+
+    #[test]
+    fn repeated_merging_saves_do_not_duplicate_documents() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        file.save(&history(&[&doc(1), &doc(2)]), TOK).unwrap();
+        let (mut a, mut a_state) = file.load_for_merging(TOK, 1000).unwrap();
+        let (mut b, mut b_state) = file.load_for_merging(TOK, 1000).unwrap();
+        a.add(3, &doc(3));
+        b.add(4, &doc(4));
+        // The same text learned by both servers is one document.
+        a.add(5, &doc(5));
+        b.add(6, &doc(5));
+        for _ in 0..10 {
+            file.save_merging(&mut a, &mut a_state, TOK, None).unwrap();
+            file.save_merging(&mut b, &mut b_state, TOK, None).unwrap();
+        }
+        for h in [&a, &b, &file.load(TOK, 1000).unwrap()] {
+            assert_eq!(h.docs(), 5, "{:?}", texts(h));
+        }
+        // Nothing new: a save merges nothing and the file stays as it is.
+        let before = std::fs::read(file.target()).unwrap();
+        let saved = file.save_merging(&mut b, &mut b_state, TOK, None).unwrap();
+        assert_eq!((saved.merged, saved.docs), (0, 5));
+        assert_eq!(std::fs::read(file.target()).unwrap(), before);
+        assert!(b_state.remembered() <= 10);
+    }
+
+    #[test]
+    fn merged_histories_stay_within_the_cap_and_evicted_documents_stay_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        let cap = 50; // seven documents of six tokens and a break
+        let (mut a, mut a_state) = file.load_for_merging(TOK, cap).unwrap();
+        let (mut b, mut b_state) = file.load_for_merging(TOK, cap).unwrap();
+        for i in 0..40u32 {
+            let (h, state) = if i % 2 == 0 { (&mut a, &mut a_state) } else { (&mut b, &mut b_state) };
+            h.add(u64::from(i), &doc(i));
+            let saved = file.save_merging(h, state, TOK, None).unwrap();
+            assert!(saved.tokens <= cap, "{} tokens after save {i}", saved.tokens);
+            let on_disk = file.load(TOK, 1_000_000).unwrap();
+            assert!(on_disk.tokens() <= cap, "{} tokens in the file after save {i}", on_disk.tokens());
+        }
+        // The newest documents are kept, the oldest gone for good (not handed back and forth).
+        let last = texts(&file.load(TOK, 1_000_000).unwrap());
+        assert!(last.contains(&doc(39)) && last.contains(&doc(38)), "{last:?}");
+        for old in 0..20 {
+            assert!(!last.contains(&doc(old)), "document {old} came back: {last:?}");
+        }
+    }
+
+    #[test]
+    fn a_merging_save_keeps_prices_of_more_trials_and_replaces_a_damaged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        let (mut a, mut state) = file.load_for_merging(TOK, 1000).unwrap();
+        a.add(1, &doc(1));
+        let rich = trained_pricing();
+        assert!(!file.save_merging(&mut a, &mut state, TOK, Some(&rich)).unwrap().prices_kept);
+        // A saver that learned less leaves the richer prices in place; its history is saved.
+        a.add(2, &doc(2));
+        let poor = SuffixPricing::new();
+        let saved = file.save_merging(&mut a, &mut state, TOK, Some(&poor)).unwrap();
+        assert!(saved.prices_kept);
+        assert_eq!(file.load_pricing(TOK).unwrap(), Some(rich.clone()));
+        assert_eq!(file.load(TOK, 1000).unwrap().docs(), 2);
+        // A damaged history file (or prices file) is replaced, saying why.
+        std::fs::write(file.target(), b"TSSUFH01\x01").unwrap();
+        std::fs::write(file.prices_path(), b"{").unwrap();
+        let saved = file.save_merging(&mut a, &mut state, TOK, Some(&poor)).unwrap();
+        assert!(saved.replaced.as_deref().unwrap_or_default().contains("truncated"), "{saved:?}");
+        assert!(!saved.prices_kept);
+        assert_eq!(file.load(TOK, 1000).unwrap().docs(), 2);
+        assert_eq!(file.load_pricing(TOK).unwrap(), Some(poor));
+    }
+
+    #[test]
+    fn saved_docs_reads_what_to_bytes_writes() {
+        let h = history(&[&[1, 2, 3], &[4], &[5, 6]]);
+        let docs = saved_docs(&h.to_bytes(TOK), TOK).unwrap();
+        assert_eq!(docs, vec![(0, vec![1, 2, 3]), (1, vec![4]), (2, vec![5, 6])]);
+        assert_eq!(saved_docs(&[], TOK).unwrap(), vec![]);
+        let bytes = h.to_bytes(TOK);
+        for cut in [1, 7, 20, bytes.len() - 1] {
+            assert!(saved_docs(&bytes[..cut], TOK).is_err(), "cut at {cut}");
+            assert!(GlobalHistory::from_bytes(&bytes[..cut], TOK, 1000).is_err(), "cut at {cut}");
+        }
+        let err = saved_docs(&bytes, TokenizerId { fingerprint: 12, vocab: 100 }).unwrap_err();
+        assert!(err.contains("tokenizer"), "{err}");
+        let err = saved_docs(&bytes, TokenizerId { fingerprint: 11, vocab: 5 }).unwrap_err();
+        assert!(err.contains("tokenizer"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_file_is_an_empty_history_and_is_saved_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.bin");
+        // What an operator does before the first start: touch, then set the permissions.
+        std::fs::write(&path, b"").unwrap();
+        let file = HistoryFile::open(&path).unwrap();
+        assert_eq!(file.load(TOK, 1000).unwrap().docs(), 0);
+        std::fs::write(file.prices_path(), b"").unwrap();
+        assert_eq!(file.load_pricing(TOK).unwrap(), None);
+        let (mut h, mut state) = file.load_for_merging(TOK, 1000).unwrap();
+        assert_eq!((h.docs(), state.remembered()), (0, 0));
+        h.add(1, &doc(1));
+        let saved = file.save_merging(&mut h, &mut state, TOK, Some(&trained_pricing())).unwrap();
+        assert_eq!((saved.docs, saved.replaced), (1, None));
+        assert_eq!(texts(&file.load(TOK, 1000).unwrap()), vec![doc(1)]);
+        assert_eq!(file.load_pricing(TOK).unwrap(), Some(trained_pricing()));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_created_here_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        assert_eq!(mode(file.lock_path()), 0o600, "the lock file");
+        // The temporary file of a first save is 0600 from its creation: the new file's mode.
+        let mut seen = None;
+        let _ = file.save_bytes(&history(&[&[3]]).to_bytes(TOK), &mut |tmp| {
+            seen = Some(mode(tmp));
+            Err(std::io::Error::other("stop"))
+        });
+        assert_eq!(seen, Some(0o600));
+        file.save_with_pricing(&history(&[&[1, 2]]), &trained_pricing(), TOK).unwrap();
+        assert_eq!(mode(file.target()), 0o600, "a new history");
+        assert_eq!(mode(&file.prices_path()), 0o600, "a new prices file");
+        let alone = PricesFile::open(dir.path().join("p.json")).unwrap();
+        alone.save(&trained_pricing(), TOK).unwrap();
+        assert_eq!(mode(alone.target()), 0o600, "a prices cache");
+        // A file the operator made keeps the mode it was given.
+        std::fs::set_permissions(file.target(), std::fs::Permissions::from_mode(0o640)).unwrap();
+        file.save(&history(&[&[4]]), TOK).unwrap();
+        assert_eq!(mode(file.target()), 0o640);
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 struct Held {
     curve: CostCurve,
     measured: bool,
+    /// Measured while the cores stayed busy past the wait (see [`measure`]): used and refined
+    /// by this run, never cached.
+    provisional: bool,
     tap: Arc<CurveTap>,
     file: Option<PathBuf>,
     stored: Stored,
@@ -186,6 +189,18 @@ impl CostCache {
         Ok(CostModel::new(target, draft))
     }
 
+    /// Whether a curve held now is provisional (measured while the cores never freed up): the
+    /// run prices on it but the next run measures again.
+    /// Never waits: while a curve is being measured, nothing is provisional yet.
+    pub(crate) fn provisional(&self) -> bool {
+        let held = match self.held.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        held.iter().flatten().any(|h| h.provisional)
+    }
+
     /// Whether [`CostCache::cost_model`] would answer without measuring: every curve it needs is
     /// held or readable from the disk cache (and no measurement is under way). Never waits.
     pub(crate) fn has_curves(&self, pair: &ModelPair, paths: &ModelPaths, with_draft: bool) -> bool {
@@ -267,7 +282,7 @@ impl CostCache {
             observations: cached.observations,
             saved: 0,
         };
-        Ok(slot.insert(Held { curve, measured, tap, file, stored }).curve.clone())
+        Ok(slot.insert(Held { curve, measured, provisional, tap, file, stored }).curve.clone())
     }
 
     /// The cache file of `model` loaded from `path`.

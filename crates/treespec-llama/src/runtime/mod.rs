@@ -185,6 +185,12 @@ impl ModelRuntime {
         self.costs.check(&self.paths.model, &self.pair.target)
     }
 
+    /// Whether a cost curve in use is provisional: measured while other work kept the cores busy
+    /// through the whole bounded wait, so it is refined as requests run but never cached.
+    pub fn cost_curves_provisional(&self) -> bool {
+        self.costs.provisional()
+    }
+
     /// Whether [`ModelRuntime::cost_model`] would answer at once (from memory or the disk cache)
     /// rather than measure this machine first (minutes on a small CPU).
     pub fn has_cost_curves(&self, with_draft: bool) -> bool {

@@ -502,7 +502,7 @@ async fn queue_full_and_cancel_on_disconnect() {
         "A was not cancelled: B waited {:?}",
         started.elapsed()
     );
-    let text = metrics.render(pool.queue_depth());
+    let text = metrics.render_server(pool.queue_depth());
     assert!(text.contains("treespec_cancelled_total{method=\"plain\"} 1"), "{text}");
     assert!(text.contains("status=\"503\"} 1"), "{text}");
 }

@@ -1,0 +1,125 @@
+//! The gaps between requests: when a cost curve is measured in the background of a server (a
+//! cost-aware default whose curves this machine has not measured yet), its forwards and the
+//! requests' forwards must not share the cores. Sharing costs the requests (a measurement beside
+//! them made one served run 30% slower) and spoils the curve (it times how busy the process was).
+//! So the servers say when requests start and end ([`request_started`], [`request_ended`]), and
+//! a measurement run [`in_background`] ([`crate::profile::LmTimer`]) times a forward only while
+//! none is in flight, and times it again when one began meanwhile. One process, one set of
+//! cores: a process-wide gate. A measurement a request itself needs (a method resolved inside
+//! it) does not wait: it would wait for itself.
+
+use std::cell::Cell;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+struct State {
+    /// Requests in flight.
+    active: usize,
+    /// Requests ever started: a forward during which it moved shared its cores.
+    started: u64,
+}
+
+static STATE: Mutex<State> = Mutex::new(State { active: 0, started: 0 });
+static IDLE: Condvar = Condvar::new();
+
+thread_local! {
+    /// This thread measures in the background of a server (see [`in_background`]).
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` (a cost measurement) as the background of this process's requests: its forwards
+/// wait for the gaps between them.
+pub fn in_background<R>(f: impl FnOnce() -> R) -> R {
+    let before = BACKGROUND.with(|b| b.replace(true));
+    let out = f();
+    BACKGROUND.with(|b| b.set(before));
+    out
+}
+
+fn lock() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A request began decoding (call once per request, with [`request_ended`] when it leaves).
+pub fn request_started() {
+    let mut s = lock();
+    s.active += 1;
+    s.started += 1;
+}
+
+/// A request left (finished, failed or cancelled).
+pub fn request_ended() {
+    let mut s = lock();
+    s.active = s.active.saturating_sub(1);
+    if s.active == 0 {
+        IDLE.notify_all();
+    }
+}
+
+/// Requests in flight now.
+pub fn in_flight() -> usize {
+    lock().active
+}
+
+/// A mark to compare after a forward: [`Mark::alone`] tells whether no request was served at
+/// any moment since (always, outside [`in_background`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark(Option<u64>);
+
+impl Mark {
+    /// Whether no request was in flight when the mark was made or began since.
+    pub fn alone(self) -> bool {
+        let Some(started) = self.0 else { return true };
+        let s = lock();
+        s.active == 0 && s.started == started
+    }
+}
+
+/// In the background ([`in_background`]): wait, at most `max`, until no request is in flight;
+/// the time waited and a [`Mark`] made at that moment. Elsewhere at once.
+pub fn wait_for_gap(max: Duration) -> (Duration, Mark) {
+    if !BACKGROUND.with(Cell::get) {
+        return (Duration::ZERO, Mark(None));
+    }
+    let t = Instant::now();
+    let s = lock();
+    let (s, _) = IDLE.wait_timeout_while(s, max, |s| s.active > 0).unwrap_or_else(|p| p.into_inner());
+    // A mark made while a request is still in flight (the wait ran out) never reads alone.
+    let mark = if s.active == 0 { s.started } else { s.started.wrapping_sub(1) };
+    (t.elapsed(), Mark(Some(mark)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test for the whole gate: it is process-wide, and tests run in parallel.
+    #[test]
+    fn a_measurement_waits_for_the_gap_and_sees_requests_that_began() {
+        request_started();
+        let (waited, mark) = wait_for_gap(Duration::from_secs(5));
+        assert!(waited.is_zero() && mark.alone(), "outside the background nothing waits");
+        request_ended();
+        in_background(background);
+    }
+
+    fn background() {
+        let (waited, mark) = wait_for_gap(Duration::from_secs(5));
+        assert!(waited < Duration::from_secs(5) && mark.alone());
+        request_started();
+        assert!(!mark.alone(), "a request began since the mark");
+        let ender = std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            request_ended();
+        });
+        let (waited, mark) = wait_for_gap(Duration::from_secs(5));
+        ender.join().unwrap();
+        assert!(waited >= Duration::from_millis(40), "waited {waited:?} for the request to end");
+        assert!(mark.alone());
+        request_started();
+        let (waited, mark) = wait_for_gap(Duration::from_millis(30));
+        assert!(waited >= Duration::from_millis(30) && !mark.alone(), "the wait ran out while serving");
+        request_ended();
+        assert!(!mark.alone(), "a mark made while serving never reads alone");
+    }
+}
