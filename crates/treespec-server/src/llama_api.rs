@@ -927,6 +927,13 @@ mod tests {
     }
 
     #[test]
+    fn props_show_a_key_holder_the_model_file_not_where_it_lives() {
+        let path = "/srv/models/qwen/Qwen2.5-Coder-1.5B.Q4_K_M.gguf";
+        assert_eq!(shown_path(path, false), path, "without keys the operator is the client");
+        assert_eq!(shown_path(path, true), "Qwen2.5-Coder-1.5B.Q4_K_M.gguf");
+    }
+
+    #[test]
     fn prompt_shapes() {
         use PromptPiece::{Text, Token};
         assert_eq!(prompt_pieces(&json!("ab")).unwrap(), [Text("ab".into())]);
