@@ -63,6 +63,9 @@ pub struct MachineInfo {
     pub load_average_start: Option<f64>,
     /// 1-minute load average when it ended.
     pub load_average_end: Option<f64>,
+    /// Where the models ran (`CPU`, or a GPU and its layers); absent in older results.
+    #[serde(default)]
+    pub device: Option<String>,
 }
 
 /// The 1-minute load average (/proc/loadavg), when known.
@@ -127,6 +130,7 @@ impl MachineInfo {
             models,
             load_average_start: load_average(),
             load_average_end: None,
+            device: None,
         }
     }
 }

@@ -24,6 +24,9 @@ enum Command {
     Bench(Box<commands::bench::BenchArgs>),
     /// Print a GGUF model's architecture, sizes, quantization, tokenizer and chat template.
     Inspect(commands::inspect::InspectArgs),
+    /// List the compute devices (CPU, GPUs) this build finds, by the names `--device` takes.
+    #[command(visible_alias = "list-devices")]
+    Devices,
     /// Measure a model pair's positional acceptance vector (for --method sequoia).
     Calibrate(Box<commands::calibrate::CalibrateArgs>),
     /// DISCO stop classifier.
@@ -60,6 +63,7 @@ fn main() {
         Command::Generate(args) => commands::generate::run(*args),
         Command::Bench(args) => commands::bench::run(*args),
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Devices => commands::devices::run(),
         Command::Draft(args) => commands::draft::run(args),
         Command::Bound(args) => commands::bound::bound(*args),
         Command::Ngram(args) => commands::ngram::run(args),

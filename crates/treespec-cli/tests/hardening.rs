@@ -110,9 +110,9 @@ fn serve_refuses_a_bad_default_method_at_start() {
 fn serve_refuses_empty_steps() {
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();
-    for flag in ["--parallel", "--prefill-chunk", "--decode-chunk"] {
+    for flag in ["--parallel", "--prefill-chunk", "--decode-chunk", "--queue"] {
         let run = treespec(&["serve", "-m", m, flag, "0", "--port", "0", "-t", "1"], LIMIT);
-        refused(&run, "--decode-chunk must be at least 1");
+        refused(&run, "--queue must be at least 1");
     }
 }
 

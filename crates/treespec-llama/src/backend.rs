@@ -79,6 +79,14 @@ pub(crate) fn backend() -> Result<&'static LlamaBackend> {
             // Install the callback first so initialisation itself is quiet too.
             // SAFETY: `log_callback` has the C ABI llama.cpp expects and needs no user data.
             unsafe { llama_cpp_sys_2::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
+            // A build whose backends are libraries (`--features dynamic-backends`) loads the ones
+            // this machine can run: beside the binary, in the working directory, or in
+            // `GGML_BACKEND_PATH` (docs/GPU.md).
+            // SAFETY: no arguments; ggml registers each library it can open and skips the rest.
+            #[cfg(feature = "dynamic-backends")]
+            unsafe {
+                llama_cpp_sys_2::ggml_backend_load_all()
+            };
             LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()

@@ -14,6 +14,7 @@
 mod backend;
 mod batch_lm;
 mod compat;
+pub mod devices;
 mod draft_lanes;
 mod hparams;
 mod kv;
@@ -31,6 +32,7 @@ mod vocab;
 pub use backend::LOG_ENV;
 pub use batch_lm::{BatchCounters, LlamaBatchLm, KEEP_CACHED_ROWS};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
+pub use devices::{Device, DeviceKind, GpuLayers, Offload};
 pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use lm::{LlamaLm, PrefillProgress};

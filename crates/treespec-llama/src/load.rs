@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 use treespec_engine::{EngineError, Result};
 
 use crate::backend;
+use crate::devices::{devices, DeviceList, GpuLayers, Offload};
 use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
 use crate::threads::{available_cores, effective_threads};
@@ -53,17 +54,35 @@ pub struct LoadOptions {
     pub n_ubatch: usize,
     /// Turn off batch-size dependent kernels (weight repacking, tiled K-quant matmul) so a token's
     /// logits do not depend on how many other tokens share its batch. Slower on repackable
-    /// quantizations (Q4_0, Q4_K, IQ4_NL...). Default false.
+    /// quantizations (Q4_0, Q4_K, IQ4_NL...). Default false. CPU only: refused with GPU layers.
     pub exact: bool,
+    /// Layers on a GPU and which one (default: none, the CPU runs everything).
+    pub offload: Offload,
+    /// The draft model's, when it differs from the target's (llama.cpp's `-ngld`).
+    pub draft_offload: Option<Offload>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { threads: available_cores(), ctx_size: 4096, n_seq_max: MAX_PATHS, n_ubatch: 512, exact: false }
+        Self {
+            threads: available_cores(),
+            ctx_size: 4096,
+            n_seq_max: MAX_PATHS,
+            n_ubatch: 512,
+            exact: false,
+            offload: Offload::default(),
+            draft_offload: None,
+        }
     }
 }
 
 impl LoadOptions {
+    /// The options a draft model loads with: the target's, with the draft's offload.
+    pub fn for_draft(&self) -> Self {
+        let offload = self.draft_offload.clone().unwrap_or_else(|| self.offload.clone());
+        Self { offload, draft_offload: None, ..self.clone() }
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         if self.threads == 0 {
@@ -77,6 +96,16 @@ impl LoadOptions {
         }
         if self.n_ubatch == 0 || self.n_ubatch > i32::MAX as usize {
             return bad(format!("n_ubatch must be at least 1 (got {})", self.n_ubatch));
+        }
+        if self.exact && self.offload.layers.any() {
+            // Exactness needs one matmul path for every batch size; llama.cpp's GPU backends pick
+            // kernels by batch size (MMVQ for one row, MMQ or cuBLAS beyond), so a token's logits
+            // depend on the tree it is scored in there.
+            return bad(
+                "--exact is CPU-only: a GPU backend's kernels change with the batch size, so a tree row's \
+                 logits would not equal plain decoding's; drop --exact or --n-gpu-layers"
+                    .to_string(),
+            );
         }
         Ok(())
     }
@@ -183,7 +212,17 @@ impl LlamaModel {
         options.validate()?;
         options.threads = effective_threads(options.threads)?;
         let facts = check_gguf(path)?;
-        check_fits(path, &facts.hparams, options.ctx_size, options.exact, facts.file_size, mem_available())?;
+        // Offloaded weights and cache live in the device's memory, which llama.cpp checks itself.
+        if !options.offload.layers.any() {
+            check_fits(
+                path,
+                &facts.hparams,
+                options.ctx_size,
+                options.exact,
+                facts.file_size,
+                mem_available(),
+            )?;
+        }
         if let Some(w) = training_context_warning(&facts.hparams, options.ctx_size) {
             eprintln!("warning: {}: {w}", path.display());
         }
@@ -199,10 +238,18 @@ impl LlamaModel {
         // SAFETY: plain C struct of defaults.
         let mut params = unsafe { llama_cpp_sys_2::llama_model_default_params() };
         params.use_extra_bufts = !options.exact;
+        // The CPU unless layers are asked for, whatever the build (llama.cpp's own default would
+        // offload everything in a GPU build).
+        params.n_gpu_layers = options.offload.layers.param();
+        let mut devices = DeviceList::for_offload(&options.offload)?;
+        if let Some(d) = devices.as_mut() {
+            params.devices = d.as_param();
+        }
 
         backend::clear_captured();
         // SAFETY: valid path and params; llama.cpp catches its C++ exceptions and returns null.
         let raw = unsafe { llama_cpp_sys_2::llama_model_load_from_file(cpath.as_ptr(), params) };
+        drop(devices);
         let Some(raw) = NonNull::new(raw) else {
             return Err(load_error(path, &facts, &backend::captured()));
         };
@@ -233,6 +280,26 @@ impl LlamaModel {
     /// The file this model was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Where it runs, in words: `CPU`, or the GPU device and how many layers went there.
+    pub fn runs_on(&self) -> String {
+        let o = &self.options.offload;
+        if !o.layers.any() {
+            return "CPU".to_string();
+        }
+        let gpu = devices().ok().and_then(|all| {
+            all.into_iter()
+                .filter(|d| d.takes_layers())
+                .find(|d| o.device.as_ref().is_none_or(|n| d.name.eq_ignore_ascii_case(n)))
+        });
+        let name = gpu.map_or_else(|| "GPU".to_string(), |d| format!("{} ({})", d.name, d.description));
+        match (o.layers, self.facts.hparams.n_layer) {
+            (GpuLayers::Count(n), Some(layers)) if u64::from(n) <= layers => {
+                format!("{name}, {n} of {layers} layers")
+            }
+            _ => format!("{name}, every layer"),
+        }
     }
 
     /// The options it was loaded with (contexts use them too).

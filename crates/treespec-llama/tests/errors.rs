@@ -125,6 +125,45 @@ fn bad_options() {
     }
 }
 
+/// GPU offload asked of a build or machine without a GPU is an error naming the problem (what
+/// the devices are, how to build with one), never a silent CPU run; `--exact` is CPU-only; a
+/// device that does not exist is named. (On a GPU build with a GPU the first case loads.)
+#[test]
+fn gpu_offload_without_a_gpu_or_with_exact_is_refused_by_name() {
+    use treespec_llama::{GpuLayers, Offload};
+    let offload = |layers, device: Option<&str>| Offload { layers, device: device.map(String::from) };
+    let exact = LoadOptions { exact: true, offload: offload(GpuLayers::All, None), ..test_options() };
+    let msg = LlamaModel::load(model_path(), exact).unwrap_err().to_string();
+    assert!(msg.contains("--exact is CPU-only"), "{msg}");
+    let nothing = LoadOptions { offload: offload(GpuLayers::None, Some("Vulkan0")), ..test_options() };
+    let msg = LlamaModel::load(model_path(), nothing).unwrap_err().to_string();
+    assert!(msg.contains("offloads nothing"), "{msg}");
+    if skip_model_tests("gpu_offload_without_a_gpu_or_with_exact_is_refused_by_name") {
+        return;
+    }
+    let gpus = treespec_llama::devices::devices().unwrap().into_iter().filter(|d| d.takes_layers()).count();
+    let all = LoadOptions { offload: offload(GpuLayers::Count(4), None), ..test_options() };
+    match LlamaModel::load(model_path(), all) {
+        Err(e) => {
+            let msg = e.to_string();
+            assert_eq!(gpus, 0, "a GPU is there, yet: {msg}");
+            assert!(
+                msg.contains("no GPU backend") && msg.contains("CPU") && msg.contains("docs/GPU.md"),
+                "{msg}"
+            );
+        }
+        Ok(model) => {
+            assert!(gpus > 0, "offloaded without a GPU");
+            assert!(model.runs_on().contains("4 of"), "{}", model.runs_on());
+        }
+    }
+    if gpus > 0 {
+        let named = LoadOptions { offload: offload(GpuLayers::All, Some("NoSuchGpu7")), ..test_options() };
+        let msg = LlamaModel::load(model_path(), named).unwrap_err().to_string();
+        assert!(msg.contains("no GPU device named \"NoSuchGpu7\""), "{msg}");
+    }
+}
+
 /// A context smaller than its sequence-id count (llama.cpp reserves an output row per id and
 /// aborted on `-c 64`) works, and keeps to the size asked for.
 #[test]

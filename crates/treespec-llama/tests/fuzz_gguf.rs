@@ -37,7 +37,7 @@ fn case_path(name: &str) -> PathBuf {
 }
 
 fn options() -> LoadOptions {
-    LoadOptions { threads: 1, ctx_size: 256, n_seq_max: 4, n_ubatch: 256, exact: false }
+    LoadOptions { threads: 1, ctx_size: 256, n_seq_max: 4, n_ubatch: 256, ..LoadOptions::default() }
 }
 
 /// Whatever happens, it must be a return: Ok or Err. Counts what the pre-check refused.

@@ -56,7 +56,7 @@ impl WorkerQueue {
                 continue;
             }
             self.metrics.in_flight(tenant, 1);
-            serving_gate::request_started();
+            let serving = serving_gate::Serving::begin();
             let events = job.events.clone();
             // The `Done` event waits until the metrics hold the run (as the batch scheduler
             // does): a client that reads `/metrics` after its answer finds its request there.
@@ -74,7 +74,7 @@ impl WorkerQueue {
                 }))
             };
             self.metrics.in_flight(tenant, -1);
-            serving_gate::request_ended();
+            drop(serving);
             match result {
                 Ok(Ok(run)) => {
                     self.metrics.generation(tenant, &run.method, run.prompt_tokens, &run.stats);
@@ -102,6 +102,8 @@ impl WorkerQueue {
 pub struct EnginePool {
     queue: Arc<JobQueue>,
     model_id: String,
+    /// Where the models run (see [`GenerationBackend::device`]).
+    device: String,
     limits: Limits,
     text: Arc<dyn ModelText>,
     workers: usize,
@@ -121,7 +123,15 @@ impl EnginePool {
     ) -> (Self, WorkerQueue) {
         let queue = JobQueue::new(queue, metrics.clone());
         let q = WorkerQueue { queue: queue.clone(), metrics };
-        (Self { queue, model_id, limits, text, workers }, q)
+        (Self { queue, model_id, device: "CPU".to_string(), limits, text, workers }, q)
+    }
+}
+
+impl EnginePool {
+    /// Models that run on `device` (in words).
+    pub fn with_device(mut self, device: String) -> Self {
+        self.device = device;
+        self
     }
 }
 
@@ -149,6 +159,9 @@ impl GenerationBackend for EnginePool {
     }
     fn model_text(&self) -> Arc<dyn ModelText> {
         self.text.clone()
+    }
+    fn device(&self) -> String {
+        self.device.clone()
     }
     fn slots(&self) -> usize {
         self.workers

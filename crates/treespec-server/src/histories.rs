@@ -151,14 +151,32 @@ fn move_legacy(old: &Path, new: &Path) -> anyhow::Result<bool> {
     if std::fs::symlink_metadata(new).is_ok() {
         return Ok(false);
     }
-    rename_if_there(old, new)?;
+    if !rename_if_there(old, new)? {
+        return Ok(false);
+    }
     if !meta.file_type().is_symlink() {
+        // The old build wrote these with the umask's mode (often world-readable), and a save keeps
+        // a file's mode: made private once, here, as the files this build creates are.
+        make_private(new)?;
         let new_prices = with_suffix(new, PRICES_SUFFIX);
-        if std::fs::symlink_metadata(&new_prices).is_err() {
-            rename_if_there(&with_suffix(old, PRICES_SUFFIX), &new_prices)?;
+        if std::fs::symlink_metadata(&new_prices).is_err()
+            && rename_if_there(&with_suffix(old, PRICES_SUFFIX), &new_prices)?
+        {
+            make_private(&new_prices)?;
         }
     }
     Ok(true)
+}
+
+/// Owner-only permissions on a file this build took over.
+fn make_private(path: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("making {} private (0600)", path.display()))?;
+    }
+    Ok(())
 }
 
 /// `tenant`'s file id under `secret`: the first 128 bits of a keyed BLAKE3 hash of the tenant's
@@ -177,12 +195,11 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Rename `from` to `to`; `from` gone already (another server moved it first) is no error.
-fn rename_if_there(from: &Path, to: &Path) -> anyhow::Result<()> {
+fn rename_if_there(from: &Path, to: &Path) -> anyhow::Result<bool> {
     match std::fs::rename(from, to) {
-        Err(e) if e.kind() != ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("renaming {} to {}", from.display(), to.display()))
-        }
-        _ => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("renaming {} to {}", from.display(), to.display())),
     }
 }
 

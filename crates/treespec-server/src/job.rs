@@ -125,6 +125,10 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn model_text(&self) -> Arc<dyn ModelText>;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;
+    /// Where the models run, in words (`CPU`, or a GPU and its layers; `/health`, `/props`).
+    fn device(&self) -> String {
+        "CPU".to_string()
+    }
     /// The plain decoding rate of this server's target (1000 / T(1) on the measured cost curve),
     /// when known.
     fn plain_tokens_per_second(&self) -> Option<f64> {

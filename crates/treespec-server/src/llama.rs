@@ -153,6 +153,15 @@ fn prepare_error(e: PrepareError, grammar_param: Option<&'static str>) -> ApiErr
 }
 
 /// The id served for a model file: its file stem.
+/// Where the runtime's models run, in words: the target's device, and the draft's where it differs.
+pub fn runs_on(runtime: &ModelRuntime) -> String {
+    let target = runtime.target().runs_on();
+    match runtime.draft().map(|d| d.runs_on()) {
+        Some(draft) if draft != target => format!("{target}; draft: {draft}"),
+        _ => target,
+    }
+}
+
 pub fn model_id(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }

@@ -298,6 +298,8 @@ pub struct Props {
     pub modalities: Modalities,
     /// `treespec <version>`.
     pub build_info: String,
+    /// Where the models run: `CPU`, or a GPU and its layers (treespec's own field).
+    pub device: String,
     /// Always false.
     pub is_sleeping: bool,
 }
@@ -818,6 +820,7 @@ pub async fn props(State(s): State<AppState>) -> Result<Json<Props>, ApiError> {
         chat_template: info.chat_template.unwrap_or_default(),
         modalities: Modalities { vision: false, audio: false },
         build_info: format!("treespec {}", env!("CARGO_PKG_VERSION")),
+        device: s.backend.device(),
         is_sleeping: false,
     }))
 }

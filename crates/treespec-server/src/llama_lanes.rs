@@ -10,7 +10,7 @@ use treespec_engine::{BatchedLm, SharedDraft, TokenBytes, TokenConstraint};
 use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 
 use crate::error::ApiError;
-use crate::llama::{check_default_method, model_id, prepare, LlamaConfig, LlamaText};
+use crate::llama::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
@@ -108,6 +108,7 @@ impl BatchPool {
         let (pool, inbox) = BatchPool::new(scheduler, model, limits, text, metrics.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let runtime_for_rate = runtime.clone();
+        let runtime_for_device = runtime.clone();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
             move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {
                 Ok(lanes) => {
@@ -132,6 +133,6 @@ impl BatchPool {
             let rate = 1000.0 / curve?.ok()?.target.ms(1);
             Some(*known.get_or_init(|| rate))
         };
-        Ok(pool.with_plain_rate(Arc::new(rate)))
+        Ok(pool.with_plain_rate(Arc::new(rate)).with_device(runs_on(&runtime_for_device)))
     }
 }

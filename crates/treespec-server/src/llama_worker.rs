@@ -9,7 +9,7 @@ use treespec_llama::{LlamaLm, ModelRuntime};
 
 use crate::fifo::{run_generation, EnginePool, Structure, Worker};
 use crate::job::{Event, RunError, RunSummary};
-use crate::llama::{check_default_method, model_id, prepare, LlamaConfig, LlamaText};
+use crate::llama::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
 use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
 use crate::tenant::Tenant;
@@ -91,6 +91,6 @@ impl EnginePool {
         for _ in 0..workers.max(1) {
             ready_rx.recv().context("an engine thread died while starting")??;
         }
-        Ok(pool)
+        Ok(pool.with_device(runs_on(&models)))
     }
 }

@@ -75,8 +75,10 @@ impl JobQueue {
             self.drop_abandoned(&mut state);
         }
         // Requests whose clients closed while waiting hold no place: gone, or half-closed (rare),
-        // they are told apart only by a failed write, a moment later.
-        if state.jobs.iter().filter(|w| !w.job.peer_left()).count() >= self.capacity {
+        // they are told apart only by a failed write, a moment later. Clients that half-close on
+        // purpose and keep reading are still bounded: twice the queue in all.
+        let live = state.jobs.iter().filter(|w| !w.job.peer_left()).count();
+        if live >= self.capacity || state.jobs.len() >= 2 * self.capacity {
             return Err(ApiError::overloaded(self.capacity));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +150,17 @@ impl JobQueue {
         self.lock().jobs.front().is_some_and(|w| w.job.events.is_closed())
     }
 
+    /// Close the queue and take every waiting job (its model thread is gone: the caller answers
+    /// them).
+    pub fn close_and_take_all(&self) -> Vec<Job> {
+        let mut state = self.lock();
+        state.closed = true;
+        let jobs = state.jobs.drain(..).map(|w| w.job).collect();
+        drop(state);
+        self.arrived.notify_all();
+        jobs
+    }
+
     /// Take the first job if it is still job `id`.
     pub fn take_front(&self, id: u64) -> Option<Job> {
         let mut state = self.lock();
@@ -214,6 +227,20 @@ mod tests {
         let (c, _rx_c) = job(Tenant::SHARED);
         q.push(c).expect("a client that closed holds no place");
         assert_eq!(q.len(), 2, "it may have only half-closed: it is still served");
+        let (d, _rx_d) = job(Tenant::SHARED);
+        d.peer_left.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(q.push(d).unwrap_err().status.as_u16(), 503, "twice the bound in all");
+    }
+
+    #[test]
+    fn a_closed_queue_refuses_and_hands_back_what_waited() {
+        let q = JobQueue::new(4, Arc::new(Metrics::default()));
+        let (a, _rx_a) = job(Tenant::SHARED);
+        q.push(a).unwrap();
+        assert_eq!(q.close_and_take_all().len(), 1);
+        let (b, _rx_b) = job(Tenant::SHARED);
+        assert_eq!(q.push(b).unwrap_err().status.as_u16(), 500);
+        assert!(q.is_empty() && q.is_closed());
     }
 
     #[test]

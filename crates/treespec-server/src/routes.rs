@@ -98,7 +98,7 @@ fn new_id(prefix: &str) -> String {
 /// and which method serves meanwhile. Open to all, so the queue's depth only where the
 /// server-wide figures are public (others' activity is not a key holder's to read).
 pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
-    let mut v = json!({"status": "ok", "model": s.backend.model_id()});
+    let mut v = json!({"status": "ok", "model": s.backend.model_id(), "device": s.backend.device()});
     if s.figures_public() {
         v["queue_depth"] = json!(s.backend.queue_depth());
     }

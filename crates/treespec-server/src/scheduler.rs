@@ -84,6 +84,8 @@ pub type PlainRate = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
 pub struct BatchPool {
     queue: Arc<JobQueue>,
     model_id: String,
+    /// Where the models run (see [`GenerationBackend::device`]).
+    device: String,
     limits: Limits,
     plain_rate: Option<PlainRate>,
     text: Arc<dyn ModelText>,
@@ -102,8 +104,15 @@ impl BatchPool {
     ) -> (Self, Arc<JobQueue>) {
         let queue = JobQueue::new(config.queue, metrics);
         let parallel = config.parallel;
-        let pool = Self { queue: queue.clone(), model_id, limits, plain_rate: None, text, parallel };
+        let device = "CPU".to_string();
+        let pool = Self { queue: queue.clone(), model_id, device, limits, plain_rate: None, text, parallel };
         (pool, queue)
+    }
+
+    /// Models that run on `device` (in words).
+    pub fn with_device(mut self, device: String) -> Self {
+        self.device = device;
+        self
     }
 
     /// The target's plain decoding rate (tokens a second), for traced responses: asked at the end
@@ -142,6 +151,9 @@ impl GenerationBackend for BatchPool {
     fn model_text(&self) -> Arc<dyn ModelText> {
         self.text.clone()
     }
+    fn device(&self) -> String {
+        self.device.clone()
+    }
     fn slots(&self) -> usize {
         self.parallel
     }
@@ -151,6 +163,9 @@ impl GenerationBackend for BatchPool {
 struct Served {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     tenant: Tenant,
+    /// Holds a background cost measurement off while the request decodes (released when the
+    /// request leaves, or when the scheduler unwinds).
+    _serving: serving_gate::Serving,
     method: String,
     prompt_tokens: usize,
     /// Prompt tokens its lane reused from a cached or live prefix (not prefilled).
@@ -189,8 +204,11 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         Self { models, config, metrics, batch: Batch::new(), ready: None }
     }
 
-    /// Serve until the [`BatchPool`] is dropped and the work is done.
+    /// Serve until the [`BatchPool`] is dropped and the work is done. Should the scheduler die
+    /// (a panic in a step), the queue is closed and every waiting request answered with an
+    /// error, so no client waits for a thread that is gone.
     pub fn run(mut self, queue: Arc<JobQueue>) {
+        let _closes = CloseOnExit(queue.clone());
         loop {
             // Block only when idle.
             if self.batch.is_empty() && !queue.wait(Duration::from_millis(200)) {
@@ -274,6 +292,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let served = Served {
             events: job.events.clone(),
             tenant: job.tenant,
+            _serving: serving_gate::Serving::begin(),
             method: prepared.method.clone(),
             prompt_tokens,
             cached: 0,
@@ -298,7 +317,6 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             return Err(RunError::Cancelled(prepared.method));
         }
         self.metrics.in_flight(job.tenant, 1);
-        serving_gate::request_started();
         Ok(())
     }
 
@@ -326,7 +344,6 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     fn retire(&mut self, k: usize, end: Result<(), RunError>) {
         let (s, out) = self.batch.leave(self.models.lm(), k, end.is_ok());
         self.metrics.in_flight(s.tenant, -1);
-        serving_gate::request_ended();
         // A request that ended well has its output; one that did not, its error.
         if let Some(out) = out {
             if !out.tail.is_empty() && s.events.send(Event::Text(out.tail.clone())).is_err() {
@@ -395,6 +412,19 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Closes a scheduler's queue when its thread ends, normally or by unwinding: new requests get
+/// a 500 at once, waiting ones an error event. (The lanes' own requests see their event senders
+/// dropped with the scheduler.)
+struct CloseOnExit(Arc<JobQueue>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        for job in self.0.close_and_take_all() {
+            let _ = job.events.send(Event::Error(ApiError::internal("the model thread stopped")));
         }
     }
 }

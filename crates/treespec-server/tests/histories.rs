@@ -292,9 +292,18 @@ fn histories_under_their_old_unkeyed_names_are_moved_to_their_keyed_names() {
     );
     old_file.save_with_pricing(&history, &pricing, TOKENIZER).unwrap();
     assert!(dir.join(format!("h.{key}.bin.lock")).exists());
+    // The older build's files were as the umask made them (world-readable, often).
+    use std::os::unix::fs::PermissionsExt;
+    let old_prices = dir.join(format!("h.{key}.bin.prices.json"));
+    for f in [&old, &old_prices] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     let histories = TenantHistories::in_files(&base, TOKENIZER, CAP, [key]).unwrap();
     let new = histories.names().unwrap().path_of(key).unwrap();
     assert!(new.exists() && !old.exists(), "{}", new.display());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let new_prices = std::path::PathBuf::from(format!("{}.prices.json", new.display()));
+    assert_eq!((mode(&new), mode(&new_prices)), (0o600, 0o600), "taken over and made private");
     assert_eq!(texts(&histories, key), vec![doc(7)]);
     assert_eq!(histories.of(key).unwrap().pricing_snapshot(), pricing);
     let leftovers: Vec<String> = std::fs::read_dir(&dir)

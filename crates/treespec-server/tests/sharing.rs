@@ -239,10 +239,14 @@ async fn queued_requests_whose_clients_left_free_their_places() {
     assert_eq!(metrics.gauge("treespec_queue_depth"), 0.0);
     assert_eq!(metrics.gauge("treespec_generations_in_flight"), 1.0, "the lane is still busy");
     // Two live requests fit the queue again while the lane is busy: no 503.
+    let pool = metrics.pool.clone();
     let live = tokio::task::spawn_blocking(move || {
         let a = raw(addr, "POST", "/v1/chat/completions", None, Some(&chat(4, false)));
         let b = raw(addr, "POST", "/v1/chat/completions", None, Some(&chat(4, false)));
-        std::thread::sleep(Duration::from_millis(300));
+        let start = Instant::now();
+        while pool.queue_depth() < 2 && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let c = read_all(raw(addr, "POST", "/v1/chat/completions", None, Some(&chat(4, false))));
         drop(busy); // the long stream leaves: its lane serves the two
         (read_all(a), read_all(b), c)
@@ -258,7 +262,8 @@ async fn queued_requests_whose_clients_left_free_their_places() {
 async fn a_client_that_half_closed_in_the_queue_still_gets_its_answer() {
     let (addr, metrics, stop) = one_lane_server(&[]).await;
     let busy = tokio::task::spawn_blocking(move || {
-        raw(addr, "POST", "/v1/chat/completions", None, Some(&chat(40, false)))
+        // About 6 s of decoding: the two below queue behind it however slow the machine.
+        raw(addr, "POST", "/v1/chat/completions", None, Some(&chat(300, false)))
     })
     .await
     .unwrap();

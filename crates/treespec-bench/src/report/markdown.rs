@@ -57,6 +57,9 @@ fn header(s: &mut String, r: &Results) {
         if m.simd.is_empty() { "no SIMD flags found".to_string() } else { m.simd.join(" ") },
         m.os
     );
+    if let Some(d) = &m.device {
+        let _ = writeln!(s, "- device: {d}");
+    }
     if let Some(a) = m.load_average_start {
         // The end value includes this benchmark's own threads; the start value is other work.
         let busy =

@@ -7,7 +7,7 @@ use clap::Args;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
-use treespec_llama::LoadOptions;
+use treespec_llama::{GpuLayers, LoadOptions, Offload};
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -37,12 +37,32 @@ pub struct RuntimeArgs {
     /// greedy output equals plain decoding token for token (slower on repacked quantizations).
     #[arg(long)]
     pub exact: bool,
+    /// Layers of the target on a GPU: a number, or `all` (llama.cpp's `-ngl`; default 0: the CPU).
+    /// Needs a build with a GPU backend (docs/GPU.md); `treespec devices` lists what is there.
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", alias = "gpu-layers", value_parser = GpuLayers::parse)]
+    pub gpu_layers: Option<GpuLayers>,
+    /// Layers of the draft model on a GPU (llama.cpp's `-ngld`; default: as the target's).
+    #[arg(long = "n-gpu-layers-draft", visible_alias = "ngld", alias = "gpu-layers-draft", value_parser = GpuLayers::parse)]
+    pub gpu_layers_draft: Option<GpuLayers>,
+    /// The GPU to offload to, by the name `treespec devices` shows (llama.cpp's `-dev`; default:
+    /// the first GPU).
+    #[arg(long = "device", visible_alias = "dev")]
+    pub device: Option<String>,
 }
 
 impl RuntimeArgs {
     /// Load options for both models.
     pub fn load_options(&self) -> LoadOptions {
-        let mut o = LoadOptions { ctx_size: self.ctx, exact: self.exact, ..LoadOptions::default() };
+        let offload = Offload { layers: self.gpu_layers.unwrap_or_default(), device: self.device.clone() };
+        let draft_offload =
+            self.gpu_layers_draft.map(|layers| Offload { layers, device: self.device.clone() });
+        let mut o = LoadOptions {
+            ctx_size: self.ctx,
+            exact: self.exact,
+            offload,
+            draft_offload,
+            ..LoadOptions::default()
+        };
         if let Some(t) = self.threads {
             o.threads = t;
         }

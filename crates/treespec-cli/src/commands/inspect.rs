@@ -41,6 +41,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
         i.n_layer, i.n_embd, i.n_head, i.n_head_kv
     );
     println!("train context {}", i.n_ctx_train);
+    let devices = treespec_llama::devices::devices()?;
+    let names: Vec<String> = devices.iter().map(|d| format!("{} ({})", d.name, d.description)).collect();
+    println!("devices       {} (`-ngl N` offloads N layers to a GPU)", names.join(", "));
     println!("tokenizer     {} with {} tokens; add BOS: {}", i.vocab_type, i.vocab_size, i.add_bos);
     println!("special       BOS {} | EOS {} | EOT {}", tok(i.bos), tok(i.eos), tok(i.eot));
     match model.chat_template() {

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bound;
 pub mod calibrate;
 pub mod demo;
+pub mod devices;
 pub mod draft;
 pub mod generate;
 pub mod inspect;

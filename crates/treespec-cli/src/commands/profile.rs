@@ -86,13 +86,15 @@ pub fn run(args: ProfileArgs) -> Result<()> {
             points.iter().map(|p| json!({"n": p.n, "ms": p.median_ms, "min_ms": p.min_ms})).collect();
         println!(
             "{}",
-            json!({"model": args.models.model, "threads": threads, "prefix": args.prefix, "points": rows})
+            json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
+                "prefix": args.prefix, "points": rows})
         );
         return Ok(());
     }
     println!(
-        "T(n) for {} ({} threads, {} committed tokens, median of {})",
+        "T(n) for {} on {} ({} threads, {} committed tokens, median of {})",
         args.models.model.display(),
+        model.runs_on(),
         threads,
         args.prefix,
         args.repeat

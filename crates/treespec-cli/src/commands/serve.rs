@@ -164,8 +164,8 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
 /// when a request added to it, and at shutdown, so that the next start drafts from it.
 pub fn run(args: ServeArgs) -> Result<()> {
     let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
-    if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 {
-        anyhow::bail!("--parallel, --prefill-chunk and --decode-chunk must be at least 1");
+    if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 || args.queue == 0 {
+        anyhow::bail!("--parallel, --prefill-chunk, --decode-chunk and --queue must be at least 1");
     }
     let keys = api_keys(&args)?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.

@@ -1,8 +1,17 @@
 //! llama.cpp's spellings that clap cannot express. clap's short flags are one character, so
-//! llama.cpp's `-md FILE` would read as `-m d`; it is rewritten to `--model-draft` before parsing.
+//! llama.cpp's `-md FILE` would read as `-m d`; it is rewritten to `--model-draft` before parsing,
+//! and so are `-ngl`, `-ngld` and `-dev`.
 //! (`-c`, `-n`, `-t`, `-s`, `--temp`, `--ctx-size`, `--spec-draft-n-max` are plain clap spellings.)
 
 use std::ffi::OsString;
+
+/// llama.cpp's multi-letter short flags and the long flags they stand for.
+const LONG: &[(&str, &str)] = &[
+    ("-md", "--model-draft"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-ngld", "--n-gpu-layers-draft"),
+    ("-dev", "--device"),
+];
 
 /// Flags whose next argument is free text, never a flag to rewrite.
 const TEXT_FLAGS: &[&str] = &["-p", "--prompt", "--stop", "--api-key"];
@@ -19,8 +28,13 @@ pub fn llama_spellings(args: impl IntoIterator<Item = OsString>) -> Vec<OsString
                 literal = true;
                 None
             }
-            Some("-md") => Some(OsString::from("--model-draft")),
-            Some(s) => s.strip_prefix("-md=").map(|f| OsString::from(format!("--model-draft={f}"))),
+            Some(s) => LONG.iter().find_map(|(short, long)| {
+                if s == *short {
+                    return Some(OsString::from(*long));
+                }
+                let value = s.strip_prefix(short)?.strip_prefix('=')?;
+                Some(OsString::from(format!("{long}={value}")))
+            }),
             None => None,
         };
         out.push(rewritten.unwrap_or(a));
@@ -49,5 +63,14 @@ mod tests {
         assert_eq!(run(&["t", "-p", "-md"]), ["t", "-p", "-md"]);
         assert_eq!(run(&["t", "--", "-md"]), ["t", "--", "-md"]);
         assert_eq!(run(&["t", "-mdx"]), ["t", "-mdx"]);
+    }
+
+    #[test]
+    fn gpu_flags_read_as_llama_cpp_writes_them() {
+        assert_eq!(
+            run(&["t", "serve", "-ngl", "99", "-ngld=all", "-dev", "CUDA0"]),
+            ["t", "serve", "--n-gpu-layers", "99", "--n-gpu-layers-draft=all", "--device", "CUDA0"]
+        );
+        assert_eq!(run(&["t", "-p", "-ngl"]), ["t", "-p", "-ngl"]);
     }
 }

@@ -295,12 +295,27 @@ impl CostCache {
             .replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', "_");
         let o = model.options();
         let mode = if o.exact { "exact" } else { "fast" };
+        // A curve is the device's: one measured with layers on a GPU is not the CPU's.
+        let device = device_key(&model.runs_on());
         Some(self.dir.as_ref()?.join("costs").join(format!(
-            "{name}-{}-{mtime}-t{}-{mode}-v{FORMAT}.json",
+            "{name}-{}-{mtime}-t{}-{mode}{device}-v{FORMAT}.json",
             meta.len(),
             o.threads
         )))
     }
+}
+
+/// The part of a cache file's name that says where the model runs: nothing on the CPU (so the
+/// CPU's cached curves keep their names), else the device and layers in file-name characters.
+fn device_key(runs_on: &str) -> String {
+    if runs_on == "CPU" {
+        return String::new();
+    }
+    let key: String = runs_on
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .collect();
+    format!("-{}", key.split('_').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("_"))
 }
 
 /// Write the curves refined by this runtime's drafters back to the cache.
@@ -475,4 +490,17 @@ fn synthetic_curve() -> Result<Option<CostCurve>> {
         );
     };
     Ok(Some(CostCurve::linear(base, row, 64)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_key;
+
+    #[test]
+    fn a_gpu_curve_is_cached_apart_from_the_cpu_one() {
+        assert_eq!(device_key("CPU"), "", "CPU curves keep their file names");
+        let gpu = device_key("Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)), every layer");
+        assert_eq!(gpu, "-vulkan0_llvmpipe_llvm_15_0_6_256_bits_every_layer");
+        assert_ne!(gpu, device_key("Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)), 8 of 30 layers"));
+    }
 }

@@ -72,7 +72,7 @@ impl ModelPair {
         let mut separate_draft = None;
         if let Some(path) = &paths.draft {
             if !same_file(path, &paths.model) {
-                let d = LlamaModel::load(path, options.clone())
+                let d = LlamaModel::load(path, options.for_draft())
                     .with_context(|| format!("loading draft model {}", path.display()))?;
                 check_compatible(&d, &target)?;
                 separate_draft = Some(d);

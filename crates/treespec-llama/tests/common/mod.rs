@@ -26,7 +26,7 @@ use treespec_llama::{LlamaModel, LoadOptions};
 /// logits with batch size (SmolLM2's Q4_1 has none).
 pub fn test_options() -> LoadOptions {
     let exact = std::env::var("TREESPEC_TEST_EXACT").is_ok_and(|v| v == "1");
-    LoadOptions { threads: 1, ctx_size: 512, n_seq_max: 64, n_ubatch: 512, exact }
+    LoadOptions { threads: 1, ctx_size: 512, n_seq_max: 64, n_ubatch: 512, exact, ..LoadOptions::default() }
 }
 
 /// Where the test model is: `TREESPEC_TEST_MODEL`, else the repository's models/ folder.
