@@ -356,17 +356,9 @@ fn length_field(req: &LlamaCompletionRequest) -> &'static str {
 }
 
 /// An error of the `/v1/completions` checks or of the engine in the request's own names: the
-/// length in `length` (see [`length_field`]), the prompt `prompt` (they say `max_tokens`,
-/// `max_completion_tokens` and `messages`).
+/// length in `length` (see [`length_field`]), the prompt `prompt`.
 fn llama_names(e: ApiError, length: &'static str) -> ApiError {
-    match e.param.as_deref() {
-        Some("max_tokens" | "max_completion_tokens") => {
-            let message = e.message.replace("max_completion_tokens", length).replace("max_tokens", length);
-            ApiError { param: Some(length.into()), message, ..e }
-        }
-        Some("messages") => ApiError { param: Some("prompt".into()), ..e },
-        _ => e,
-    }
+    validate::in_request_names(e, "prompt", length)
 }
 
 /// A `/completion` request as the `/v1/completions` checks take it: llama-server's defaults

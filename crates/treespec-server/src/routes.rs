@@ -218,14 +218,12 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
-    let spec = validate::chat(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(
-        s,
-        Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: wants_trace(&headers) },
-        Kind::Chat,
-        arrived,
-    )
-    .await
+    let req: ChatCompletionRequest = validate::parse_json(&bytes)?;
+    let length = validate::openai_length_field(&req.common);
+    let named = |e| validate::in_request_names(e, "messages", length);
+    let spec = validate::chat(req, &s.backend.limits()).map_err(named)?;
+    let submitted = Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: wants_trace(&headers) };
+    respond(s, submitted, Kind::Chat, arrived).await.map_err(named)
 }
 
 /// `POST /v1/completions`.
@@ -238,9 +236,12 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
-    let spec = validate::completion(validate::parse_json(&bytes)?, &s.backend.limits())?;
-    respond(s, Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: false }, Kind::Completion, arrived)
-        .await
+    let req: CompletionRequest = validate::parse_json(&bytes)?;
+    let length = validate::openai_length_field(&req.common);
+    let named = |e| validate::in_request_names(e, "prompt", length);
+    let spec = validate::completion(req, &s.backend.limits()).map_err(named)?;
+    let submitted = Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: false };
+    respond(s, submitted, Kind::Completion, arrived).await.map_err(named)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

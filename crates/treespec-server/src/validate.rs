@@ -511,6 +511,31 @@ pub fn check_lengths(
     room(prompt_tokens, max_tokens, context).map_err(length_error)
 }
 
+/// An error in the names of the fields the client sent: the checks and the engine say
+/// `messages` for the prompt and `max_tokens` (or `max_completion_tokens`) for the length; a
+/// `/v1/completions` request sent `prompt`, llama-server's `n_predict`, a newer OpenAI client
+/// `max_completion_tokens`.
+pub fn in_request_names(e: ApiError, prompt: &'static str, length: &'static str) -> ApiError {
+    match e.param.as_deref() {
+        Some("max_tokens" | "max_completion_tokens") => {
+            let message = e.message.replace("max_completion_tokens", length).replace("max_tokens", length);
+            ApiError { param: Some(length.into()), message, ..e }
+        }
+        Some("messages") => ApiError { param: Some(prompt.into()), ..e },
+        _ => e,
+    }
+}
+
+/// The length field an OpenAI request sent: `max_completion_tokens` when it did, else
+/// `max_tokens`.
+pub fn openai_length_field(c: &crate::api::CommonParams) -> &'static str {
+    if c.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    }
+}
+
 /// The 400 of a request whose lengths do not fit its context (`context_length_exceeded` when it
 /// is too long); any other preparation error is the server's.
 pub fn length_error(e: PrepareError) -> ApiError {

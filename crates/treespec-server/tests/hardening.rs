@@ -306,6 +306,18 @@ async fn errors_name_the_fields_sent_and_samplers_are_not_ignored() {
             "max_completion_tokens",
         ),
         ("/v1/completions", json!({"prompt": "hi", "samplers": "kz"}), "samplers"),
+        // The /v1 routes in their own names too: `prompt`, and the length field sent.
+        ("/v1/completions", json!({"prompt": long, "max_tokens": 4}), "prompt"),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(200), "max_completion_tokens": 100}),
+            "max_completion_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x".repeat(200)}], "max_completion_tokens": 100}),
+            "max_completion_tokens",
+        ),
     ] {
         let (s, _, v) = call(&app, json_post(path, body.clone())).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{path} {body}: {v}");
