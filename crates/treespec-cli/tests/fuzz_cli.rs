@@ -88,7 +88,8 @@ fn history_files() -> &'static [(&'static str, String)] {
         };
         write("corrupt", "random-short.bin", random(5));
         write("corrupt", "random-long.bin", random(4096));
-        write("corrupt", "empty.bin", Vec::new());
+        // A 0-byte file (`touch` before `chmod`) is an empty history, not a broken one.
+        write("empty", "empty.bin", Vec::new());
         let mut magic_then_noise = b"TSSUFH01".to_vec();
         magic_then_noise.extend(random(300));
         write("corrupt", "magic-then-noise.bin", magic_then_noise);
@@ -238,8 +239,8 @@ fn hostile_command_lines_end_with_a_clean_exit() {
     result.unwrap();
 }
 
-/// Each kind of `--suffix-history` file given to the suffix method: a valid or missing file works
-/// (and is saved), every broken one is a clear error (exit 1) naming the file, never a panic.
+/// Each kind of `--suffix-history` file given to the suffix method: a valid, missing or empty file
+/// works (and is saved), every broken one is a clear error (exit 1) naming the file, never a panic.
 #[test]
 fn broken_history_files_are_clear_errors() {
     let Some(real) = model() else { return };
@@ -252,7 +253,7 @@ fn broken_history_files_are_clear_errors() {
         assert!(run.exited_cleanly(), "{kind} {path}: {run:#?}");
         let name = std::path::Path::new(path).file_name().unwrap().to_str().unwrap();
         match *kind {
-            "valid" | "missing" => {
+            "valid" | "missing" | "empty" => {
                 assert_eq!(run.code, Some(0), "{kind} {path}: {run:#?}");
                 assert!(std::fs::read(path).unwrap().starts_with(b"TSSUFH01"), "{path} saved");
             }
