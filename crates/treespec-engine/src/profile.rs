@@ -336,9 +336,8 @@ impl Interference {
     /// measurement and 25 of 64 at a `--reprofile`, with nothing else running, and a warning
     /// nobody could act on followed every run. Then many unsettled sizes (over a quarter) count.
     pub fn noisy(&self) -> bool {
-        let busy_said = self.loaded() || self.shared > 0;
         self.loaded()
-            || (busy_said && self.unsettled.len() * 4 > self.sizes)
+            || (self.shared > 0 && self.unsettled.len() * 4 > self.sizes)
             || !self.spikes.is_empty()
             || self.kept_shared > 0
             || !self.unmeasured.is_empty()

@@ -2,7 +2,7 @@
 //! cost-aware default whose curves this machine has not measured yet), its forwards and the
 //! requests' forwards must not share the cores. Sharing costs the requests (a measurement beside
 //! them made one served run 30% slower) and spoils the curve (it times how busy the process was).
-//! So the servers say when requests start and end ([`request_started`], [`request_ended`]), and
+//! So the servers hold a [`Serving`] guard while a request decodes, and
 //! a measurement run [`in_background`] ([`crate::profile::LmTimer`]) times a forward only while
 //! none is in flight, and times it again when one began meanwhile. One process, one set of
 //! cores: a process-wide gate. A measurement a request itself needs (a method resolved inside
@@ -40,22 +40,6 @@ fn lock() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A request began decoding (call once per request, with [`request_ended`] when it leaves).
-pub fn request_started() {
-    let mut s = lock();
-    s.active += 1;
-    s.started += 1;
-}
-
-/// A request left (finished, failed or cancelled).
-pub fn request_ended() {
-    let mut s = lock();
-    s.active = s.active.saturating_sub(1);
-    if s.active == 0 {
-        IDLE.notify_all();
-    }
-}
-
 /// One request in flight, from [`Serving::begin`] until dropped — also when the thread serving it
 /// unwinds, so the gate never stays shut behind a request that is gone.
 #[derive(Debug)]
@@ -64,20 +48,21 @@ pub struct Serving(());
 impl Serving {
     /// A request began decoding.
     pub fn begin() -> Self {
-        request_started();
+        let mut s = lock();
+        s.active += 1;
+        s.started += 1;
         Self(())
     }
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        request_ended();
+        let mut s = lock();
+        s.active = s.active.saturating_sub(1);
+        if s.active == 0 {
+            IDLE.notify_all();
+        }
     }
-}
-
-/// Requests in flight now.
-pub fn in_flight() -> usize {
-    lock().active
 }
 
 /// A mark to compare after a forward: [`Mark::alone`] tells whether no request was served at
@@ -115,10 +100,10 @@ mod tests {
     /// One test for the whole gate: it is process-wide, and tests run in parallel.
     #[test]
     fn a_measurement_waits_for_the_gap_and_sees_requests_that_began() {
-        request_started();
+        let serving = Serving::begin();
         let (waited, mark) = wait_for_gap(Duration::from_secs(5));
         assert!(waited.is_zero() && mark.alone(), "outside the background nothing waits");
-        request_ended();
+        drop(serving);
         in_background(background);
     }
 
@@ -138,10 +123,10 @@ mod tests {
         assert!(ended.load(std::sync::atomic::Ordering::SeqCst), "the wait ended before the request did");
         ender.join().unwrap();
         assert!(mark.alone());
-        request_started();
+        let serving = Serving::begin();
         let (waited, mark) = wait_for_gap(Duration::from_millis(30));
         assert!(waited >= Duration::from_millis(30) && !mark.alone(), "the wait ran out while serving");
-        request_ended();
+        drop(serving);
         assert!(!mark.alone(), "a mark made while serving never reads alone");
     }
 }

@@ -128,6 +128,9 @@ pub struct LlamaModel {
     facts: GgufFacts,
     /// Texts of the control tokens, read on first use (`prompt.rs`).
     pub(crate) control_texts: ControlTexts,
+    /// Where it runs (see [`LlamaModel::runs_on`]), told once at load: the devices are asked
+    /// nothing after.
+    runs_on: String,
 }
 
 // `wrap_raw_model` relies on this: llama-cpp-2's model is nothing but the pointer.
@@ -202,6 +205,26 @@ fn disable_tiled_matmul() -> Result<()> {
     }
 }
 
+/// Where a model loaded with `offload` runs, in words: `CPU`, or the GPU (its name and the
+/// driver's description) and how many of the model's `layers` went there.
+fn describe_offload(offload: &Offload, layers: Option<u64>) -> String {
+    if !offload.layers.any() {
+        return "CPU".to_string();
+    }
+    let gpu = devices().ok().and_then(|all| {
+        all.into_iter()
+            .filter(|d| d.takes_layers())
+            .find(|d| offload.device.as_ref().is_none_or(|n| d.name.eq_ignore_ascii_case(n)))
+    });
+    let name = gpu.map_or_else(|| "GPU".to_string(), |d| format!("{} ({})", d.name, d.description));
+    match (offload.layers, layers) {
+        (GpuLayers::Count(n), Some(layers)) if u64::from(n) <= layers => {
+            format!("{name}, {n} of {layers} layers")
+        }
+        _ => format!("{name}, every layer"),
+    }
+}
+
 impl LlamaModel {
     /// Load a GGUF model. Errors (never panics) on a missing file, a file that is not GGUF, a
     /// truncated or corrupt file, an architecture this llama.cpp does not know, bad options, or a
@@ -256,6 +279,7 @@ impl LlamaModel {
         // SAFETY: fresh pointer from llama_model_load_from_file, owned by nobody else.
         let inner = unsafe { wrap_raw_model(raw) };
         MODELS_LOADED.fetch_add(1, Ordering::Relaxed);
+        let runs_on = describe_offload(&options.offload, facts.hparams.n_layer);
         Ok(Self {
             inner,
             raw: RawModel(raw),
@@ -263,6 +287,7 @@ impl LlamaModel {
             options,
             facts,
             control_texts: ControlTexts::new(),
+            runs_on,
         })
     }
 
@@ -283,23 +308,8 @@ impl LlamaModel {
     }
 
     /// Where it runs, in words: `CPU`, or the GPU device and how many layers went there.
-    pub fn runs_on(&self) -> String {
-        let o = &self.options.offload;
-        if !o.layers.any() {
-            return "CPU".to_string();
-        }
-        let gpu = devices().ok().and_then(|all| {
-            all.into_iter()
-                .filter(|d| d.takes_layers())
-                .find(|d| o.device.as_ref().is_none_or(|n| d.name.eq_ignore_ascii_case(n)))
-        });
-        let name = gpu.map_or_else(|| "GPU".to_string(), |d| format!("{} ({})", d.name, d.description));
-        match (o.layers, self.facts.hparams.n_layer) {
-            (GpuLayers::Count(n), Some(layers)) if u64::from(n) <= layers => {
-                format!("{name}, {n} of {layers} layers")
-            }
-            _ => format!("{name}, every layer"),
-        }
+    pub fn runs_on(&self) -> &str {
+        &self.runs_on
     }
 
     /// The options it was loaded with (contexts use them too).

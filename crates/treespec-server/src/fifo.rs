@@ -125,9 +125,7 @@ impl EnginePool {
         let q = WorkerQueue { queue: queue.clone(), metrics };
         (Self { queue, model_id, device: "CPU".to_string(), limits, text, workers }, q)
     }
-}
 
-impl EnginePool {
     /// Models that run on `device` (in words).
     pub fn with_device(mut self, device: String) -> Self {
         self.device = device;

@@ -86,9 +86,7 @@ impl HistoryNames {
 
     /// The file of the secret that keys the names: `FILE.secret`, beside the files it names.
     pub fn secret_path(&self) -> PathBuf {
-        let mut name = self.base.file_name().map(OsString::from).unwrap_or_default();
-        name.push(SECRET_SUFFIX);
-        self.base.with_file_name(name)
+        with_suffix(&self.base, SECRET_SUFFIX)
     }
 
     /// The file of `tenant`'s history (for a key's tenant, reading or making the secret).

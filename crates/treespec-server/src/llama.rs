@@ -158,7 +158,7 @@ pub fn runs_on(runtime: &ModelRuntime) -> String {
     let target = runtime.target().runs_on();
     match runtime.draft().map(|d| d.runs_on()) {
         Some(draft) if draft != target => format!("{target}; draft: {draft}"),
-        _ => target,
+        _ => target.to_string(),
     }
 }
 

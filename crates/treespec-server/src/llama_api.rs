@@ -36,15 +36,15 @@ use futures_util::stream::{self, Stream};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::UnboundedReceiver;
 use treespec_core::TokenId;
 use utoipa::ToSchema;
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, Timings, TreespecStats};
 use crate::error::ApiError;
-use crate::job::{Event, Finished, Job, ModelText};
+use crate::job::{Event, Finished, ModelText};
 use crate::metrics::RequestTimer;
-use crate::routes::{first_event, probes, AppState, Arrived, PROBE_EVERY};
+use crate::routes::{sse, submit, AppState, Arrived, PROBE_EVERY};
 use crate::serve::PeerClosed;
 use crate::tenant::Tenant;
 use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
@@ -596,22 +596,14 @@ pub async fn completion(
     }
     spec.prompt = PromptInput::Tokens(tokens);
     let stream = spec.stream;
-    let (tx, mut rx) = unbounded_channel();
-    let job = Job::new(spec, tenant, false, tx);
-    let peer_left = job.peer_left.clone();
-    s.backend.submit(job)?;
-    // Errors before any output are plain HTTP errors, also for streamed requests; a client that
-    // closed while the request waited is answered at once with probes (see `first_event`).
+    // A client that closed while the request waited is answered at once with probes.
     let peer = peer.map(|Extension(p)| p);
-    let started =
-        first_event(&mut rx, peer.as_ref(), &peer_left).await.map_err(|e| llama_names(e, length))?.is_some();
+    let (mut rx, started) =
+        submit(&s, spec, tenant, false, peer.as_ref()).await.map_err(|e| llama_names(e, length))?;
+    let started = started.is_some();
     let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     if stream {
-        let events = Sse::new(sse_events(rx, answer, timer));
-        if !started {
-            return Ok(events.keep_alive(probes()).into_response());
-        }
-        return Ok(events.into_response());
+        return Ok(sse(sse_events(rx, answer, timer), started));
     }
     let mut whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>> = Box::pin(async move {
         gather(&mut rx, timer)

@@ -140,14 +140,16 @@ impl JobQueue {
         self.arrived.notify_all();
     }
 
-    /// The first job's number, request and tenant (copied: it stays queued while it is prepared).
-    pub fn front(&self) -> Option<(u64, JobSpec, Tenant)> {
-        self.lock().jobs.front().map(|w| (w.id, w.job.spec.clone(), w.job.tenant))
+    /// The first job's number.
+    pub fn front_id(&self) -> Option<u64> {
+        self.lock().jobs.front().map(|w| w.id)
     }
 
-    /// Whether the first job's client has gone.
-    pub fn front_gone(&self) -> bool {
-        self.lock().jobs.front().is_some_and(|w| w.job.events.is_closed())
+    /// Job `id`'s request and tenant while it is first (copied: it stays queued while it is
+    /// prepared).
+    pub fn front_request(&self, id: u64) -> Option<(JobSpec, Tenant)> {
+        let state = self.lock();
+        state.jobs.front().filter(|w| w.id == id).map(|w| (w.job.spec.clone(), w.job.tenant))
     }
 
     /// Close the queue and take every waiting job (its model thread is gone: the caller answers
@@ -256,11 +258,11 @@ mod tests {
         rxs[2] = None;
         q.prune();
         assert_eq!(q.len(), 2);
-        let (first, ..) = q.front().unwrap();
-        assert_eq!(first, 0);
+        assert_eq!(q.front_id(), Some(0));
+        assert!(q.front_request(0).is_some() && q.front_request(3).is_none());
         assert!(q.take_front(0).is_some());
         assert!(q.take_front(0).is_none(), "job 0 left");
-        assert_eq!(q.front().unwrap().0, 3);
+        assert_eq!(q.front_id(), Some(3));
     }
 
     #[test]

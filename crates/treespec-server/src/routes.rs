@@ -294,13 +294,7 @@ async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> R
         plain_rate: s.backend.plain_tokens_per_second(),
     };
     if stream {
-        let events = Sse::new(sse_events(rx, meta, timer));
-        if started.is_none() {
-            // Comments while nothing else goes out: a client that closed while queued is told
-            // apart from one that only half-closed by whether these writes fail.
-            return Ok(events.keep_alive(probes()).into_response());
-        }
-        return Ok(events.into_response());
+        return Ok(sse(sse_events(rx, meta, timer), started.is_some()));
     }
     let mut whole = Whole { rx, meta, timer, text: String::new(), logprobs: None };
     let Some(peer) = peer else { return whole.finish().await };
@@ -325,6 +319,39 @@ pub(crate) struct Start {
     pub fenced_calls: bool,
 }
 
+/// Queue a request and wait for its first event (see [`first_event`]): its events, and what its
+/// start said (None: its client closed while it waited). The first event tells whether the
+/// prompt was accepted: errors before any output are plain HTTP errors, also for streams.
+pub(crate) async fn submit(
+    s: &AppState,
+    spec: JobSpec,
+    tenant: Tenant,
+    trace: bool,
+    peer: Option<&PeerClosed>,
+) -> Result<(UnboundedReceiver<Event>, Option<Start>), ApiError> {
+    let (tx, mut rx) = unbounded_channel();
+    let job = Job::new(spec, tenant, trace, tx);
+    let peer_left = job.peer_left.clone();
+    s.backend.submit(job)?;
+    let started = first_event(&mut rx, peer, &peer_left).await?;
+    Ok((rx, started))
+}
+
+/// A streamed answer. One that begins while its request still waits (its client closed:
+/// `started` false) sends comments while nothing else goes out, so a client gone is told apart
+/// from one that only half-closed by whether these writes fail.
+pub(crate) fn sse<S>(events: S, started: bool) -> Response
+where
+    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+{
+    let events = Sse::new(events);
+    if started {
+        events.into_response()
+    } else {
+        events.keep_alive(KeepAlive::new().interval(PROBE_EVERY).text("")).into_response()
+    }
+}
+
 /// Wait for a queued request's first event: `Some` once it started, an error if it was refused
 /// before any output (a plain HTTP error), or `None` when its client closed its side while it
 /// waited. Hyper does not read a connection while its request is in flight, so only the socket
@@ -332,7 +359,7 @@ pub(crate) struct Start {
 /// (`peer_left`), and the caller answers with a body that probes (spaces, SSE comments) while it
 /// waits: to a client gone the writes fail, the body and its receiver are dropped, and the queue
 /// drops the request (`queue.rs`) instead of keeping its place until a lane frees.
-pub(crate) async fn first_event(
+async fn first_event(
     rx: &mut UnboundedReceiver<Event>,
     peer: Option<&PeerClosed>,
     peer_left: &AtomicBool,
@@ -352,11 +379,6 @@ pub(crate) async fn first_event(
         Some(Event::Error(e)) => Err(e),
         _ => Err(ApiError::internal("the model thread stopped")),
     }
-}
-
-/// SSE comments every [`PROBE_EVERY`] while a stream has nothing to send.
-pub(crate) fn probes() -> KeepAlive {
-    KeepAlive::new().interval(PROBE_EVERY).text("")
 }
 
 /// A non-streamed answer being gathered.

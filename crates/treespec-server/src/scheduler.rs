@@ -235,13 +235,15 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// Move waiting jobs into free lanes while the context can hold them, oldest first.
     fn admit(&mut self, queue: &JobQueue) {
         while self.batch.len() < self.config.parallel {
-            // Gone while waiting: dropped by the prune (a preparation kept for it is dropped
-            // below, as it no longer matches the front).
-            queue.prune();
-            let Some((id, spec, tenant)) = queue.front() else { break };
+            let Some(id) = queue.front_id() else { break };
+            // A preparation kept for a job that left the queue no longer matches the front. The
+            // request is copied only to prepare it, not every step it waits for room.
             let ready = match self.ready.take().filter(|r| r.job == id) {
                 Some(r) => Ok(r),
-                None => self.prepare(id, &spec, tenant),
+                None => match queue.front_request(id) {
+                    Some((spec, tenant)) => self.prepare(id, &spec, tenant),
+                    None => continue,
+                },
             };
             let ready = match ready {
                 Ok(r) => r,

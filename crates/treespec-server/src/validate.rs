@@ -435,11 +435,8 @@ fn refuse_unsupported(c: &CommonParams, chat: bool) -> Result<(), ApiError> {
 /// `max_completion_tokens` (or the older `max_tokens`): ≥ 1 and within the context; an error
 /// names the field the request set.
 fn max_tokens(c: &CommonParams, limits: &Limits) -> Result<Option<usize>, ApiError> {
-    let (field, n) = match (c.max_completion_tokens, c.max_tokens) {
-        (Some(n), _) => ("max_completion_tokens", n),
-        (None, Some(n)) => ("max_tokens", n),
-        (None, None) => return Ok(None),
-    };
+    let Some(n) = c.max_completion_tokens.or(c.max_tokens) else { return Ok(None) };
+    let field = openai_length_field(c);
     if n <= 0 {
         return Err(ApiError::invalid(field, format!("{field} must be ≥ 1, got {n}")));
     }

@@ -87,17 +87,15 @@ fn cost_aware_methods_stand_in_until_the_curves_are_measured() {
     assert_eq!(methods.for_request(Some(&spec(MethodKind::Auto)), t).unwrap().kind(), MethodKind::Auto);
 }
 
+/// A drafted node's features, for recording one trial of learned prices.
+const A_NODE: treespec_core::suffix::NodeFeatures =
+    treespec_core::suffix::NodeFeatures { match_len: 4, depth: 1, share: 1.0, support: 1, global: false };
+
 /// The texts a tenant's history holds, sorted.
 fn texts(histories: &TenantHistories, tenant: Tenant) -> Vec<Vec<u32>> {
     let shared = histories.of(tenant).unwrap();
     let history = shared.history();
-    let mut t: Vec<Vec<u32>> = history
-        .index()
-        .tokens()
-        .split(|&t| t == treespec_core::suffix::BREAK)
-        .filter(|d| !d.is_empty())
-        .map(<[u32]>::to_vec)
-        .collect();
+    let mut t: Vec<Vec<u32>> = history.documents().map(|(_, text)| text.to_vec()).collect();
     t.sort();
     t
 }
@@ -164,16 +162,7 @@ fn repeated_saves_do_not_duplicate_documents() {
         if i % 5 == 0 {
             one.of(t).unwrap().add(5, &doc(10 + i));
         }
-        two.of(t).unwrap().pricing().record(
-            &treespec_core::suffix::NodeFeatures {
-                match_len: 4,
-                depth: 1,
-                share: 1.0,
-                support: 1,
-                global: false,
-            },
-            true,
-        );
+        two.of(t).unwrap().pricing().record(&A_NODE, true);
         one.save_changed().unwrap();
         two.save_changed().unwrap();
     }
@@ -248,16 +237,7 @@ fn every_file_the_server_creates_is_private() {
     for tenant in [Tenant::SHARED, key] {
         let shared = histories.of(tenant).unwrap();
         shared.add(1, &doc(1));
-        shared.pricing().record(
-            &treespec_core::suffix::NodeFeatures {
-                match_len: 4,
-                depth: 1,
-                share: 1.0,
-                support: 1,
-                global: false,
-            },
-            true,
-        );
+        shared.pricing().record(&A_NODE, true);
     }
     assert_eq!(histories.save_changed().unwrap().len(), 2);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
@@ -280,16 +260,7 @@ fn histories_under_their_old_unkeyed_names_are_moved_to_their_keyed_names() {
     history.add(7, &doc(7));
     let old_file = treespec_core::suffix::HistoryFile::open(&old).unwrap();
     let mut pricing = treespec_core::suffix::SuffixPricing::new();
-    pricing.record(
-        &treespec_core::suffix::NodeFeatures {
-            match_len: 4,
-            depth: 1,
-            share: 1.0,
-            support: 1,
-            global: false,
-        },
-        true,
-    );
+    pricing.record(&A_NODE, true);
     old_file.save_with_pricing(&history, &pricing, TOKENIZER).unwrap();
     assert!(dir.join(format!("h.{key}.bin.lock")).exists());
     // The older build's files were as the umask made them (world-readable, often).

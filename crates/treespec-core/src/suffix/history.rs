@@ -160,14 +160,19 @@ impl GlobalHistory {
         bytes.extend_from_slice(&tokenizer.fingerprint.to_le_bytes());
         bytes.extend_from_slice(&tokenizer.vocab.to_le_bytes());
         bytes.extend_from_slice(&(self.docs.len() as u64).to_le_bytes());
-        for d in &self.docs {
-            bytes.extend_from_slice(&d.prompt_key.to_le_bytes());
-            bytes.extend_from_slice(&(d.len as u32).to_le_bytes());
-            for &t in &self.index.tokens()[d.start..d.start + d.len] {
+        for (prompt_key, text) in self.documents() {
+            bytes.extend_from_slice(&prompt_key.to_le_bytes());
+            bytes.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            for &t in text {
                 bytes.extend_from_slice(&t.to_le_bytes());
             }
         }
         bytes
+    }
+
+    /// The documents held, oldest first: each one's prompt key and text.
+    pub fn documents(&self) -> impl Iterator<Item = (u64, &[TokenId])> + '_ {
+        self.docs.iter().map(|d| (d.prompt_key, &self.index.tokens()[d.start..d.start + d.len]))
     }
 
     /// Read a history written by [`Self::save`] for the same tokenizer, into a history capped at
@@ -186,6 +191,17 @@ impl GlobalHistory {
 
     /// Parse the bytes of a saved history (see [`Self::load`]).
     pub fn from_bytes(bytes: &[u8], tokenizer: TokenizerId, cap_tokens: usize) -> Result<Self> {
+        let mut out = Self::new(cap_tokens)?;
+        for (key, text) in Self::documents_in(bytes, tokenizer)? {
+            out.add(key, &text);
+        }
+        Ok(out)
+    }
+
+    /// The documents of a saved history (prompt key and text each), checked, in the format
+    /// [`Self::to_bytes`] writes: magic, the tokenizer (fingerprint, vocabulary), the number of
+    /// documents, then each one's prompt key, length and tokens, all little-endian.
+    pub fn documents_in(bytes: &[u8], tokenizer: TokenizerId) -> Result<Vec<(u64, Vec<TokenId>)>> {
         let mut r = Reader { bytes, at: 0 };
         if r.take(8)? != MAGIC {
             return Err(Error::Invalid("not a treespec suffix history (bad magic)".into()));
@@ -196,9 +212,9 @@ impl GlobalHistory {
                 "written for the tokenizer with {found}, but the model's is {tokenizer}"
             )));
         }
-        let docs = r.u64()?;
-        let mut out = Self::new(cap_tokens)?;
-        for i in 0..docs {
+        let count = r.u64()?;
+        let mut docs = Vec::new();
+        for i in 0..count {
             let key = r.u64()?;
             let len = r.u32()? as usize;
             let raw =
@@ -211,7 +227,7 @@ impl GlobalHistory {
                     tokenizer.vocab
                 )));
             }
-            out.add(key, &text);
+            docs.push((key, text));
         }
         if r.at != bytes.len() {
             return Err(Error::Invalid(format!(
@@ -219,7 +235,7 @@ impl GlobalHistory {
                 bytes.len() - r.at
             )));
         }
-        Ok(out)
+        Ok(docs)
     }
 }
 

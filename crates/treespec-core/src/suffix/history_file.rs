@@ -75,7 +75,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Number, Value};
 
 use super::history::GlobalHistory;
-use super::index::BREAK;
 use super::pricing::{SuffixPricing, PRICING_GRID};
 use crate::ngram::TokenizerId;
 use crate::{Error, Result, TokenId};
@@ -97,8 +96,6 @@ pub const LOCK_SUFFIX: &str = ".lock";
 /// The mode of every file created here (Unix): the history holds the tenants' text.
 #[cfg(unix)]
 const PRIVATE_MODE: u32 = 0o600;
-/// The first bytes of a saved history (format version 1; see [`GlobalHistory::to_bytes`]).
-const HISTORY_MAGIC: &[u8; 8] = b"TSSUFH01";
 
 /// Where a global history is saved: a resolved, checked path and its lock (see the module docs).
 #[derive(Debug, Clone)]
@@ -481,15 +478,9 @@ impl MergeState {
         self.hasher.hash_one(text)
     }
 
-    /// The hashes of the documents `history` holds (its store is each document, then [`BREAK`]).
+    /// The hashes of the documents `history` holds.
     fn hashes_of(&self, history: &GlobalHistory) -> HashSet<u64> {
-        history
-            .index()
-            .tokens()
-            .split(|&t| t == BREAK)
-            .filter(|d| !d.is_empty())
-            .map(|d| self.hash(d))
-            .collect()
+        history.documents().map(|(_, text)| self.hash(text)).collect()
     }
 
     /// Which of the file's documents (by their hashes, oldest first) to merge: those neither in
@@ -533,67 +524,13 @@ pub struct MergedSave {
     pub replaced: Option<String>,
 }
 
-/// The documents of a saved history (prompt key and text each), in the format
-/// [`GlobalHistory::to_bytes`] writes: magic, the tokenizer (fingerprint, vocabulary), the number
-/// of documents, then each one's prompt key, length and tokens, all little-endian. Checked as
-/// [`GlobalHistory::from_bytes`] checks it (without building an index). No bytes: no documents.
+/// The documents of a saved history (see [`GlobalHistory::documents_in`]), or why not. No bytes
+/// (a file not written yet, or `touch`ed) hold no documents.
 fn saved_docs(bytes: &[u8], tokenizer: TokenizerId) -> std::result::Result<Vec<(u64, Vec<TokenId>)>, String> {
     if bytes.is_empty() {
         return Ok(Vec::new());
     }
-    let mut r = Cursor { bytes, at: 0 };
-    if r.take(8)? != HISTORY_MAGIC {
-        return Err("not a treespec suffix history (bad magic)".into());
-    }
-    let found = TokenizerId { fingerprint: r.u64()?, vocab: r.u32()? };
-    if found != tokenizer {
-        return Err(format!("written for the tokenizer with {found}, but the model's is {tokenizer}"));
-    }
-    let count = r.u64()?;
-    let mut docs = Vec::new();
-    for i in 0..count {
-        let key = r.u64()?;
-        let len = r.u32()? as usize;
-        let raw = r.take(len.checked_mul(4).ok_or("document too long")?)?;
-        let text: Vec<TokenId> =
-            raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        if let Some(t) = text.iter().find(|&&t| t >= tokenizer.vocab) {
-            return Err(format!(
-                "document {i} holds token {t}, outside the vocabulary of {}",
-                tokenizer.vocab
-            ));
-        }
-        docs.push((key, text));
-    }
-    if r.at != bytes.len() {
-        return Err(format!("{} trailing bytes after the last document", bytes.len() - r.at));
-    }
-    Ok(docs)
-}
-
-/// A bounds-checked little-endian reader of a saved history.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            format!("truncated: wanted {n} bytes at offset {} of {}", self.at, self.bytes.len())
-        })?;
-        let s = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
+    GlobalHistory::documents_in(bytes, tokenizer).map_err(|e| e.to_string())
 }
 
 /// Learned prices on their own in a file (the CLI's learned-prices cache): the format of a
@@ -1060,7 +997,7 @@ mod tests {
 
     /// The texts `h` holds, oldest first.
     fn texts(h: &GlobalHistory) -> Vec<Vec<u32>> {
-        h.index().tokens().split(|&t| t == BREAK).filter(|d| !d.is_empty()).map(<[u32]>::to_vec).collect()
+        h.documents().map(|(_, text)| text.to_vec()).collect()
     }
 
     /// A document of six tokens, a different one for each seed below 10,000.

@@ -296,7 +296,7 @@ impl CostCache {
         let o = model.options();
         let mode = if o.exact { "exact" } else { "fast" };
         // A curve is the device's: one measured with layers on a GPU is not the CPU's.
-        let device = device_key(&model.runs_on());
+        let device = device_key(model.runs_on());
         Some(self.dir.as_ref()?.join("costs").join(format!(
             "{name}-{}-{mtime}-t{}-{mode}{device}-v{FORMAT}.json",
             meta.len(),

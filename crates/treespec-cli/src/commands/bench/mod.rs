@@ -337,7 +337,7 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
     let threads = models.options().threads;
     let mut backend = LlamaBackend::new(&models, chat)?;
     let mut machine = MachineInfo::collect(threads, files);
-    machine.device = Some(models.target().runs_on());
+    machine.device = Some(models.target().runs_on().to_string());
     let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
     let options = json!({ "ctx": args.runtime.ctx, "exact": args.runtime.exact, "threads": threads });
     Ok(Some(Measured { output, machine, options }))
