@@ -65,7 +65,7 @@ if ! grep -q VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h 2>/dev/null
     export CMAKE_INCLUDE_PATH="$headers/usr/include"
 fi
 log "building treespec with --features vulkan into $target_dir/ (minutes the first time)"
-CARGO_TARGET_DIR="$target_dir" cargo build --release -q -p treespec-cli --bin treespec --features vulkan
+CARGO_TARGET_DIR="$target_dir" cargo build --release -p treespec-cli --bin treespec --features vulkan
 bin="$target_dir/release/treespec"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 out=bench-out/vulkan-check
@@ -95,6 +95,7 @@ print(f"{at} ({ref[at:at+3]} vs {got[at:at+3]})")
 EOF
 }
 gen() { "$bin" generate -m "$model" -t 2 -n "$n" --json -p "$prompt" "$@" 2>>"$out/generate.log" | tokens; }
+log "plain decoding on the CPU (--exact), then on $device (a minute or more on a software device)…"
 cpu=$(gen --exact)
 device_plain=$(gen -ngl all --method plain)
 echo "$cpu" >"$out/cpu-exact.txt"
@@ -107,6 +108,7 @@ else
 fi
 failed=0
 for method in suffix dyspec auto; do
+    log "$method on $device…"
     got=$(gen -md "$model" -ngl all --method "$method")
     echo "$got" >"$out/$device-$method.txt"
     if [ "$got" = "$device_plain" ]; then
