@@ -14,6 +14,7 @@
 //! * [`ngram`] — context n-grams and static Katz tables for prompt lookup;
 //! * [`budget`], [`cost`], [`online_calibration`] — cost-aware tree sizing on measured curves, with
 //!   acceptance learned online from verified steps;
+//! * [`policy_bandit`] — `auto`'s decisions corrected by the time and tokens steps really took;
 //! * [`sequoia`], [`disco`] — method-specific planners and classifiers;
 //! * [`dist`] — probability vectors (sampling, residuals, draws without replacement);
 //! * [`error`] — the crate's error type.
@@ -27,6 +28,7 @@ pub mod error;
 pub mod flatten;
 pub mod ngram;
 pub mod online_calibration;
+pub mod policy_bandit;
 pub mod rng;
 pub mod sampling;
 pub mod sequoia;

@@ -36,6 +36,9 @@ pub struct AutoChoices {
     /// The suffix draft.
     #[serde(rename = "auto_suffix_steps")]
     pub suffix_steps: u64,
+    /// A long exact match's chain (the ngram-mod kind).
+    #[serde(rename = "auto_long_match_steps")]
+    pub long_match_steps: u64,
     /// The draft model's tree (alone or with suffix drafts grafted on).
     #[serde(rename = "auto_model_steps")]
     pub model_steps: u64,

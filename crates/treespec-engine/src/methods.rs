@@ -198,6 +198,7 @@ mod tests {
                 )),
                 suffix: SuffixConfig::default(),
                 dyspec: DySpecConfig::default(),
+                trace: None,
             }),
         ];
         assert_eq!(methods.len(), crate::registry::METHOD_NAMES.len());

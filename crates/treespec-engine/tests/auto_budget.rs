@@ -61,6 +61,7 @@ fn auto_sharing(
         costs,
         suffix: SuffixConfig { max_depth: 6, shared, ..Default::default() },
         dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
+        trace: None,
     };
     AutoDrafter::new(draft.map(|d| ToyLm::new(d.clone(), CTX)), config).unwrap()
 }
@@ -204,6 +205,7 @@ fn a_draft_model_that_could_not_pay_even_when_perfect_never_takes_the_prompt() {
             costs,
             suffix: SuffixConfig { max_depth: 6, ..Default::default() },
             dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
+            trace: None,
         };
         let mut d = AutoDrafter::new(Some(lm), config).unwrap();
         let out = run(&target, &mut d, &prompt, 200, &greedy, 0);

@@ -15,18 +15,7 @@ use treespec_engine::drafters::{
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{
     generate, Drafter, EngineError, GenerateOutput, GenerateRequest, PlainDrafter, ProposeContext,
-    StopConditions,
 };
-
-fn request(prompt: &[u32], n: usize, sampling: SamplingParams, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: n,
-        sampling,
-        seed,
-        stop: StopConditions::default(),
-    }
-}
 
 fn run(target: &ToyModel, drafter: &mut dyn Drafter, req: &GenerateRequest, ctx: usize) -> GenerateOutput {
     let mut lm = ToyLm::new(target.clone(), ctx);
@@ -79,7 +68,7 @@ fn greedy_output_equals_plain_decoding() {
             (base.clone().with_support(Support::Even), base.draft(0.0, 0).with_support(Support::Odd)),
         ];
         for (pi, (target, draft)) in pairs.iter().enumerate() {
-            let req = request(&prompt, 40, SamplingParams::greedy(), seed);
+            let req = GenerateRequest::new(prompt.to_vec(), 40, SamplingParams::greedy(), seed);
             let plain = run(target, &mut PlainDrafter, &req, 256).tokens;
             assert_eq!(plain.len(), 40);
             for mut d in drafters(draft, 256) {
@@ -104,7 +93,7 @@ fn greedy_with_repetition_penalty_equals_plain_decoding() {
         let target = ToyModel::new(16, 2, 50 + seed);
         let draft = target.draft(1.0, seed);
         let sampling = SamplingParams { repetition_penalty: 1.3, ..SamplingParams::greedy() };
-        let req = request(&[3, 1, 4], 50, sampling, seed);
+        let req = GenerateRequest::new([3, 1, 4].to_vec(), 50, sampling, seed);
         let plain = run(&target, &mut PlainDrafter, &req, 256).tokens;
         for mut d in drafters(&draft, 256) {
             assert_eq!(run(&target, d.as_mut(), &req, 256).tokens, plain, "seed {seed} {}", d.name());
@@ -180,7 +169,7 @@ fn budget_depth_and_draft_forwards_are_bounded() {
             for mode in [DySpecMode::Heap, DySpecMode::Layer] {
                 for (budget, max_depth) in [(1, 8), (5, 3), (16, 8), (40, 6)] {
                     let mut d = dyspec(&draft, ctx, mode, budget, max_depth);
-                    let req = request(&[1, 2, 3], n, sampling.clone(), 11);
+                    let req = GenerateRequest::new([1, 2, 3].to_vec(), n, sampling.clone(), 11);
                     let steps = record(&target, &mut d, &req, ctx);
                     let what = format!("{mode:?} budget {budget} depth {max_depth} ctx {ctx} {sampling:?}");
                     for s in &steps {
@@ -213,7 +202,7 @@ fn budget_depth_and_draft_forwards_are_bounded() {
             }
             for (k, depth, total) in [(4, 5, 16), (2, 3, 5), (8, 6, 40)] {
                 let mut d = eagle(&draft, ctx, k, depth, total);
-                let req = request(&[1, 2, 3], n, sampling.clone(), 11);
+                let req = GenerateRequest::new([1, 2, 3].to_vec(), n, sampling.clone(), 11);
                 for s in record(&target, &mut d, &req, ctx) {
                     let dcap = depth.min(s.max_depth);
                     assert!(s.drafted <= total.min(s.max_nodes) && s.depth <= dcap, "eagle2 {s:?}");
@@ -230,7 +219,8 @@ fn mean_accepted(target: &ToyModel, make: &dyn Fn() -> Box<dyn Drafter>, samplin
     for seed in 0..24u64 {
         let prompt = [(seed % 7) as u32, (seed * 3 % 11) as u32];
         let mut d = make();
-        let out = run(target, d.as_mut(), &request(&prompt, 120, sampling.clone(), seed), 512);
+        let out =
+            run(target, d.as_mut(), &GenerateRequest::new(prompt.to_vec(), 120, sampling.clone(), seed), 512);
         emitted += out.stats.emitted;
         forwards += out.stats.target_forwards;
     }
@@ -427,7 +417,12 @@ fn joint_counts(case: &Chi2Case, prompt: &[u32]) -> Vec<u64> {
     let mut drafter = (case.make)(&case.draft);
     let mut lm = ToyLm::new(case.target.clone(), 64);
     for run_seed in 0..RUNS {
-        let req = request(prompt, JOINT_LEN, case.sampling.clone(), 1_000_003 * run_seed + 17);
+        let req = GenerateRequest::new(
+            prompt.to_vec(),
+            JOINT_LEN,
+            case.sampling.clone(),
+            1_000_003 * run_seed + 17,
+        );
         let out = generate(&mut lm, drafter.as_mut(), &req, None, &mut |_| true).unwrap();
         assert_eq!(out.tokens.len(), JOINT_LEN);
         let idx = out.tokens.iter().fold(0usize, |acc, &t| acc * v + t as usize);

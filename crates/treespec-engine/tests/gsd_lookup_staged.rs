@@ -21,22 +21,11 @@ use treespec_engine::drafters::{
 use treespec_engine::toy::{Support, ToyLm, ToyModel, Watch, WatchedLm};
 use treespec_engine::{
     generate, Drafter, EngineError, GenerateOutput, GenerateRequest, PlainDrafter, ProposeContext,
-    StopConditions,
 };
 
 const CTX: usize = 256;
 /// A context window that never limits the tree.
 const BIG: usize = 2048;
-
-fn request(prompt: &[TokenId], n: usize, sampling: SamplingParams, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: n,
-        sampling,
-        seed,
-        stop: StopConditions::default(),
-    }
-}
 
 fn run(target: &ToyModel, d: &mut dyn Drafter, req: &GenerateRequest, ctx: usize) -> GenerateOutput {
     generate(&mut ToyLm::new(target.clone(), ctx), d, req, None, &mut |_| true).unwrap()
@@ -116,7 +105,7 @@ fn greedy_output_equals_plain_decoding() {
         let vocab = [4, 8, 16, 64][seed as usize % 4];
         let target = ToyModel::new(vocab, 1 + seed as usize % 3, seed);
         let prompt: Vec<TokenId> = (0..6).map(|i| ((seed + i % 3) % vocab as u64) as TokenId).collect();
-        let req = request(&prompt, 48, SamplingParams::greedy(), seed);
+        let req = GenerateRequest::new(prompt.to_vec(), 48, SamplingParams::greedy(), seed);
         let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
         assert_eq!(plain.len(), 48);
         for (noise, support) in
@@ -152,7 +141,7 @@ fn greedy_at_a_tight_context_window() {
         let target = ToyModel::new(6, 1 + seed as usize % 2, seed + 50);
         let prompt = [1, 2, 3, 1, 2];
         for ctx in [7, 9, 14] {
-            let req = request(&prompt, 40, SamplingParams::greedy(), seed);
+            let req = GenerateRequest::new(prompt.to_vec(), 40, SamplingParams::greedy(), seed);
             let plain = run(&target, &mut PlainDrafter, &req, ctx).tokens;
             for d in all_drafters(&target.draft(1.0, seed), ctx).iter_mut() {
                 assert_eq!(run(&target, d.as_mut(), &req, ctx).tokens, plain, "ctx {ctx} {}", d.name());
@@ -166,7 +155,7 @@ fn greedy_with_repetition_penalty_equals_plain_decoding() {
     let sampling = SamplingParams { repetition_penalty: 1.5, penalty_last_n: 8, ..SamplingParams::greedy() };
     for seed in 0..4u64 {
         let target = ToyModel::new(8, 2, seed + 7);
-        let req = request(&[1, 2, 1, 2, 3], 40, sampling.clone(), seed);
+        let req = GenerateRequest::new([1, 2, 1, 2, 3].to_vec(), 40, sampling.clone(), seed);
         let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
         for d in all_drafters(&target.draft(0.5, seed), CTX).iter_mut() {
             assert_eq!(run(&target, d.as_mut(), &req, CTX).tokens, plain, "{}", d.name());
@@ -183,7 +172,7 @@ fn repetitive_target(seed: u64) -> ToyModel {
 fn lookup_hits_on_a_repetitive_target() {
     for seed in 0..6u64 {
         let target = repetitive_target(seed);
-        let req = request(&[3, 1, 4], 80, SamplingParams::greedy(), seed);
+        let req = GenerateRequest::new([3, 1, 4].to_vec(), 80, SamplingParams::greedy(), seed);
         let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
         for config in
             [LookupConfig::default(), LookupConfig { branches: 2, max_tokens: 4, ..Default::default() }]
@@ -232,7 +221,7 @@ fn lookup_falls_back_to_the_static_table() {
     backed.begin(&history, &sampler, 0).unwrap();
     assert_eq!(bare.propose(&ctx).unwrap().drafted(), 0);
     assert_eq!(backed.propose(&ctx).unwrap().drafted(), 8, "a chain of max_tokens from the table");
-    let req = request(&history, 30, SamplingParams::greedy(), 0);
+    let req = GenerateRequest::new(history.to_vec(), 30, SamplingParams::greedy(), 0);
     let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
     assert_eq!(run(&target, &mut bare, &req, CTX).tokens, plain);
     assert_eq!(run(&target, &mut backed, &req, CTX).tokens, plain);
@@ -270,7 +259,7 @@ fn draft_cache_holds_the_true_history_including_merged_paths() {
         let prompt = [0, 1, 2, 0, 1];
         let modes = [SamplingParams::greedy(), SamplingParams::with_temperature(1.0)];
         for (mode, sampling) in modes.into_iter().enumerate() {
-            let req = request(&prompt, 60, sampling.clone(), seed);
+            let req = GenerateRequest::new(prompt.to_vec(), 60, sampling.clone(), seed);
             let (spy, log) = WatchedLm::new(ToyLm::new(draft.clone(), CTX));
             let mut d = GsdDrafter::new(spy, GsdConfig { r: 0, ..gsd_wide() }).unwrap();
             let out = run(&target, &mut d, &req, CTX);
@@ -304,7 +293,7 @@ fn gsd_merges_and_saves_draft_work() {
     for seed in 0..6u64 {
         let target = ToyModel::new(5, 1, seed + 60);
         let draft = target.draft(0.5, seed);
-        let req = request(&[1, 2, 3], 60, SamplingParams::greedy(), seed);
+        let req = GenerateRequest::new([1, 2, 3].to_vec(), 60, SamplingParams::greedy(), seed);
         let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
         for r in [0, 1] {
             // Room and budget for the whole unmerged tree (2 + 4 + … + 64 nodes), so only merging
@@ -355,7 +344,7 @@ fn staged_needs_fewer_draft_forwards_than_a_plain_chain() {
     for seed in 0..6u64 {
         let target = repetitive_target(seed + 20);
         let draft = target.draft(0.3, seed);
-        let req = request(&[2, 7, 1], 90, SamplingParams::greedy(), seed);
+        let req = GenerateRequest::new([2, 7, 1].to_vec(), 90, SamplingParams::greedy(), seed);
         let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
         let mut chain = ChainDrafter::new(ToyLm::new(draft.clone(), CTX), 6).unwrap();
         let c = run(&target, &mut chain, &req, CTX);
@@ -442,7 +431,7 @@ fn ngram_file_for_another_tokenizer_is_an_error() {
     std::fs::remove_dir_all(&dir).unwrap();
     // The loaded table drives a drafter.
     let target = ToyModel::new(8, 2, 3);
-    let req = request(&[1, 2], 20, SamplingParams::greedy(), 0);
+    let req = GenerateRequest::new([1, 2].to_vec(), 20, SamplingParams::greedy(), 0);
     let plain = run(&target, &mut PlainDrafter, &req, CTX).tokens;
     let mut d = LookupDrafter::with_table(LookupConfig::default(), Arc::new(loaded)).unwrap();
     assert_eq!(run(&target, &mut d, &req, CTX).tokens, plain);
@@ -589,7 +578,7 @@ fn sampling_joint_distribution_matches_target() {
             let (mut accepted, mut steps) = (0u64, 0u64);
             for run in 0..RUNS {
                 let seed = ((ci * 2 + si) as u64) << 32 | run;
-                let req = request(&case.prompt, LEN, sampling.clone(), seed);
+                let req = GenerateRequest::new(case.prompt.clone(), LEN, sampling.clone(), seed);
                 let out =
                     generate(&mut lm, &mut Checked(drafter.as_mut()), &req, None, &mut |_| true).unwrap();
                 let cell = out.tokens.iter().fold(0usize, |acc, &t| acc * case.vocab + t as usize);

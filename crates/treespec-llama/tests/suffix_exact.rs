@@ -45,6 +45,7 @@ fn suffix_and_auto_match_plain_greedy_in_exact_mode() {
             costs: cheap_costs(),
             suffix: SuffixConfig::default(),
             dyspec: DySpecConfig::default(),
+            trace: None,
         }),
     ];
     let mut drafted = vec![0u64; methods.len()];

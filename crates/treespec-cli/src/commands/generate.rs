@@ -13,7 +13,7 @@
 //! broken one is an error, as a broken history is.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -22,8 +22,8 @@ use serde_json::json;
 use treespec_core::ngram::TokenizerId;
 use treespec_core::suffix::history_file::PricesFile;
 use treespec_core::suffix::{HistoryFile, SuffixPricing};
-use treespec_engine::drafters::SuffixShared;
-use treespec_engine::{generate_constrained, ExtraStats, GenerateOutput, TokenConstraint};
+use treespec_engine::drafters::{DecisionTrace, SuffixShared};
+use treespec_engine::{generate_constrained, ExtraStats, GenerateOutput, Method, TokenConstraint};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_llama::runtime::{default_cache_dir, PrepareError, Prompt, RequestPrompt, RequestSpec};
@@ -69,8 +69,25 @@ pub struct GenerateArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub no_learned_prices: bool,
+    /// `--method auto`: write one JSON line per step to FILE — each policy's offer, what the
+    /// curve and the prices predicted, how the measured books corrected it, the choice and what
+    /// the step really brought (docs/METHODS.md, "The decision trace").
+    #[arg(long, value_name = "FILE")]
+    pub decision_trace: Option<PathBuf>,
     #[command(flatten)]
     pub structured: StructuredArgs,
+}
+
+/// `--decision-trace FILE` on an `auto` method; refused on any other (nothing would be traced).
+fn attach_trace(method: &mut Method, path: Option<&Path>) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    match method {
+        Method::Auto(config) => {
+            config.trace = Some(DecisionTrace::to_file(path)?);
+            Ok(())
+        }
+        other => bail!("--decision-trace traces `auto`'s decisions; --method {} makes none", other.name()),
+    }
 }
 
 /// Run `generate`.
@@ -87,7 +104,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let sampling = args.sampling.params()?;
     let models = load_runtime(&args.models)?;
-    let method = resolve(&models, &args.method.spec(), args.method.reprofile)?;
+    let mut method = resolve(&models, &args.method.spec(), args.method.reprofile)?;
+    attach_trace(&mut method, args.decision_trace.as_deref())?;
     // Where the suffix history is saved after the run, checked now (a missing or read-only
     // directory fails before generating, not after).
     let history_file = match (&args.method.knobs.suffix_history, method.suffix_shared()) {

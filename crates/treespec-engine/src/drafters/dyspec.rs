@@ -141,6 +141,8 @@ pub struct DySpecDrafter<M: CausalLm> {
     bar: f64,
     /// `--budget auto`: the estimated gain of the last proposed tree (0 for plain decoding).
     last_gain: f64,
+    /// `--budget auto`: the expected tokens of the last proposed tree (`1 + Σ` its values).
+    last_expected: f64,
     /// Whether the draft model holds this generation's text. `auto` in a continuous batch starts
     /// a generation without it ([`Self::begin_deferred`]): the draft's prompt prefill is then
     /// spent only when a cost-aware step finds that drafting pays for it.
@@ -160,6 +162,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
             auto,
             bar: 0.0,
             last_gain: 0.0,
+            last_expected: 1.0,
             synced: false,
         })
     }

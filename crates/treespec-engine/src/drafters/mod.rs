@@ -17,7 +17,7 @@ mod staged;
 mod suffix;
 mod tree;
 
-pub use auto::{AutoConfig, AutoDrafter};
+pub use auto::{AutoConfig, AutoDrafter, DecisionTrace};
 pub use chain::ChainDrafter;
 pub use disco::{DiscoConfig, DiscoDrafter, DiscoMode};
 pub use dyspec::{DySpecConfig, DySpecDrafter, DySpecMode, DySpecStats};

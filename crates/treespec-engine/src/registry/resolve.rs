@@ -239,7 +239,7 @@ impl MethodSpec {
                     max_depth: k.depth.unwrap_or(d.max_depth),
                     ..d
                 };
-                Method::Auto(AutoConfig { suffix: self.suffix(ctx, None)?, costs, dyspec })
+                Method::Auto(AutoConfig { suffix: self.suffix(ctx, None)?, costs, dyspec, trace: None })
             }
         })
     }

@@ -1,6 +1,8 @@
 //! A toy model behind the [`CausalLm`] seam, with the same committed/pending semantics a real
 //! backend has, so the generation loop and drafters are exercised exactly as on llama.cpp.
 
+use std::time::Duration;
+
 use treespec_core::TokenId;
 
 use super::model::ToyModel;
@@ -15,12 +17,21 @@ pub struct ToyLm {
     committed: Vec<TokenId>,
     /// Pending nodes: (token, parent pending index).
     pending: Vec<(TokenId, Option<usize>)>,
+    /// How long a forward of n rows takes (none: as fast as it computes).
+    forward_time: Option<fn(usize) -> Duration>,
 }
 
 impl ToyLm {
     /// Wrap a toy model with a context window of `context` positions.
     pub fn new(model: ToyModel, context: usize) -> Self {
-        Self { model, context, committed: Vec::new(), pending: Vec::new() }
+        Self { model, context, committed: Vec::new(), pending: Vec::new(), forward_time: None }
+    }
+
+    /// A toy on a simulated machine: each forward of n rows takes at least `time(n)` (a test of
+    /// what a drafter does where the cost curve it is given is not the machine's).
+    pub fn with_forward_time(mut self, time: fn(usize) -> Duration) -> Self {
+        self.forward_time = Some(time);
+        self
     }
 
     /// The conditionals.
@@ -102,6 +113,9 @@ impl CausalLm for ToyLm {
     fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
         if batch.tokens.len() != batch.parents.len() || batch.tokens.len() != batch.logits.len() {
             return Err(EngineError::State("batch fields of different lengths".into()));
+        }
+        if let Some(time) = self.forward_time {
+            std::thread::sleep(time(batch.tokens.len()));
         }
         let base = self.pending.len();
         let mut data = Vec::new();

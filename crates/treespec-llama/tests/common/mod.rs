@@ -221,6 +221,7 @@ pub fn speculative_methods() -> Vec<Method> {
             costs: cheap_costs(),
             suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
             dyspec: DySpecConfig::default(),
+            trace: None,
         }),
     ]
 }

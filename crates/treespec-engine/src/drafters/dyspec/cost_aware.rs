@@ -69,6 +69,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
         let pays = pays && draft;
         auto.note_drafting(pays, draft);
         self.last_gain = 0.0;
+        self.last_expected = 1.0;
         if !draft {
             auto.set_raw(vec![1.0]);
             return Ok(root_only);
@@ -97,6 +98,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
             let values: Vec<f64> = order.iter().map(|&n| cal.value[n]).collect();
             let (n, gain) = auto.economics().best_prefix(&values);
             self.last_gain = gain;
+            self.last_expected = 1.0 + values[..n].iter().sum::<f64>();
             if n < order.len() {
                 let (cut, map) = tree.retain(&order[..n])?;
                 self.draft.remap(&map);
@@ -113,6 +115,7 @@ impl<M: CausalLm> DySpecDrafter<M> {
         } else {
             let sorted = cal.sorted_values();
             self.last_gain = auto.economics().gain(sorted.len(), sorted.iter().sum());
+            self.last_expected = 1.0 + sorted.iter().sum::<f64>();
         }
         auto.set_raw(cal.raw);
         Ok(tree)
@@ -144,9 +147,9 @@ impl<M: CausalLm> DySpecDrafter<M> {
         self.bar = bar;
     }
 
-    /// The estimated gain of the last proposed tree.
-    pub(crate) fn last_gain(&self) -> f64 {
-        self.last_gain
+    /// The expected tokens of the last proposed tree (the bonus token included).
+    pub(crate) fn last_expected(&self) -> f64 {
+        self.last_expected
     }
 
     /// Forget the last proposal because another tree is verified instead: the draft keeps only

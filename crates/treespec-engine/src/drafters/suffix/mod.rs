@@ -135,6 +135,11 @@ impl SuffixDrafter {
         self.budget.as_ref().map(|b| b.economics())
     }
 
+    /// The target's cost curve the proposals are priced on (`None` without cost curves).
+    pub fn cuttable_target(&self) -> Option<&treespec_core::cost::CostCurve> {
+        self.budget.as_ref().map(|b| b.target())
+    }
+
     /// The last proposal was not verified (another drafter's was): learn nothing from this step.
     pub fn discard_proposal(&mut self) {
         self.features.clear();

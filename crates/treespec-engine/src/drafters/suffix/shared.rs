@@ -5,14 +5,18 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use treespec_core::policy_bandit::PolicyBandit;
 use treespec_core::suffix::{GlobalHistory, SuffixPricing, DEFAULT_CAP_TOKENS};
 use treespec_core::TokenId;
 
-/// What every drafter of one suffix method shares: the global history and the learned prices.
+/// What every drafter of one suffix method shares: the global history and the learned prices
+/// (and, for `auto`, the books of how its policies' predictions bore out: per tenant, as the
+/// rest).
 #[derive(Debug)]
 pub struct SuffixShared {
     history: RwLock<GlobalHistory>,
     pricing: Mutex<SuffixPricing>,
+    policies: Mutex<PolicyBandit>,
 }
 
 impl SuffixShared {
@@ -23,7 +27,11 @@ impl SuffixShared {
 
     /// Shared state around a history and learned prices (e.g. both loaded from files).
     pub fn with_pricing(history: GlobalHistory, pricing: SuffixPricing) -> Arc<Self> {
-        Arc::new(Self { history: RwLock::new(history), pricing: Mutex::new(pricing) })
+        Arc::new(Self {
+            history: RwLock::new(history),
+            pricing: Mutex::new(pricing),
+            policies: Mutex::new(PolicyBandit::new()),
+        })
     }
 
     /// Shared state with an empty history of the default cap.
@@ -53,6 +61,11 @@ impl SuffixShared {
     /// A copy of the learned prices (e.g. to save them without holding the drafters up).
     pub fn pricing_snapshot(&self) -> SuffixPricing {
         self.pricing().clone()
+    }
+
+    /// `auto`'s books over the requests that finished (see [`PolicyBandit`]).
+    pub fn policies(&self) -> MutexGuard<'_, PolicyBandit> {
+        self.policies.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Replace the learned prices (e.g. with prices saved by an earlier run).

@@ -1,0 +1,456 @@
+//! `--method auto`: per step, the proposal with the best expected gain — a free suffix draft
+//! (this request's and earlier requests' text), a long exact match's chain (llama.cpp's
+//! ngram-mod kind, [`long_match`]), DySpec's cost-aware tree over the draft model, or nothing
+//! (plain decoding) — each predicted on the measured cost curves and the learned prices, and
+//! each prediction read through what that policy's steps really brought ([`PolicyBandit`]):
+//! where the curve or the prices are wrong on this machine or this text, measured time and
+//! tokens overrule them within the request (and, through the tenant's books, for the next).
+//!
+//! Every step the free proposals come first (they cost nothing); each is priced with its own
+//! acceptance estimate and cut to its best prefix. The draft model runs only if an optimistic
+//! bound on what it could add beats the best free one. Under greedy decoding the finished trees
+//! are compared and the better one is verified. Under sampling the choice must not depend on the
+//! model tree's own draws (that would bias them), so once the bound says the model may win, its
+//! tree is verified whatever it turned out to be; free drafts are deterministic candidates,
+//! exact in either case. The choice itself reads only earlier steps' outcomes, so it is lossless
+//! whatever the books say. `--decision-trace FILE` writes each step's offers and outcome
+//! ([`trace`]).
+
+mod long_match;
+mod trace;
+
+pub use trace::DecisionTrace;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use treespec_core::policy_bandit::{Policy, PolicyBandit, Prediction, Realised};
+use treespec_core::sampling::Sampler;
+use treespec_core::tree::{Draw, TokenTree, ROOT};
+use treespec_core::verify::VerifyOutcome;
+use treespec_core::TokenId;
+
+use self::long_match::LongMatch;
+use self::trace::{Offer, StepTrace};
+use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared};
+use crate::auto_budget::SharedCosts;
+use crate::backend::CausalLm;
+use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
+use crate::error::{EngineError, Result};
+use crate::extra_stats::{AutoChoices, ExtraStats};
+use crate::registry::MethodKind;
+
+/// Knobs of the `auto` method.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoConfig {
+    /// The measured cost curves (required), shared with every drafter of this method.
+    pub costs: Arc<SharedCosts>,
+    /// The free proposal's knobs (its `costs` are set from `costs`).
+    pub suffix: SuffixConfig,
+    /// The model proposal's knobs (its `costs` are set from `costs`).
+    pub dyspec: DySpecConfig,
+    /// Where each step's decision is traced, if anywhere.
+    pub trace: Option<DecisionTrace>,
+}
+
+/// Steps between chances for a gated-off draft model to show it pays after all.
+const MODEL_RECHECK_EVERY: u64 = 64;
+
+/// A step proposed and not yet observed: what was chosen and predicted, for the books.
+struct Pending {
+    policy: Policy,
+    predicted: Prediction,
+    /// The chosen proposal's node values, when a batch budget may cut it (the prediction is
+    /// then re-read for the nodes kept).
+    values: Option<Vec<f64>>,
+    started: Instant,
+    forward: Option<(usize, f64)>,
+    trace: Option<StepTrace>,
+}
+
+/// The `auto` drafter.
+pub struct AutoDrafter<M: CausalLm> {
+    suffix: SuffixDrafter,
+    model: Option<DySpecDrafter<M>>,
+    long: LongMatch,
+    /// The long-match chain of the last proposal and its values (for a batch budget's cut).
+    long_values: Vec<f64>,
+    shared: Arc<SuffixShared>,
+    bandit: PolicyBandit,
+    pending: Option<Pending>,
+    trace: Option<DecisionTrace>,
+    choice: Policy,
+    counts: [u64; 4],
+    combined: u64,
+    steps: u64,
+    /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
+    batched: bool,
+}
+
+impl<M: CausalLm> AutoDrafter<M> {
+    /// An `auto` drafter; `draft` is optional (free drafts or plain decoding only without it).
+    pub fn new(draft: Option<M>, config: AutoConfig) -> Result<Self> {
+        let shared = config.suffix.shared.clone();
+        let suffix = SuffixDrafter::new(SuffixConfig { costs: Some(config.costs.clone()), ..config.suffix })?;
+        let model = match draft {
+            Some(d) => {
+                if config.costs.initial().draft.is_none() {
+                    return Err(EngineError::InvalidRequest(
+                        "auto: a draft model needs its measured cost curve".into(),
+                    ));
+                }
+                let dyspec = DySpecConfig { costs: Some(config.costs.clone()), ..config.dyspec };
+                Some(DySpecDrafter::new(d, dyspec)?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            suffix,
+            model,
+            long: LongMatch::new(),
+            long_values: Vec::new(),
+            shared,
+            bandit: PolicyBandit::new(),
+            pending: None,
+            trace: config.trace,
+            choice: Policy::Plain,
+            counts: [0; 4],
+            combined: 0,
+            steps: 0,
+            batched: false,
+        })
+    }
+
+    /// The free offers of this step, plain decoding first: (policy, tree, prediction, values).
+    fn free_offers(&mut self, ctx: &ProposeContext, suffix_tree: TokenTree) -> Result<Vec<Candidate>> {
+        let econ = self.suffix.economics().expect("auto's suffix drafter has the cost curves");
+        let mut offers = vec![Candidate {
+            policy: Policy::Plain,
+            tree: TokenTree::new(ctx.root()),
+            predicted: Prediction { tokens: 1.0, ms: econ.ms(0) },
+            values: Some(Vec::new()),
+        }];
+        if suffix_tree.drafted() > 0 {
+            let values = self.suffix.cuttable().map(|c| c.values.to_vec());
+            let ms = econ.ms(suffix_tree.drafted());
+            let tokens = values
+                .as_ref()
+                .map_or(self.suffix.last_gain() + econ.rate * ms, |v| 1.0 + v.iter().sum::<f64>());
+            let predicted = Prediction { tokens, ms };
+            offers.push(Candidate { policy: Policy::Suffix, tree: suffix_tree, predicted, values });
+        }
+        let room = ctx.max_depth.min(ctx.max_nodes);
+        let (chain, values) = self.long.propose(ctx.history, room);
+        let (n, _) = econ.best_prefix(&values);
+        if n > 0 {
+            let mut tree = TokenTree::new(ctx.root());
+            for (i, &t) in chain[..n].iter().enumerate() {
+                tree.add(i, t, Draw::Deterministic, values[i] as f32)?;
+            }
+            let tokens = 1.0 + values[..n].iter().sum::<f64>();
+            let predicted = Prediction { tokens, ms: econ.ms(n) };
+            offers.push(Candidate {
+                policy: Policy::LongMatch,
+                tree,
+                predicted,
+                values: Some(values[..n].to_vec()),
+            });
+        }
+        Ok(offers)
+    }
+
+    fn offer(&self, c: &Candidate, rate: f64) -> Offer {
+        Offer {
+            policy: c.policy,
+            nodes: c.tree.drafted(),
+            predicted: c.predicted,
+            correction: self.bandit.correction(c.policy, c.predicted),
+            score: self.bandit.score(c.policy, c.predicted, rate),
+        }
+    }
+
+    /// What the verified step cost this request, in ms: alone, its wall time from proposal to
+    /// verification; in a batch, its predicted share of the forward scaled by how the whole
+    /// forward's time compared with the curve.
+    fn step_ms(&self, pending: &Pending, predicted_ms: f64) -> (f64, usize, f64, f64) {
+        let (rows, forward_ms) = pending.forward.unwrap_or((0, 0.0));
+        let curve_ms = self.suffix.economics().map_or(0.0, |e| e.target.ms(rows.max(1)));
+        let ms = if self.batched && curve_ms > 0.0 {
+            predicted_ms * forward_ms / curve_ms
+        } else {
+            pending.started.elapsed().as_secs_f64() * 1e3
+        };
+        (ms, rows, forward_ms, curve_ms)
+    }
+
+    /// Book the verified step for its policy (and trace it).
+    fn book(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) {
+        let Some(mut pending) = self.pending.take() else { return };
+        let drafted = tree.drafted();
+        let predicted = match (&pending.values, self.suffix.economics()) {
+            (Some(v), Some(econ)) if drafted <= v.len() => {
+                Prediction { tokens: 1.0 + v[..drafted].iter().sum::<f64>(), ms: econ.ms(drafted) }
+            }
+            _ => pending.predicted,
+        };
+        let (ms, rows, forward_ms, curve_ms) = self.step_ms(&pending, predicted.ms);
+        let realised = Realised { tokens: outcome.tokens.len() as f64, ms };
+        self.bandit.record(pending.policy, predicted, realised);
+        if let (Some(trace), Some(mut step)) = (self.trace.as_ref(), pending.trace.take()) {
+            step.verified_nodes = drafted;
+            step.emitted = outcome.tokens.len();
+            step.forward_rows = rows;
+            step.forward_ms = forward_ms;
+            step.curve_ms = curve_ms;
+            step.step_ms = ms;
+            trace.write(&step);
+        }
+    }
+}
+
+/// One policy's proposal at a step.
+struct Candidate {
+    policy: Policy,
+    tree: TokenTree,
+    predicted: Prediction,
+    values: Option<Vec<f64>>,
+}
+
+impl<M: CausalLm> Drafter for AutoDrafter<M> {
+    fn kind(&self) -> MethodKind {
+        MethodKind::Auto
+    }
+
+    /// The proposal the last step verified: free ones are copies, the model's a draft.
+    fn source(&self) -> Provenance {
+        match self.choice {
+            Policy::Model => Provenance::Drafted,
+            _ => Provenance::Copied,
+        }
+    }
+
+    fn join_batch(&mut self) {
+        self.batched = true;
+    }
+
+    /// Alone, the draft model takes the prompt now, as part of prefill. In a batch its prompt
+    /// prefill would stall every other request's step, so it gets the text only when a step
+    /// finds that the model's extra tokens over the steps left pay for that prefill. Where not
+    /// even a perfect draft could pay on this machine's curves, it never gets it.
+    fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
+        self.suffix.begin(prompt, sampler, seed)?;
+        self.long.begin(prompt);
+        self.bandit = PolicyBandit::carried_from(&self.shared.policies());
+        self.pending = None;
+        self.counts = [0; 4];
+        self.combined = 0;
+        self.steps = 0;
+        if let Some(m) = self.model.as_mut() {
+            m.set_forward(0, prompt.len());
+            if self.batched || !m.perfect_chain_can_pay() {
+                m.begin_deferred(seed);
+            } else {
+                m.begin(prompt, sampler, seed)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
+        let started = Instant::now();
+        let suffix_tree = self.suffix.propose(ctx)?;
+        self.steps += 1;
+        let rate = self.suffix.economics().map_or(0.0, |e| e.rate);
+        let mut offers = self.free_offers(ctx, suffix_tree)?;
+        let on_offer: Vec<_> = offers.iter().map(|c| (c.policy, c.predicted)).collect();
+        // Ties go to the earlier offer: plain decoding, then the suffix draft.
+        let best_free = self.bandit.choose(&on_offer, rate);
+        let mut traced: Vec<Offer> = match self.trace {
+            Some(_) => offers.iter().map(|c| self.offer(c, rate)).collect(),
+            None => Vec::new(),
+        };
+        let mut best = offers.swap_remove(best_free);
+        let suffix_offer = offers.into_iter().find(|c| c.policy == Policy::Suffix).map(|c| c.tree);
+        let suffix_tree = if best.policy == Policy::Suffix { Some(best.tree.clone()) } else { suffix_offer };
+        // A draft model that cannot pay even along its best chain (in a batch: on the batch's
+        // rate, which its drafting time holds up for every request) stays idle, apart from a rare
+        // step that lets its calibration see whether the text got easier (its own step declines
+        // where not even a perfect draft could pay, catch-up of a deferred start included).
+        if let Some(m) = self.model.as_mut() {
+            m.set_forward(ctx.batch_rows, ctx.history.len());
+        }
+        let steps = self.steps;
+        let model =
+            self.model.as_mut().filter(|m| m.chain_can_pay() || steps.is_multiple_of(MODEL_RECHECK_EVERY));
+        if let Some(m) = model {
+            m.set_bar(best.predicted.tokens - rate * best.predicted.ms);
+            let model_tree = m.propose(ctx)?;
+            let ms = self.suffix.economics().map_or(0.0, |e| e.ms(model_tree.drafted()));
+            let model_offer = Candidate {
+                policy: Policy::Model,
+                predicted: Prediction { tokens: m.last_expected(), ms },
+                tree: model_tree,
+                values: None,
+            };
+            let pair = [(best.policy, best.predicted), (Policy::Model, model_offer.predicted)];
+            let model_wins = model_offer.tree.drafted() > 0
+                // Sampling: the model ran only because its bound beat the bar: verify its tree
+                // as drawn.
+                && (!ctx.sampler.is_greedy() || self.bandit.choose(&pair, rate) == 1);
+            if self.trace.is_some() && model_offer.tree.drafted() > 0 {
+                traced.push(self.offer(&model_offer, rate));
+            }
+            let m = self.model.as_mut().expect("the model proposed");
+            if model_wins {
+                best = model_offer;
+                // Greedy: the suffix draft's nodes grafted onto the model's tree, if they pay.
+                if ctx.sampler.is_greedy() {
+                    if let Some(suffix_tree) = suffix_tree.as_ref() {
+                        let gain = best.predicted.tokens - rate * best.predicted.ms;
+                        if let Some((combined, _)) =
+                            graft(&(best.tree.clone(), gain), suffix_tree, &self.suffix)?
+                        {
+                            let ms = self.suffix.economics().map_or(0.0, |e| e.ms(combined.drafted()));
+                            best.predicted.ms = ms;
+                            best.tree = combined;
+                            self.combined += 1;
+                        }
+                    }
+                }
+            } else {
+                m.discard_proposal(model_offer.tree.len());
+            }
+        }
+        if best.policy != Policy::Suffix {
+            self.suffix.discard_proposal();
+        }
+        self.long_values = match best.policy {
+            Policy::LongMatch => best.values.clone().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        self.choice = best.policy;
+        self.counts[best.policy as usize] += 1;
+        let trace = self.trace.as_ref().map(|_| StepTrace {
+            step: self.steps,
+            context: ctx.history.len(),
+            batch_rows: ctx.batch_rows,
+            rate,
+            long_match_chain: self.long.last_chain_len(),
+            long_match_acceptance: self.long.acceptance(),
+            offers: traced,
+            chosen: best.policy,
+            verified_nodes: 0,
+            emitted: 0,
+            forward_rows: 0,
+            forward_ms: 0.0,
+            curve_ms: 0.0,
+            step_ms: 0.0,
+        });
+        self.pending = Some(Pending {
+            policy: best.policy,
+            predicted: best.predicted,
+            values: best.values,
+            started,
+            forward: None,
+            trace,
+        });
+        Ok(best.tree)
+    }
+
+    /// A free proposal may be cut by a batch budget; a model tree may not (its nodes are
+    /// sampled under sampling, and its drafter maps node ids to draft-model rows).
+    fn cuttable(&self) -> Option<Cuttable<'_>> {
+        match self.choice {
+            Policy::Suffix => self.suffix.cuttable(),
+            Policy::LongMatch if !self.long_values.is_empty() => {
+                let target = self.suffix.cuttable_target()?;
+                Some(Cuttable { values: &self.long_values, target })
+            }
+            _ => None,
+        }
+    }
+
+    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
+        self.suffix.observe_cost(target_rows, target_ms);
+        if let Some(m) = self.model.as_mut() {
+            m.observe_cost(target_rows, target_ms);
+        }
+        if let Some(p) = self.pending.as_mut() {
+            p.forward = Some((target_rows, target_ms));
+        }
+    }
+
+    fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()> {
+        self.book(tree, outcome);
+        self.long.learn(&outcome.tokens);
+        self.suffix.observe(tree, outcome)?;
+        if let Some(m) = self.model.as_mut() {
+            m.observe(tree, outcome)?;
+        }
+        Ok(())
+    }
+
+    /// The text joins the global history; the request's books join its tenant's.
+    fn finish(&mut self, text: &[TokenId]) {
+        self.suffix.finish(text);
+        self.bandit.merge_into(&mut self.shared.policies());
+        self.bandit = PolicyBandit::new();
+    }
+
+    fn draft_forwards(&self) -> u64 {
+        self.model.as_ref().map_or(0, |m| m.draft_forwards())
+    }
+
+    fn extra_stats(&self) -> ExtraStats {
+        let auto = AutoChoices {
+            plain_steps: self.counts[Policy::Plain as usize],
+            suffix_steps: self.counts[Policy::Suffix as usize],
+            long_match_steps: self.counts[Policy::LongMatch as usize],
+            model_steps: self.counts[Policy::Model as usize],
+            combined_steps: self.combined,
+        };
+        ExtraStats {
+            auto: Some(auto),
+            calibrated: self.model.as_ref().and_then(|m| m.extra_stats().calibrated),
+            ..self.suffix.extra_stats()
+        }
+    }
+}
+
+/// The model's greedy tree `model` (with its estimated gain) plus the suffix draft's nodes: each
+/// suffix node joins under its parent's image, merged with a model node of the same token. The
+/// model's nodes keep their ids (the draft model's bookkeeping and calibration rely on them);
+/// suffix-only nodes come after. Returns the combined tree and its gain when the added nodes'
+/// expected tokens (their suffix values, an upper bound where they are siblings of model nodes)
+/// pay for the rows they add, else `None`.
+fn graft(
+    model: &(TokenTree, f64),
+    suffix_tree: &TokenTree,
+    suffix: &SuffixDrafter,
+) -> Result<Option<(TokenTree, f64)>> {
+    let (Some(cut), Some(econ)) = (suffix.cuttable(), suffix.economics()) else { return Ok(None) };
+    if cut.values.len() != suffix_tree.drafted() {
+        return Ok(None);
+    }
+    let (model_tree, model_gain) = model;
+    let mut combined = model_tree.clone();
+    let mut image = vec![ROOT; suffix_tree.len()];
+    let mut added = 0.0;
+    for (id, node) in suffix_tree.nodes().iter().enumerate().skip(1) {
+        let parent = image[node.parent.unwrap_or(ROOT)];
+        let same = combined.children(parent).iter().copied().find(|&c| combined.node(c).token == node.token);
+        image[id] = match same {
+            Some(c) => c,
+            None => {
+                added += cut.values[id - 1];
+                combined.add(parent, node.token, Draw::Deterministic, cut.values[id - 1] as f32)?
+            }
+        };
+    }
+    if combined.len() == model_tree.len() {
+        return Ok(None);
+    }
+    let extra_ms = econ.ms(combined.drafted()) - econ.ms(model_tree.drafted());
+    let gain = model_gain + added - econ.rate * extra_ms;
+    Ok((gain > *model_gain).then_some((combined, gain)))
+}

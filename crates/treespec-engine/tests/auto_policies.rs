@@ -1,0 +1,255 @@
+//! `auto`'s policies and its measured books (issue #43): the long-match chain (llama.cpp's
+//! ngram-mod kind) drafts long copies and stays exact — greedy output equal to plain decoding,
+//! alone and in a continuous batch, and the sampled joint distribution equal to the target's
+//! (χ²) with the chains and the books carried from run to run — and where the cost curve lies,
+//! the time steps really take overrules it.
+
+#[path = "../../treespec-core/tests/common/mod.rs"]
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{chi_square, FAMILY_ALPHA};
+use treespec_core::cost::CostCurve;
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::TokenId;
+use treespec_engine::auto_budget::{CostModel, SharedCosts};
+use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::drafters::{
+    AutoConfig, AutoDrafter, DecisionTrace, DySpecConfig, SuffixConfig, SuffixShared,
+};
+use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
+use treespec_engine::{generate, CausalLm, Drafter, GenerateOutput, GenerateRequest, PlainDrafter};
+
+const CTX: usize = 1024;
+
+fn costs(base: f64, row: f64) -> Arc<SharedCosts> {
+    SharedCosts::new(CostModel {
+        target: CostCurve::linear(base, row, 128).unwrap(),
+        draft: None,
+        refine: false,
+    })
+}
+
+/// A trace written to memory, and the handle to read it.
+fn memory_trace() -> (DecisionTrace, Arc<Mutex<Vec<u8>>>) {
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    (DecisionTrace::to_writer(Sink(buf.clone())), buf)
+}
+
+fn trace_lines(buf: &Arc<Mutex<Vec<u8>>>) -> Vec<serde_json::Value> {
+    let bytes = buf.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn auto(
+    costs: Arc<SharedCosts>,
+    shared: Arc<SuffixShared>,
+    trace: Option<DecisionTrace>,
+) -> AutoDrafter<ToyLm> {
+    let config = AutoConfig {
+        costs,
+        suffix: SuffixConfig { max_depth: 6, shared, ..Default::default() },
+        dyspec: DySpecConfig::default(),
+        trace,
+    };
+    AutoDrafter::new(None, config).unwrap()
+}
+
+fn run_on(lm: &mut dyn CausalLm, drafter: &mut dyn Drafter, req: &GenerateRequest) -> GenerateOutput {
+    generate(lm, drafter, req, None, &mut |_| true).unwrap()
+}
+
+/// A prompt that holds the target's own greedy continuation of its end: `head`, what the
+/// target says after it, then `head` again — the answer re-emits the middle, a long exact copy.
+fn copying_prompt(target: &ToyModel, head: &[TokenId], copy: usize) -> Vec<TokenId> {
+    let mut lm = ToyLm::new(target.clone(), CTX);
+    let middle = run_on(
+        &mut lm,
+        &mut PlainDrafter,
+        &GenerateRequest::new(head.to_vec(), copy, SamplingParams::greedy(), 0),
+    )
+    .tokens;
+    [head, &middle[..], head].concat()
+}
+
+#[test]
+fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
+    let greedy = SamplingParams::greedy();
+    for seed in 0..4u64 {
+        let target = ToyModel::new(64, 1 + seed as usize % 2, seed);
+        let head: Vec<TokenId> = (0..20).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
+        let prompt = copying_prompt(&target, &head, 150);
+        let req = GenerateRequest::new(prompt.clone(), 120, greedy.clone(), 0);
+        let plain = run_on(&mut ToyLm::new(target.clone(), CTX), &mut PlainDrafter, &req).tokens;
+        // Rows nearly free: long chains pay.
+        let (trace, buf) = memory_trace();
+        let mut d = auto(costs(30.0, 0.5), SuffixShared::empty(), Some(trace));
+        for round in 0..2 {
+            let out = run_on(&mut ToyLm::new(target.clone(), CTX), &mut d, &req);
+            assert_eq!(out.tokens, plain, "seed {seed} round {round}");
+            let choices = d.extra_stats().auto.unwrap();
+            assert!(choices.long_match_steps > 0, "seed {seed}: no long-match step: {choices:?}");
+            assert!(out.stats.accepted as f64 > 0.5 * plain.len() as f64, "seed {seed}: {:?}", out.stats);
+        }
+        let lines = trace_lines(&buf);
+        let long: Vec<_> = lines.iter().filter(|l| l["chosen"] == "long-match").collect();
+        assert!(!long.is_empty());
+        assert!(long.iter().any(|l| l["verified_nodes"].as_u64().unwrap() >= 16), "chains stayed short");
+        for l in &lines {
+            let offers = l["offers"].as_array().unwrap();
+            assert_eq!(offers[0]["policy"], "plain", "plain decoding is always on offer");
+            assert!(offers.iter().any(|o| o["policy"] == l["chosen"]), "{l}");
+        }
+    }
+}
+
+/// The curve says rows are nearly free (T(n) = 30 + 0.1 n ms), so every copy looks worth
+/// verifying far out; on this "machine" a forward of n rows takes 1.5 n + 0.3 n² ms, so plain
+/// decoding (1.8 ms a token) beats even a fully accepted 8-token chain (9 rows: 38 ms, 4.2 ms a
+/// token). The copies are imperfect (a sampled target leaves them often). `auto`'s books must
+/// overrule the curve: after a few steps it decodes plainly, while the curve alone would draft on.
+#[test]
+fn a_curve_that_lies_gives_way_to_the_time_steps_really_take() {
+    let target = ToyModel::new(8, 1, 5).with_sharpness(1.5);
+    let head: Vec<TokenId> = (0..24).map(|i| (i % 8) as TokenId).collect();
+    let prompt = [&head[..], &head[..], &head[..], &head[..]].concat();
+    let sampling = SamplingParams::with_temperature(1.0);
+    let (trace, buf) = memory_trace();
+    let mut d = auto(costs(30.0, 0.1), SuffixShared::empty(), Some(trace));
+    let slow = |n: usize| Duration::from_micros(1500 * n as u64 + 300 * (n * n) as u64);
+    let mut lm = ToyLm::new(target.clone(), CTX).with_forward_time(slow);
+    let out = run_on(&mut lm, &mut d, &GenerateRequest::new(prompt.clone(), 240, sampling, 1));
+    assert_eq!(out.tokens.len(), 240);
+    let lines = trace_lines(&buf);
+    let offered_draft = |l: &serde_json::Value| l["offers"].as_array().unwrap().len() > 1;
+    // The curve's own verdict on every step that had a draft on offer: draft (its prediction
+    // beats plain decoding's).
+    let curve_drafts = lines
+        .iter()
+        .filter(|l| offered_draft(l))
+        .filter(|l| {
+            let offers = l["offers"].as_array().unwrap();
+            let rate = l["rate"].as_f64().unwrap();
+            let gain = |o: &serde_json::Value| {
+                o["predicted"]["tokens"].as_f64().unwrap() - rate * o["predicted"]["ms"].as_f64().unwrap()
+            };
+            offers[1..].iter().any(|o| gain(o) > gain(&offers[0]))
+        })
+        .count();
+    let offered = lines.iter().filter(|l| offered_draft(l)).count();
+    assert!(offered >= 40 && curve_drafts as f64 >= 0.9 * offered as f64, "{curve_drafts} of {offered}");
+    // What auto did on the second half of those steps.
+    let late: Vec<_> = lines.iter().filter(|l| offered_draft(l)).skip(offered / 2).collect();
+    let drafted = late.iter().filter(|l| l["chosen"] != "plain").count();
+    assert!(
+        (drafted as f64) <= 0.25 * late.len() as f64,
+        "auto still drafted on {drafted} of the last {} steps with a draft on offer",
+        late.len()
+    );
+    // The books say why: the drafts' time ran far above the curve.
+    let last = late.last().unwrap();
+    let corrected = last["offers"].as_array().unwrap()[1..]
+        .iter()
+        .map(|o| o["correction"]["ms"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    assert!(corrected > 1.5, "time corrections stayed near the curve: {last}");
+}
+
+const RUNS: u64 = 20_000;
+
+/// χ² on an enumerable target with the long-match chain on offer at every run's start (a
+/// periodic prompt whose end occurs earlier), the chain's acceptance and the tenant's books
+/// carried from run to run through one shared state.
+#[test]
+fn sampled_joint_distribution_with_long_match_chains_is_the_targets() {
+    let prompt: Vec<TokenId> = (0..40).map(|i| (i % 4) as TokenId).collect();
+    let settings = [
+        ("T=1", SamplingParams::with_temperature(1.0)),
+        ("top-p 0.9", SamplingParams { temperature: 1.0, top_p: 0.9, ..Default::default() }),
+    ];
+    let targets =
+        [("v4 sharp", ToyModel::new(4, 1, 61).with_sharpness(3.0)), ("v5", ToyModel::new(5, 2, 62))];
+    let alpha = FAMILY_ALPHA / (settings.len() * targets.len()) as f64;
+    let mut failures = Vec::new();
+    let mut total_long = 0;
+    for (tname, target) in &targets {
+        for (sname, params) in &settings {
+            let exact = target.exact_joint(&Sampler::new(params.clone()).unwrap(), &prompt, 3).unwrap();
+            // The suffix drafter prices every node out (it drafts the same copies), so the
+            // steps that draft are the long-match chain's.
+            let suffix = SuffixConfig { max_depth: 6, pessimism: 5.0, min_value: 1.0, ..Default::default() };
+            let config =
+                AutoConfig { costs: costs(30.0, 0.01), suffix, dyspec: DySpecConfig::default(), trace: None };
+            let mut d = AutoDrafter::<ToyLm>::new(None, config).unwrap();
+            let v = target.vocab;
+            let mut counts = vec![0u64; v * v * v];
+            let mut long_steps = 0;
+            for r in 0..RUNS {
+                let out = run_on(
+                    &mut ToyLm::new(target.clone(), CTX),
+                    &mut d,
+                    &GenerateRequest::new(prompt.clone(), 3, params.clone(), r),
+                );
+                let t = &out.tokens;
+                counts[(t[0] as usize * v + t[1] as usize) * v + t[2] as usize] += 1;
+                long_steps += d.extra_stats().auto.unwrap().long_match_steps;
+            }
+            let what = format!("{tname} {sname}");
+            let gof = chi_square(&counts, &exact).unwrap_or_else(|e| panic!("{what}: {e}"));
+            println!("χ² {what:>16}: p = {:.4}, df {} (long-match steps {long_steps})", gof.p_value, gof.df);
+            // Where the target leaves the copy at once (v5), the books soon stop verifying the
+            // chain: what stays exact then is the choice carried from run to run.
+            assert!(long_steps > 0, "{what}: the long-match chain was never verified");
+            total_long += long_steps;
+            if gof.p_value <= alpha {
+                failures.push(format!("{what}: p = {:.3e} ≤ {alpha:.1e}", gof.p_value));
+            }
+        }
+    }
+    assert!(total_long > RUNS, "the long-match chain was rarely verified ({total_long})");
+    assert!(failures.is_empty(), "joint distribution differs from the target's:\n{}", failures.join("\n"));
+}
+
+/// Per lane in a continuous batch: each request's chains are its own, cut by the batch budget
+/// where they do not pay on the merged forward, and every request emits what it emits alone.
+#[test]
+fn in_a_batch_each_lane_drafts_its_own_chains_and_stays_exact() {
+    let greedy = SamplingParams::greedy();
+    let target = ToyModel::new(64, 1, 9);
+    let (trace, buf) = memory_trace();
+    let shared = SuffixShared::empty();
+    let mut jobs = Vec::new();
+    let mut alone = Vec::new();
+    for j in 0..4u64 {
+        let head: Vec<TokenId> = (0..20).map(|i| ((i * 5 + j * 11) % 64) as TokenId).collect();
+        let prompt = copying_prompt(&target, &head, 100);
+        let req = GenerateRequest::new(prompt.clone(), 80, greedy.clone(), j);
+        alone.push(run_on(&mut ToyLm::new(target.clone(), CTX), &mut PlainDrafter, &req).tokens);
+        let drafter = auto(costs(30.0, 0.5), shared.clone(), Some(trace.clone()));
+        jobs.push(BatchJob { request: req, drafter: Box::new(drafter), constraint: None });
+    }
+    let mut lm = ToyBatchLm::new(target.clone(), CTX, 4).with_capacity(4 * CTX);
+    let limits = StepLimits { prefill_chunk: 64, max_tree: 64, ..StepLimits::default() };
+    let outputs = run_batched(&mut lm, jobs, 4, limits, None, None);
+    for (j, (out, plain)) in outputs.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&out.unwrap().tokens, plain, "job {j}");
+    }
+    let lines = trace_lines(&buf);
+    let batched_long =
+        lines.iter().filter(|l| l["chosen"] == "long-match" && l["batch_rows"].as_u64().unwrap() > 0).count();
+    assert!(batched_long > 0, "no lane drafted a long-match chain beside others");
+    assert!(lines.iter().all(|l| l["step_ms"].as_f64().unwrap() >= 0.0));
+}
