@@ -10,7 +10,8 @@
 //! time apart, and a step's decision reads every prediction through its policy's *corrections*:
 //!
 //! ```text
-//! score(a) = E_a · c_tok(a) · (1 + bonus(a)) − λ · M_a · c_ms(a)
+//! score(a) = E_a · min(1, c_tok(a) · (1 + bonus(a))) − λ · M_a · c_ms(a)   (c_tok < 1)
+//!            E_a · c_tok(a) − λ · M_a · c_ms(a)                           (c_tok ≥ 1)
 //! c_tok(a) = (tokens_a + k · E_a) / (predicted_tokens_a + k · E_a)
 //! c_ms(a)  = (ms_a + k · M_a) / (predicted_ms_a + k · M_a)
 //! ```
@@ -26,7 +27,9 @@
 //! √(ln(1 + N) / (k + n_a))` (n_a the policy's discounted steps, N all of them) is the upper
 //! confidence bound of discounted UCB (Garivier & Moulines, "On upper-confidence bound policies
 //! for switching bandit problems", 2011), whose regret against the best policy is O(√(T log T))
-//! per stationary stretch; the tests show it on policies whose curve lies.
+//! per stationary stretch; the tests show it on policies whose curve lies. It lifts a policy
+//! whose record is below its prediction back toward the prediction, never above it: a policy
+//! with little record is read at its prediction, the prior's own optimistic reading.
 //!
 //! Plain decoding's tokens are known (one per step), so it gets no token correction and no bonus;
 //! its time correction is how much slower than the curve a step really is.
@@ -132,6 +135,20 @@ pub struct Correction {
     pub bonus: f64,
 }
 
+impl Correction {
+    /// The token correction the decision reads: a policy whose steps brought less than predicted
+    /// is read up to `(1 + bonus)` times its record, but never above its own prediction — the
+    /// prediction is already the prior's optimistic reading of a policy with little record, and
+    /// a cold request must not bet past it (a 15-row copy priced at a small gain would become a
+    /// sure one); one that brought more is read as it went.
+    pub fn optimistic_tokens(&self) -> f64 {
+        match self.tokens < 1.0 {
+            true => (self.tokens * (1.0 + self.bonus)).min(1.0),
+            false => self.tokens,
+        }
+    }
+}
+
 /// Pseudo-steps of the prediction itself that every policy's books start with.
 pub const PRIOR_STEPS: f64 = 2.0;
 /// Per-step discount of the books of the policy a step followed.
@@ -201,13 +218,13 @@ impl PolicyBandit {
     /// ms): what the step's decision maximises.
     pub fn score(&self, policy: Policy, p: Prediction, rate: f64) -> f64 {
         let c = self.correction(policy, p);
-        p.tokens * c.tokens * (1.0 + c.bonus) - rate * p.ms * c.ms
+        p.tokens * c.optimistic_tokens() - rate * p.ms * c.ms
     }
 
     /// Tokens per ms that `policy` with prediction `p` is read to bring (corrections applied).
     pub fn corrected_rate(&self, policy: Policy, p: Prediction) -> f64 {
         let c = self.correction(policy, p);
-        p.tokens * c.tokens * (1.0 + c.bonus) / (p.ms * c.ms).max(f64::MIN_POSITIVE)
+        p.tokens * c.optimistic_tokens() / (p.ms * c.ms).max(f64::MIN_POSITIVE)
     }
 
     /// The offer a step should follow at rate `rate`: the best corrected gain — unless no offer
