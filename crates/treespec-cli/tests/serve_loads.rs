@@ -87,29 +87,19 @@ fn serve_loads_each_model_file_once() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The head of a chat request (the rest of the head is [`open_request`]'s).
+const CHAT_HEAD: &str = "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json";
+
 /// One chat request over a plain TCP connection (HTTP/1.1, `Connection: close`), with `extra`
 /// fields in the body; the response.
 fn chat_with(addr: &str, content: &str, extra: serde_json::Value) -> String {
-    use std::io::{Read, Write};
     let mut body = serde_json::json!({
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 16,
         "temperature": 0
     });
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    let body = body.to_string();
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(LIMIT)).unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    http(addr, CHAT_HEAD, &body.to_string())
 }
 
 /// Start `treespec serve` on SmolLM2 with `flags` (a fresh cost cache in `dir`, measured in the
@@ -187,5 +177,83 @@ fn a_plain_server_saves_what_suffix_requests_added() {
         method,
     );
     assert!(std::fs::metadata(&history).unwrap().len() > 0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A request sent on a fresh connection (`head` is its request line and any headers of its own;
+/// `Host`, `Content-Length` and `Connection: close` are added), the connection to read it from.
+fn open_request(addr: &str, head: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let head =
+        format!("{head}\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    s
+}
+
+/// One HTTP/1.1 request on a fresh connection; the whole response.
+fn http(addr: &str, head: &str, body: &str) -> String {
+    use std::io::Read;
+    let mut out = String::new();
+    open_request(addr, head, body).read_to_string(&mut out).unwrap();
+    out
+}
+
+/// SIGTERM with a request in flight (issue #42): the server drains — `/health` answers 503, a new
+/// request gets a retryable 503 a gateway sends elsewhere — while the streamed answer in flight
+/// runs to its end; then it exits cleanly.
+#[test]
+fn sigterm_drains_the_request_in_flight_then_stops() {
+    use std::io::Read;
+    let Some(model) = model() else { return };
+    let dir = scratch("serve-drain");
+    let args = ["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "1", "--ctx", "1024"];
+    let mut child = command(&args)
+        .args(["--method", "plain", "--drain", "60"])
+        .env("TREESPEC_CACHE_DIR", dir.join("cache"))
+        .spawn()
+        .unwrap();
+    let (log, lines) = until_listening(&mut child);
+    let addr =
+        log.split("listening on http://").nth(1).map(str::trim).expect("the server listens").to_owned();
+    // A long streamed answer: read its first bytes, then stop the server under it.
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": "Count from 1 to 300, one number per line."}],
+        "max_tokens": 300, "temperature": 0, "stream": true
+    })
+    .to_string();
+    let mut s = open_request(&addr, CHAT_HEAD, &body);
+    let mut first = [0u8; 512];
+    let n = s.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    // Draining: unready, and a new request is refused retryably.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        let h = http(&addr, "GET /health HTTP/1.1", "");
+        if h.starts_with("HTTP/1.1 503") || Instant::now() > deadline {
+            break h;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(health.starts_with("HTTP/1.1 503") && health.contains("draining"), "{health}");
+    let refused =
+        http(&addr, CHAT_HEAD, r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}"#);
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.contains("\"draining\"") && refused.to_ascii_lowercase().contains("retry-after"),
+        "{refused}"
+    );
+    // The answer in flight runs to its end.
+    let mut rest = String::new();
+    s.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("data: [DONE]"), "the streamed answer was cut: {rest}");
+    let tail: Vec<String> = lines.collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {tail:?}");
+    assert!(tail.iter().any(|l| l.contains("treespec serve: drained")), "{tail:?}");
     std::fs::remove_dir_all(dir).unwrap();
 }

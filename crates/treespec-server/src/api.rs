@@ -81,6 +81,10 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     /// The treespec extension.
     pub treespec: Option<Value>,
+    /// OpenAI's session key: the conversation this request continues. A gateway keeps a
+    /// conversation's turns on one replica by it (also read from `X-SMG-Routing-Key` and
+    /// `X-Session-Id`: `gateway.rs`).
+    pub prompt_cache_key: Option<String>,
     // Fields that change results and are not supported: rejected when set to a non-default.
     /// Number of choices (only 1).
     pub n: Option<Value>,
@@ -472,6 +476,8 @@ pub struct ModelCard {
     pub created: u64,
     /// `treespec`.
     pub owned_by: &'static str,
+    /// The context size in tokens (vLLM's field; a gateway reads the model's context from it).
+    pub max_model_len: usize,
 }
 
 /// `GET /v1/models`.

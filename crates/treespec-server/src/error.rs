@@ -71,6 +71,20 @@ impl ApiError {
         }
     }
 
+    /// 503 while the server drains before it stops: a gateway retries the request on another
+    /// replica.
+    pub fn draining() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is shutting down and takes no new requests; send it to another replica"
+                .into(),
+            kind: "server_error",
+            param: None,
+            code: Some("draining"),
+            retry_after: Some(1),
+        }
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self {

@@ -77,7 +77,7 @@ impl WorkerQueue {
             drop(serving);
             match result {
                 Ok(Ok(run)) => {
-                    self.metrics.generation(tenant, &run.method, run.prompt_tokens, &run.stats);
+                    self.metrics.generation(tenant, &run.method, (run.prompt_tokens, 0), &run.stats);
                     if let Some(f) = done {
                         let _ = job.events.send(Event::Done(f));
                     }

@@ -30,6 +30,7 @@
 pub mod api;
 pub mod error;
 pub mod fifo;
+pub mod gateway;
 pub mod histories;
 pub mod job;
 pub mod llama;
@@ -60,6 +61,7 @@ use axum::{middleware, Router};
 
 pub use error::ApiError;
 pub use fifo::EnginePool;
+pub use gateway::Lifecycle;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama::LlamaConfig;
 pub use metrics::Metrics;
@@ -82,11 +84,19 @@ pub struct ServerConfig {
     pub metrics_open: bool,
     /// Largest accepted request body in bytes (413 beyond).
     pub max_body_bytes: usize,
+    /// The handle that turns the server unready before it stops (`gateway.rs`).
+    pub lifecycle: Lifecycle,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { api_keys: ApiKeys::default(), metrics_key: None, metrics_open: false, max_body_bytes: 1 << 20 }
+        Self {
+            api_keys: ApiKeys::default(),
+            metrics_key: None,
+            metrics_open: false,
+            max_body_bytes: 1 << 20,
+            lifecycle: Lifecycle::default(),
+        }
     }
 }
 
@@ -105,6 +115,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
         metrics_open: config.metrics_open,
         started: routes::unix_now(),
+        lifecycle: config.lifecycle,
     };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()
@@ -115,6 +126,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .route_layer(auth());
     let watch = Router::new()
         .route("/metrics", get(routes::metrics))
+        .route("/v1/loads", get(gateway::loads))
         .route("/openapi.json", get(openapi::openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), routes::watch_auth));
     Router::new()

@@ -42,6 +42,7 @@ use utoipa::ToSchema;
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, Timings, TreespecStats};
 use crate::error::ApiError;
+use crate::gateway;
 use crate::job::{Event, Finished, ModelText};
 use crate::metrics::RequestTimer;
 use crate::routes::{sse, submit, AppState, Arrived, PROBE_EVERY};
@@ -566,6 +567,7 @@ pub async fn completion(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: LlamaCompletionRequest = parse_body(&headers, body)?;
+    let session = gateway::session_key(None, &headers)?;
     let pieces = prompt_pieces(&req.prompt)?;
     let length = length_field(&req);
     let limits = s.backend.limits();
@@ -598,8 +600,9 @@ pub async fn completion(
     let stream = spec.stream;
     // A client that closed while the request waited is answered at once with probes.
     let peer = peer.map(|Extension(p)| p);
-    let (mut rx, started) =
-        submit(&s, spec, tenant, false, peer.as_ref()).await.map_err(|e| llama_names(e, length))?;
+    let (mut rx, started) = submit(&s, spec, tenant, false, peer.as_ref(), session.as_deref())
+        .await
+        .map_err(|e| llama_names(e, length))?;
     let started = started.is_some();
     let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     if stream {

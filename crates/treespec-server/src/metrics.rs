@@ -5,6 +5,7 @@
 //! (tokens / generation seconds since start); for a windowed rate use
 //! `rate(treespec_completion_tokens_total[5m]) / rate(treespec_generation_seconds_total[5m])`.
 
+mod gateway_load;
 mod histogram;
 mod spec_decode;
 
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use treespec_core::stats::DecodeStats;
 use treespec_engine::shared_draft::DraftCounters;
 
+use self::gateway_load::{CacheBooks, Load, SeenSessions};
 use crate::tenant::Tenant;
 
 pub use histogram::Histogram;
@@ -86,6 +88,10 @@ struct Inner {
     spec: SpecDecode,
     /// The served model's id (vLLM's `model_name` label).
     model_name: String,
+    /// The prefix cache and the session turns.
+    cache: CacheBooks,
+    /// KV cells the live requests hold, and all of them (server-wide only).
+    cells: (usize, usize),
 }
 
 impl Default for Inner {
@@ -106,6 +112,8 @@ impl Default for Inner {
             draft: DraftCounters::default(),
             spec: SpecDecode::default(),
             model_name: String::new(),
+            cache: CacheBooks::default(),
+            cells: (0, 0),
         }
     }
 }
@@ -126,6 +134,7 @@ pub enum View {
 struct Books {
     server: Inner,
     tenants: BTreeMap<Tenant, Inner>,
+    sessions: SeenSessions,
 }
 
 impl Books {
@@ -215,6 +224,30 @@ impl Metrics {
         self.record(tenant, |m| *m.errors.entry(kind.to_string()).or_default() += 1);
     }
 
+    /// A request of `tenant` arrived naming session `key` (if any): a turn of a conversation this
+    /// replica has seen, or a new one.
+    pub fn session_turn(&self, tenant: Tenant, key: Option<&str>) {
+        let Some(key) = key else { return };
+        self.with(|b| {
+            let known = b.sessions.visit(tenant, key);
+            b.each(Some(tenant), |m| match known {
+                true => m.cache.known_sessions += 1,
+                false => m.cache.new_sessions += 1,
+            });
+        });
+    }
+
+    /// The KV cells the live requests hold now, and all of them (after every batched step).
+    pub fn set_kv_cells(&self, used: usize, total: usize) {
+        self.with(|b| b.server.cells = (used, total));
+    }
+
+    /// The KV cells the live requests hold, and all of them (0, 0 before the first step and on
+    /// the FIFO workers, whose models are not shared).
+    pub fn kv_cells(&self) -> (usize, usize) {
+        self.with(|b| b.server.cells)
+    }
+
     /// A generation of `tenant` started (+1) or ended (−1).
     pub fn in_flight(&self, tenant: Tenant, delta: i64) {
         self.record(Some(tenant), |m| m.in_flight += delta);
@@ -233,9 +266,12 @@ impl Metrics {
         self.with(|b| b.server.model_name = name.to_string());
     }
 
-    /// A finished generation of `tenant`.
-    pub fn generation(&self, tenant: Tenant, method: &str, prompt_tokens: usize, stats: &DecodeStats) {
+    /// A finished generation of `tenant`: its method, its prompt's tokens and how many of them
+    /// were reused from the prefix cache, its statistics.
+    pub fn generation(&self, tenant: Tenant, method: &str, prompt: (usize, usize), stats: &DecodeStats) {
+        let (prompt_tokens, cached_tokens) = prompt;
         self.record(Some(tenant), |m| {
+            m.cache.prompt(prompt_tokens, cached_tokens);
             let t = m.methods.entry(method.to_string()).or_default();
             t.generations += 1;
             t.prompt_tokens += prompt_tokens as u64;
@@ -316,6 +352,12 @@ impl Metrics {
                 render_steps(&mut s, m);
             }
             m.spec.render(&mut s, model_name);
+            let load = Load {
+                running: m.in_flight.max(0) as usize,
+                waiting: queue_depth,
+                cells: (view == View::Server).then_some(b.server.cells),
+            };
+            gateway_load::render(&mut s, model_name, load, &m.cache);
             s
         })
     }
@@ -546,7 +588,7 @@ mod tests {
             wall: Duration::from_secs(2),
             ..Default::default()
         };
-        m.generation(Tenant::SHARED, "chain", 5, &stats);
+        m.generation(Tenant::SHARED, "chain", (5, 0), &stats);
         m.draft_forwards(DraftCounters { forwards: 2, feeds: 7, rows: 9 });
         let text = m.render_server(3);
         // One HELP per metric name: a name reused by two metrics breaks the exposition.
@@ -590,7 +632,7 @@ mod tests {
             wall: Duration::from_secs(1),
             ..Default::default()
         };
-        m.generation(Tenant::SHARED, "tree", 3, &stats);
+        m.generation(Tenant::SHARED, "tree", (3, 0), &stats);
         m.first_token(Tenant::SHARED, Duration::from_millis(30));
         m.finished(Tenant::SHARED, Duration::from_millis(700));
         let text = m.render_server(2);

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +22,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::api::Timings;
 use crate::api::*;
 use crate::error::ApiError;
+use crate::gateway::{self, Lifecycle};
 use crate::job::{Event, Finished, GenerationBackend, Job};
 use crate::metrics::{Metrics, RequestTimer, View};
 use crate::serve::PeerClosed;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub metrics_open: bool,
     /// Server start (Unix seconds), the models' `created`.
     pub started: u64,
+    /// Whether new requests are still taken (draining on SIGTERM: `gateway.rs`).
+    pub lifecycle: Lifecycle,
 }
 
 impl AppState {
@@ -97,7 +100,12 @@ fn new_id(prefix: &str) -> String {
 /// `GET /health`: ready at once; while this machine's cost curves are measured in the background it says so,
 /// and which method serves meanwhile. Open to all, so the queue's depth only where the
 /// server-wide figures are public (others' activity is not a key holder's to read).
-pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
+pub async fn health(State(s): State<AppState>) -> Response {
+    if s.lifecycle.is_draining() {
+        // Unready, so a gateway stops sending here; the requests in flight still finish.
+        let v = json!({"status": "draining", "model": s.backend.model_id()});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(v)).into_response();
+    }
     let mut v = json!({"status": "ok", "model": s.backend.model_id(), "device": s.backend.device()});
     if s.figures_public() {
         v["queue_depth"] = json!(s.backend.queue_depth());
@@ -110,7 +118,7 @@ pub async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
         None if s.metrics.provisional() => json!("provisional"),
         None => json!("ready"),
     };
-    Json(v)
+    Json(v).into_response()
 }
 
 mod chat;
@@ -141,6 +149,7 @@ pub async fn models(State(s): State<AppState>) -> Json<ModelList> {
             object: "model",
             created: s.started,
             owned_by: "treespec",
+            max_model_len: s.backend.limits().context,
         }],
     })
 }
@@ -219,10 +228,12 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let req: ChatCompletionRequest = validate::parse_json(&bytes)?;
+    let session = gateway::session_key(req.common.prompt_cache_key.as_deref(), &headers)?;
     let length = validate::openai_length_field(&req.common);
     let named = |e| validate::in_request_names(e, "messages", length);
     let spec = validate::chat(req, &s.backend.limits()).map_err(named)?;
-    let submitted = Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: wants_trace(&headers) };
+    let submitted =
+        Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: wants_trace(&headers), session };
     respond(s, submitted, Kind::Chat, arrived).await.map_err(named)
 }
 
@@ -237,10 +248,11 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
     let req: CompletionRequest = validate::parse_json(&bytes)?;
+    let session = gateway::session_key(req.common.prompt_cache_key.as_deref(), &headers)?;
     let length = validate::openai_length_field(&req.common);
     let named = |e| validate::in_request_names(e, "prompt", length);
     let spec = validate::completion(req, &s.backend.limits()).map_err(named)?;
-    let submitted = Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: false };
+    let submitted = Submitted { spec, tenant, peer: peer.map(|p| p.0), trace: false, session };
     respond(s, submitted, Kind::Completion, arrived).await.map_err(named)
 }
 
@@ -257,6 +269,8 @@ struct Submitted {
     peer: Option<PeerClosed>,
     /// `X-Treespec-Trace: 1`: stream provenance and statistics.
     trace: bool,
+    /// The conversation it continues, if it names one (`gateway::session_key`).
+    session: Option<String>,
 }
 
 /// Whether the request asks for the trace extension of streamed chunks.
@@ -265,7 +279,9 @@ fn wants_trace(headers: &HeaderMap) -> bool {
 }
 
 async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
-    let Submitted { spec, tenant, peer, trace } = job;
+    let Submitted { spec, tenant, peer, trace, session } = job;
+    s.lifecycle.check()?;
+    s.metrics.session_turn(tenant, session.as_deref());
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let auto_tools: Option<Vec<String>> =
         spec.output.auto_tools().map(|tools| tools.iter().map(|f| f.name.clone()).collect());
@@ -328,7 +344,10 @@ pub(crate) async fn submit(
     tenant: Tenant,
     trace: bool,
     peer: Option<&PeerClosed>,
+    session: Option<&str>,
 ) -> Result<(UnboundedReceiver<Event>, Option<Start>), ApiError> {
+    s.lifecycle.check()?;
+    s.metrics.session_turn(tenant, session);
     let (tx, mut rx) = unbounded_channel();
     let job = Job::new(spec, tenant, trace, tx);
     let peer_left = job.peer_left.clone();

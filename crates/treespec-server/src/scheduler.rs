@@ -352,7 +352,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                 self.metrics.cancelled(s.tenant, &s.method);
                 return;
             }
-            self.metrics.generation(s.tenant, &s.method, s.prompt_tokens, &out.stats);
+            self.metrics.generation(s.tenant, &s.method, (s.prompt_tokens, s.cached), &out.stats);
             let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached)));
         } else if let Err(e) = end {
             match e {
@@ -389,6 +389,9 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             let (step_time, forward_time) = (started.elapsed(), report.forward_time);
             self.metrics.batch_step(report.decoding, report.rows, report.prefilled, step_time, forward_time);
         }
+        let lm = self.models.lm();
+        let used = self.batch.iter().map(|(lane, _)| lm.committed_len(lane.lane)).sum();
+        self.metrics.set_kv_cells(used, lm.capacity());
         let mut results = results;
         for k in (0..self.batch.len()).rev() {
             match std::mem::replace(&mut results[k], LaneStep::Waiting) {

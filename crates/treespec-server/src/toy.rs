@@ -33,6 +33,9 @@ pub struct ToyConfig {
     /// Batch scheduler: positions all lanes together may hold (default: every lane's whole
     /// context), to test requests waiting for room.
     pub shared_cells: Option<usize>,
+    /// Batch scheduler: reuse a finished request's text as the prefix of a later one of the
+    /// same tenant, as llama.cpp's lanes do (reported in `cached_tokens`).
+    pub prefix_cache: bool,
 }
 
 impl Default for ToyConfig {
@@ -43,6 +46,7 @@ impl Default for ToyConfig {
             method: Method::Chain { k: 3 },
             step_delay: Duration::ZERO,
             shared_cells: None,
+            prefix_cache: false,
         }
     }
 }

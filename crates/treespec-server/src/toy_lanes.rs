@@ -36,6 +36,9 @@ impl ToyLanes {
         if let Some(cells) = config.shared_cells {
             lm = lm.with_capacity(cells);
         }
+        if config.prefix_cache {
+            lm = lm.with_prefix_cache();
+        }
         Self { lm, draft, config, methods }
     }
 }

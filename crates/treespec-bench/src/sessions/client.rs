@@ -174,13 +174,16 @@ impl Accumulated {
 }
 
 /// Send `body` (a chat completion request; `stream` and `stream_options` are set here) to
-/// `base_url` and read the streamed answer to its end.
-pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value) -> Result<Reply> {
+/// `base_url` and read the streamed answer to its end. `session` names the conversation, in the
+/// headers a gateway keeps conversations on one replica by (SMG's `X-SMG-Routing-Key` and a plain
+/// `X-Session-Id`).
+pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value, session: &str) -> Result<Reply> {
     body["stream"] = json!(true);
     body["stream_options"] = json!({ "include_usage": true });
     let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
     let sent = Instant::now();
-    let response = client.post(&url).json(&body).send().await.with_context(|| format!("POST {url}"))?;
+    let request = client.post(&url).header("x-smg-routing-key", session).header("x-session-id", session);
+    let response = request.json(&body).send().await.with_context(|| format!("POST {url}"))?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();

@@ -121,7 +121,7 @@ async fn play_all(
         if config.warmup {
             let body = json!({ "model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8,
                                "temperature": 0.0 });
-            client::chat(&client, &s.url, body)
+            client::chat(&client, &s.url, body, "warm-up")
                 .await
                 .with_context(|| format!("warm-up request to {}", s.name))?;
         }

@@ -107,6 +107,8 @@ impl Player<'_> {
         let mut messages: Vec<Value> =
             spec.system.iter().map(|s| json!({ "role": "system", "content": s })).collect();
         let mut file = spec.file.clone();
+        // Each run of a session is its own conversation.
+        let session = format!("{}#{repeat}", spec.id);
         for (turn, t) in spec.turns.iter().enumerate() {
             let user = match &file {
                 Some(f) if spec.workload.is_agent() => agent_message(&f.path, &f.text, &t.user),
@@ -129,7 +131,7 @@ impl Player<'_> {
                 if !spec.tools.is_empty() {
                     body["tools"] = json!(spec.tools);
                 }
-                let reply = chat(client, &server.url, body)
+                let reply = chat(client, &server.url, body, &session)
                     .await
                     .map_err(|e| e.context(format!("turn {}", turn + 1)))?;
                 let edit_applied = file.as_mut().filter(|_| spec.workload.is_agent()).map(|f| {

@@ -11,9 +11,10 @@ use treespec_engine::serving_gate;
 use treespec_engine::MethodSpec;
 use treespec_server::histories::TenantHistories;
 use treespec_server::methods::ServerMethods;
+use treespec_server::metrics::View;
 use treespec_server::{
-    router, ApiKeys, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig,
-    ServerConfig, Tenant,
+    router, ApiKeys, BatchPool, EnginePool, GenerationBackend, Lifecycle, LlamaConfig, Metrics,
+    SchedulerConfig, ServerConfig, Tenant,
 };
 
 use super::args::{MethodArgs, ModelArgs};
@@ -131,6 +132,12 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// On SIGTERM or Ctrl-C, drain for up to this many seconds before stopping: `/health`
+    /// answers 503 and new requests are refused with a retryable 503 (a gateway sends them to
+    /// another replica) while the requests queued and running finish. A second signal stops at
+    /// once; 0 stops at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub drain: u64,
 }
 
 /// The API keys of `--api-key` and `--api-key-file`.
@@ -210,11 +217,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         };
         eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
     }
+    let lifecycle = Lifecycle::default();
     let server = ServerConfig {
         api_keys: keys,
         metrics_key: args.metrics_key.clone(),
         metrics_open: args.metrics_open,
         max_body_bytes: args.max_body,
+        lifecycle: lifecycle.clone(),
+    };
+    let drain = Drain {
+        lifecycle,
+        backend: pool.clone(),
+        metrics: metrics.clone(),
+        most: Duration::from_secs(args.drain),
     };
     let app = router(pool, metrics, server);
     let saver = (history_path.is_some() && args.history_save_every > 0)
@@ -225,7 +240,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
-        treespec_server::serve(listener, app, stop_signal()).await?;
+        treespec_server::serve(listener, app, drain.after_signal()).await?;
         anyhow::Ok(())
     })?;
     drop(saver);
@@ -350,6 +365,44 @@ impl Drop for PeriodicSave {
         drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// What the server does between the stop signal and stopping (`--drain`).
+struct Drain {
+    lifecycle: Lifecycle,
+    backend: Arc<dyn GenerationBackend>,
+    metrics: Arc<Metrics>,
+    most: Duration,
+}
+
+impl Drain {
+    /// Resolves when the server should stop accepting connections: at a stop signal, after the
+    /// server has drained — unready, refusing new requests, until nothing is queued or running
+    /// (or `most` has passed, or a second signal came).
+    async fn after_signal(self) {
+        stop_signal().await;
+        if self.most.is_zero() {
+            return;
+        }
+        self.lifecycle.drain();
+        eprintln!(
+            "treespec serve: draining: unready, new requests refused; up to {} s for the requests in flight (signal again to stop now)",
+            self.most.as_secs()
+        );
+        let busy = || self.backend.queue_depth() + self.metrics.generations_in_flight(View::Server);
+        let deadline = tokio::time::Instant::now() + self.most;
+        let mut second = std::pin::pin!(stop_signal());
+        while busy() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = &mut second => break,
+            }
+        }
+        match busy() {
+            0 => eprintln!("treespec serve: drained"),
+            n => eprintln!("treespec serve: stopping with {n} request(s) unfinished"),
         }
     }
 }

@@ -18,12 +18,33 @@ pub struct ToyBatchLm {
     capacity: Option<usize>,
     /// The most rows one forward held.
     pub widest: usize,
+    /// With a prefix cache ([`ToyBatchLm::with_prefix_cache`]): each open lane's scope, and the
+    /// text of finished lanes (most recent last), reused by a later lane of the same scope.
+    prefix_cache: Option<PrefixCache>,
 }
+
+/// Finished lanes' text, for a later lane of the same scope to reuse (as llama.cpp's lanes keep
+/// a finished request's cells).
+#[derive(Debug, Clone, Default)]
+struct PrefixCache {
+    scopes: Vec<(LaneId, u64)>,
+    finished: Vec<(u64, Vec<TokenId>)>,
+}
+
+/// Finished lanes' texts a prefix cache keeps.
+const CACHED_PREFIXES: usize = 8;
 
 impl ToyBatchLm {
     /// `lanes` lanes over `model`, each with a context of `context` positions.
     pub fn new(model: ToyModel, context: usize, lanes: usize) -> Self {
-        Self { slots: ToySlots::new(model, context, lanes), capacity: None, widest: 0 }
+        Self { slots: ToySlots::new(model, context, lanes), capacity: None, widest: 0, prefix_cache: None }
+    }
+
+    /// Keep the text of finished lanes, and start a lane opened later with the same scope from
+    /// the longest prefix of its prompt one of them holds (reported as reused, not prefilled).
+    pub fn with_prefix_cache(mut self) -> Self {
+        self.prefix_cache = Some(PrefixCache::default());
+        self
     }
 
     /// Let all lanes together hold only `cells` positions, as lanes sharing one KV cache do
@@ -51,8 +72,17 @@ impl BatchedLm for ToyBatchLm {
         self.capacity.unwrap_or(self.slots.context * self.slots.len())
     }
 
-    fn open(&mut self, _prompt_head: &[TokenId], _scope: u64) -> Result<(LaneId, usize)> {
-        Ok((self.slots.open()?, 0))
+    fn open(&mut self, prompt_head: &[TokenId], scope: u64) -> Result<(LaneId, usize)> {
+        let lane = self.slots.open()?;
+        let Some(cache) = self.prefix_cache.as_mut() else { return Ok((lane, 0)) };
+        cache.scopes.push((lane, scope));
+        let common = |t: &[TokenId]| t.iter().zip(prompt_head).take_while(|(a, b)| a == b).count();
+        let reused = cache.finished.iter().filter(|(s, _)| *s == scope).map(|(_, t)| common(t)).max();
+        let reused = reused.unwrap_or(0);
+        if reused > 0 {
+            self.slots.get_mut(lane)?.prefill(&prompt_head[..reused])?;
+        }
+        Ok((lane, reused))
     }
 
     fn committed_len(&self, lane: LaneId) -> usize {
@@ -95,6 +125,18 @@ impl BatchedLm for ToyBatchLm {
     }
 
     fn close(&mut self, lane: LaneId) {
+        if let Some(cache) = self.prefix_cache.as_mut() {
+            let text = self.slots.get(lane).map(|l| l.committed().to_vec()).unwrap_or_default();
+            if let Some(i) = cache.scopes.iter().position(|(l, _)| *l == lane) {
+                let (_, scope) = cache.scopes.swap_remove(i);
+                if !text.is_empty() {
+                    cache.finished.push((scope, text));
+                    if cache.finished.len() > CACHED_PREFIXES {
+                        cache.finished.remove(0);
+                    }
+                }
+            }
+        }
         self.slots.close(lane);
     }
 }

@@ -73,7 +73,7 @@ impl SpecDecode {
 }
 
 /// A Prometheus label value: backslash, double quote and newline escaped.
-fn escape(v: &str) -> String {
+pub(super) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
