@@ -280,20 +280,14 @@ fn wants_trace(headers: &HeaderMap) -> bool {
 
 async fn respond(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Result<Response, ApiError> {
     let Submitted { spec, tenant, peer, trace, session } = job;
-    s.lifecycle.check()?;
-    s.metrics.session_turn(tenant, session.as_deref());
     let (stream, include_usage, tool_call) = (spec.stream, spec.include_usage, spec.output.is_tool_call());
     let auto_tools: Option<Vec<String>> =
         spec.output.auto_tools().map(|tools| tools.iter().map(|f| f.name.clone()).collect());
-    let (tx, mut rx) = unbounded_channel();
     // The trace extension is a chat chunk's.
     let trace = trace && kind == Kind::Chat;
-    let job = Job::new(spec, tenant, trace, tx);
-    let peer_left = job.peer_left.clone();
-    s.backend.submit(job)?;
     // The first event tells whether the prompt was accepted: errors before any output are
     // plain HTTP errors, also for streaming requests.
-    let started = first_event(&mut rx, peer.as_ref(), &peer_left).await?;
+    let (rx, started) = submit(&s, spec, tenant, trace, peer.as_ref(), session.as_deref()).await?;
     let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
     let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     let meta = Meta {

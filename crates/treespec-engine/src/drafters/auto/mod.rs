@@ -73,8 +73,6 @@ pub struct AutoDrafter<M: CausalLm> {
     suffix: SuffixDrafter,
     model: Option<DySpecDrafter<M>>,
     long: LongMatch,
-    /// The long-match chain of the last proposal and its values (for a batch budget's cut).
-    long_values: Vec<f64>,
     shared: Arc<SuffixShared>,
     bandit: PolicyBandit,
     pending: Option<Pending>,
@@ -108,7 +106,6 @@ impl<M: CausalLm> AutoDrafter<M> {
             suffix,
             model,
             long: LongMatch::new(),
-            long_values: Vec::new(),
             shared,
             bandit: PolicyBandit::new(),
             pending: None,
@@ -271,7 +268,6 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         };
         let mut best = offers.swap_remove(best_free);
         let suffix_offer = offers.into_iter().find(|c| c.policy == Policy::Suffix).map(|c| c.tree);
-        let suffix_tree = if best.policy == Policy::Suffix { Some(best.tree.clone()) } else { suffix_offer };
         // A draft model that cannot pay even along its best chain (in a batch: on the batch's
         // rate, which its drafting time holds up for every request) stays idle, apart from a rare
         // step that lets its calibration see whether the text got easier (its own step declines
@@ -302,14 +298,13 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             }
             let m = self.model.as_mut().expect("the model proposed");
             if model_wins {
-                best = model_offer;
+                let free = std::mem::replace(&mut best, model_offer);
+                let suffix_tree = if free.policy == Policy::Suffix { Some(free.tree) } else { suffix_offer };
                 // Greedy: the suffix draft's nodes grafted onto the model's tree, if they pay.
                 if ctx.sampler.is_greedy() {
                     if let Some(suffix_tree) = suffix_tree.as_ref() {
                         let gain = best.predicted.tokens - rate * best.predicted.ms;
-                        if let Some((combined, _)) =
-                            graft(&(best.tree.clone(), gain), suffix_tree, &self.suffix)?
-                        {
+                        if let Some((combined, _)) = graft(&best.tree, gain, suffix_tree, &self.suffix)? {
                             let ms = self.suffix.economics().map_or(0.0, |e| e.ms(combined.drafted()));
                             best.predicted.ms = ms;
                             best.tree = combined;
@@ -324,10 +319,6 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         if best.policy != Policy::Suffix {
             self.suffix.discard_proposal();
         }
-        self.long_values = match best.policy {
-            Policy::LongMatch => best.values.clone().unwrap_or_default(),
-            _ => Vec::new(),
-        };
         self.choice = best.policy;
         self.counts[best.policy as usize] += 1;
         let trace = self.trace.as_ref().map(|_| StepTrace {
@@ -362,9 +353,9 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     fn cuttable(&self) -> Option<Cuttable<'_>> {
         match self.choice {
             Policy::Suffix => self.suffix.cuttable(),
-            Policy::LongMatch if !self.long_values.is_empty() => {
-                let target = self.suffix.cuttable_target()?;
-                Some(Cuttable { values: &self.long_values, target })
+            Policy::LongMatch => {
+                let values = self.pending.as_ref()?.values.as_deref().filter(|v| !v.is_empty())?;
+                Some(Cuttable { values, target: self.suffix.cuttable_target()? })
             }
             _ => None,
         }
@@ -417,14 +408,15 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     }
 }
 
-/// The model's greedy tree `model` (with its estimated gain) plus the suffix draft's nodes: each
+/// The model's greedy tree `model_tree` (with its estimated gain) plus the suffix draft's nodes: each
 /// suffix node joins under its parent's image, merged with a model node of the same token. The
 /// model's nodes keep their ids (the draft model's bookkeeping and calibration rely on them);
 /// suffix-only nodes come after. Returns the combined tree and its gain when the added nodes'
 /// expected tokens (their suffix values, an upper bound where they are siblings of model nodes)
 /// pay for the rows they add, else `None`.
 fn graft(
-    model: &(TokenTree, f64),
+    model_tree: &TokenTree,
+    model_gain: f64,
     suffix_tree: &TokenTree,
     suffix: &SuffixDrafter,
 ) -> Result<Option<(TokenTree, f64)>> {
@@ -432,7 +424,6 @@ fn graft(
     if cut.values.len() != suffix_tree.drafted() {
         return Ok(None);
     }
-    let (model_tree, model_gain) = model;
     let mut combined = model_tree.clone();
     let mut image = vec![ROOT; suffix_tree.len()];
     let mut added = 0.0;
@@ -452,5 +443,5 @@ fn graft(
     }
     let extra_ms = econ.ms(combined.drafted()) - econ.ms(model_tree.drafted());
     let gain = model_gain + added - econ.rate * extra_ms;
-    Ok((gain > *model_gain).then_some((combined, gain)))
+    Ok((gain > model_gain).then_some((combined, gain)))
 }
