@@ -10,8 +10,12 @@ is slightly low for tools sessions), tokenizes each answer the same way, and pri
 speed-up over plain decoding per workload, first turns and later turns apart, priced on the
 target's cost curve.
 
+`--plain-tokens FILE` also writes the tokenized prompts and answers as a `plain-tokens.jsonl`
+(category = workload/turns), which `suffix_replay` replays through the real suffix drafter on any
+cost curve (what `scripts/gpu-check.sh replay` does with a GPU's).
+
 Usage: scripts/session-copy-bound.py SESSIONS_JSON --url http://127.0.0.1:8080 --curve COST_JSON
-       [--match 1 3] [--max-rows 64]
+       [--match 1 3] [--max-rows 64] [--plain-tokens FILE]
 """
 
 import argparse
@@ -55,6 +59,7 @@ def main():
     ap.add_argument("--curve", required=True, help="the target's cost-cache JSON (~/.cache/treespec/costs/…)")
     ap.add_argument("--match", type=int, nargs="+", default=[1, 3])
     ap.add_argument("--max-rows", type=int, default=64)
+    ap.add_argument("--plain-tokens", help="also write the tokenized answers (plain-tokens.jsonl) here")
     args = ap.parse_args()
     cb = copy_bound()
     cost = cb.load_curve(args.curve)
@@ -67,7 +72,8 @@ def main():
         sys.exit("session-copy-bound: no request kept its messages (only the baseline server's do)")
     url = args.url.rstrip("/")
     by = defaultdict(lambda: defaultdict(list))
-    for r in records:
+    plain_tokens = open(args.plain_tokens, "w") if args.plain_tokens else None
+    for i, r in enumerate(records):
         messages = [text_of(m) for m in r["messages"]]
         prompt_text = post(f"{url}/apply-template", {"messages": messages})["prompt"]
         prompt = post(f"{url}/tokenize", {"content": prompt_text})["tokens"]
@@ -78,6 +84,10 @@ def main():
         if len(output) < 2:
             continue
         turn = "turn 1" if r["turn"] == 0 else "later"
+        if plain_tokens:
+            line = {"prompt_id": f"{r['session']}/{r['turn']}/{i}", "category": f"{r['workload']}/{turn}",
+                    "repeat": 0, "prompt": prompt, "output": output}
+            plain_tokens.write(json.dumps(line) + "\n")
         for m in args.match:
             s = cb.oracle_speedup(prompt, output, cost, m, args.max_rows)
             for key in [(r["workload"], turn), (r["workload"], "all"), ("all", turn)]:

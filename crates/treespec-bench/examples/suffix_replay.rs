@@ -180,7 +180,7 @@ fn main() -> Result<()> {
         Some(p) => read_curve(Path::new(p))?,
         None => decide.clone(),
     };
-    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine });
+    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine, elsewhere: false });
     let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
     if let Some(z) = pessimism {
         config.pessimism = z;

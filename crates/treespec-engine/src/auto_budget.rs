@@ -41,6 +41,10 @@ pub struct CostModel {
     /// Off, the curves are taken as given: reproducible decisions for tests and what-if runs.
     #[serde(default = "refine_default")]
     pub refine: bool,
+    /// The curves are another machine's (a GPU's, `TREESPEC_COSTS=file:`): a step costs what
+    /// they say, not what this machine's clock says, so the choices made are that machine's.
+    #[serde(default)]
+    pub elsewhere: bool,
 }
 
 fn refine_default() -> bool {
@@ -50,7 +54,7 @@ fn refine_default() -> bool {
 impl CostModel {
     /// Curves refined online.
     pub fn new(target: CostCurve, draft: Option<CostCurve>) -> Self {
-        Self { target, draft, refine: true }
+        Self { target, draft, refine: true, elsewhere: false }
     }
 }
 

@@ -30,6 +30,7 @@ fn cheap_verify() -> Arc<SharedCosts> {
         target: CostCurve::linear(30.0, 2.0, 32).unwrap(),
         draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
         refine: false,
+        elsewhere: false,
     })
 }
 
@@ -39,6 +40,7 @@ fn linear_verify() -> Arc<SharedCosts> {
         target: CostCurve::linear(0.0, 30.0, 32).unwrap(),
         draft: Some(CostCurve::linear(2.0, 1.0, 32).unwrap()),
         refine: false,
+        elsewhere: false,
     })
 }
 

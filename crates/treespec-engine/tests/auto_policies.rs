@@ -30,6 +30,7 @@ fn costs(base: f64, row: f64) -> Arc<SharedCosts> {
         target: CostCurve::linear(base, row, 128).unwrap(),
         draft: None,
         refine: false,
+        elsewhere: false,
     })
 }
 
@@ -116,6 +117,23 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
     }
 }
 
+/// 240 sampled tokens of `auto` priced on `costs`, on a "machine" where a forward of n rows
+/// takes 1.5 n + 0.3 n² ms, from a periodic prompt that offers imperfect copies at every step;
+/// the decision trace's lines.
+fn run_on_a_slow_machine(costs: Arc<SharedCosts>) -> Vec<serde_json::Value> {
+    let target = ToyModel::new(8, 1, 5).with_sharpness(1.5);
+    let head: Vec<TokenId> = (0..24).map(|i| (i % 8) as TokenId).collect();
+    let prompt = [&head[..], &head[..], &head[..], &head[..]].concat();
+    let (trace, buf) = memory_trace();
+    let mut d = auto(costs, SuffixShared::empty(), Some(trace));
+    let slow = |n: usize| Duration::from_micros(1500 * n as u64 + 300 * (n * n) as u64);
+    let mut lm = ToyLm::new(target, CTX).with_forward_time(slow);
+    let req = GenerateRequest::new(prompt, 240, SamplingParams::with_temperature(1.0), 1);
+    let out = run_on(&mut lm, &mut d, &req);
+    assert_eq!(out.tokens.len(), 240);
+    trace_lines(&buf)
+}
+
 /// The curve says rows are nearly free (T(n) = 30 + 0.1 n ms), so every copy looks worth
 /// verifying far out; on this "machine" a forward of n rows takes 1.5 n + 0.3 n² ms, so plain
 /// decoding (1.8 ms a token) beats even a fully accepted 8-token chain (9 rows: 38 ms, 4.2 ms a
@@ -123,17 +141,7 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
 /// overrule the curve: after a few steps it decodes plainly, while the curve alone would draft on.
 #[test]
 fn a_curve_that_lies_gives_way_to_the_time_steps_really_take() {
-    let target = ToyModel::new(8, 1, 5).with_sharpness(1.5);
-    let head: Vec<TokenId> = (0..24).map(|i| (i % 8) as TokenId).collect();
-    let prompt = [&head[..], &head[..], &head[..], &head[..]].concat();
-    let sampling = SamplingParams::with_temperature(1.0);
-    let (trace, buf) = memory_trace();
-    let mut d = auto(costs(30.0, 0.1), SuffixShared::empty(), Some(trace));
-    let slow = |n: usize| Duration::from_micros(1500 * n as u64 + 300 * (n * n) as u64);
-    let mut lm = ToyLm::new(target.clone(), CTX).with_forward_time(slow);
-    let out = run_on(&mut lm, &mut d, &GenerateRequest::new(prompt.clone(), 240, sampling, 1));
-    assert_eq!(out.tokens.len(), 240);
-    let lines = trace_lines(&buf);
+    let lines = run_on_a_slow_machine(costs(30.0, 0.1));
     let offered_draft = |l: &serde_json::Value| l["offers"].as_array().unwrap().len() > 1;
     // The curve's own verdict on every step that had a draft on offer: draft (its prediction
     // beats plain decoding's).
@@ -166,6 +174,34 @@ fn a_curve_that_lies_gives_way_to_the_time_steps_really_take() {
         .map(|o| o["correction"]["ms"].as_f64().unwrap())
         .fold(f64::INFINITY, f64::min);
     assert!(corrected > 1.5, "time corrections stayed near the curve: {last}");
+}
+
+/// The same lying curve, given as another machine's (`elsewhere`, what `TREESPEC_COSTS=file:`
+/// sets for a GPU's curve replayed on a CPU): this machine's slow forwards say nothing about
+/// that machine, so the books time each step on the curve and `auto` keeps drafting as the
+/// curve says it pays — the choices that machine would make, recorded here.
+#[test]
+fn another_machines_curve_is_trusted_over_this_machines_clock() {
+    let lines = run_on_a_slow_machine(SharedCosts::new(CostModel {
+        target: CostCurve::linear(30.0, 0.1, 128).unwrap(),
+        draft: None,
+        refine: false,
+        elsewhere: true,
+    }));
+    let late: Vec<_> = lines.iter().filter(|l| l["offers"].as_array().unwrap().len() > 1).skip(20).collect();
+    assert!(late.len() >= 20, "too few steps with a draft on offer: {}", late.len());
+    let drafted = late.iter().filter(|l| l["chosen"] != "plain").count();
+    assert!(
+        drafted as f64 >= 0.75 * late.len() as f64,
+        "auto gave way to this machine's clock ({drafted} of {} steps drafted)",
+        late.len()
+    );
+    for l in &late {
+        for o in &l["offers"].as_array().unwrap()[1..] {
+            let ms = o["correction"]["ms"].as_f64().unwrap();
+            assert!((ms - 1.0).abs() < 0.05, "a time correction away from the curve: {l}");
+        }
+    }
 }
 
 const RUNS: u64 = 20_000;

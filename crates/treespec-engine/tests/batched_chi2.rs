@@ -45,7 +45,7 @@ struct SuffixEnv {
 impl SuffixEnv {
     fn new() -> Self {
         let target = CostCurve::linear(1.0, 0.1, 64).unwrap();
-        let costs = CostModel { target, draft: None, refine: false };
+        let costs = CostModel { target, draft: None, refine: false, elsewhere: false };
         Self { shared: SuffixShared::empty(), costs: SharedCosts::new(costs) }
     }
 

@@ -26,6 +26,7 @@ fn cheap_verify() -> Arc<SharedCosts> {
         target: CostCurve::linear(30.0, 2.0, 64).unwrap(),
         draft: None,
         refine: false,
+        elsewhere: false,
     })
 }
 
@@ -293,7 +294,8 @@ fn replay_recorded_answers_with_and_without_re_anchoring() {
     for reanchor in [false, true] {
         // TREESPEC_REPLAY_REFINE=1: fold each step's time into the curve, as a live run does.
         let refine = std::env::var_os("TREESPEC_REPLAY_REFINE").is_some();
-        let costs = SharedCosts::new(CostModel { target: curve.clone(), draft: None, refine });
+        let costs =
+            SharedCosts::new(CostModel { target: curve.clone(), draft: None, refine, elsewhere: false });
         let config =
             SuffixConfig { costs: Some(costs), exclude_same_prompt: true, reanchor, ..Default::default() };
         let mut drafter = SuffixDrafter::new(config).unwrap();

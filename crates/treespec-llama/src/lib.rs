@@ -41,5 +41,5 @@ pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};
 pub use quantize::{write_draft, DraftOptions, DraftType};
-pub use runtime::{tokenizer_id, ModelBytes, ModelPaths, ModelRuntime};
+pub use runtime::{tiled_matmul_state, tokenizer_id, ModelBytes, ModelPaths, ModelRuntime};
 pub use threads::{available_cores, effective_threads};

@@ -180,8 +180,7 @@ pub fn models_loaded() -> usize {
     MODELS_LOADED.load(Ordering::Relaxed)
 }
 
-/// Environment variable ggml reads (once per process) to enable its tiled K-quant matmul.
-const TILED_ENV: &str = "GGML_CPU_TILED_MM";
+use crate::runtime::TILED_ENV;
 
 /// Exact mode needs ggml's tiled K-quant matmul off. ggml reads `GGML_CPU_TILED_MM` once, at the
 /// first matmul of the process, so this must happen before any decode; we refuse otherwise rather

@@ -28,6 +28,7 @@ fn cheap_costs() -> Arc<SharedCosts> {
         target: CostCurve::linear(10.0, 0.1, 64).unwrap(),
         draft: None,
         refine: false,
+        elsewhere: false,
     })
 }
 

@@ -87,7 +87,8 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         println!(
             "{}",
             json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
-                "prefix": args.prefix, "points": rows})
+                "prefix": args.prefix, "tiled_matmul": treespec_llama::tiled_matmul_state(),
+                "points": rows})
         );
         return Ok(());
     }
@@ -99,6 +100,9 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         args.prefix,
         args.repeat
     );
+    if model.runs_on() == "CPU" {
+        println!("ggml's tiled K-quant matmul: {}", treespec_llama::tiled_matmul_state());
+    }
     // Relative to the smallest size measured (T(1) unless --sizes leaves it out).
     let first = &points[0];
     let ratio = format!("T(n)/T({})", first.n);

@@ -19,10 +19,14 @@
 //! `TREESPEC_COSTS=linear:BASE_MS,ROW_MS` replaces every measured curve with a synthetic linear
 //! one, T(n) = BASE_MS + ROW_MS · n, without measuring or touching the cache: for tests (whose
 //! time limits must not depend on how long this machine takes to profile itself) and what-if
-//! runs.
+//! runs. `TREESPEC_COSTS=file:TARGET.json[,DRAFT.json]` takes the curves from cache files written
+//! on another machine (a GPU's, `scripts/gpu-check.sh`) and keeps them as they are, never refined
+//! by this machine's forwards: the drafters then choose what they would choose there, which is how
+//! acceptance is recorded on a CPU with the budgets a GPU would pick.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -35,8 +39,9 @@ use treespec_engine::profile::{
     check_curve, measure_curve, CurveCheck, MeasureOptions, Progress, PROFILE_SIZES,
 };
 
+use super::kernels::{self, TiledMatmul, TILED_ENV};
 use super::models::{ModelPair, ModelPaths};
-use crate::load::LlamaModel;
+use crate::load::{LlamaModel, DECODED};
 
 /// Interleaved rounds over every batch size of a start-up profile (the fastest repeat is kept;
 /// sizes whose repeats disagree get up to [`EXTRA_ROUNDS`] more).
@@ -63,6 +68,10 @@ struct CachedCurve {
     /// Timed forwards folded into the curve since it was measured, over all runs.
     #[serde(default)]
     observations: u64,
+    /// The CPU kernel setting the curve was measured with, when not ggml's default (see
+    /// [`super::kernels`]): every later process applies it before its first decode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kernels: Option<String>,
 }
 
 /// The default cache folder (see the module documentation); None when no variable names one.
@@ -100,6 +109,7 @@ struct Stored {
     noisy: String,
     /// Observations of earlier runs.
     observations: u64,
+    kernels: Option<String>,
     /// Of this run's observations, how many were written back.
     saved: u64,
 }
@@ -122,6 +132,7 @@ impl Held {
             curve: self.tap.curve(),
             noisy: s.noisy.clone(),
             observations: s.observations + seen,
+            kernels: s.kernels.clone(),
         };
         write_cached(file, &cached);
         self.stored.saved = seen;
@@ -171,9 +182,9 @@ impl CostCache {
         with_draft: bool,
         reprofile: bool,
     ) -> Result<CostModel> {
-        if let Some(curve) = synthetic_curve()? {
-            let draft = (with_draft && pair.draft().is_some()).then(|| curve.clone());
-            return Ok(CostModel::new(curve, draft));
+        if let Some(given) = synthetic_curve()? {
+            let with_draft = with_draft && pair.draft().is_some();
+            return Ok(given.cost_model(with_draft));
         }
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         for h in held.iter_mut().flatten() {
@@ -187,6 +198,21 @@ impl CostCache {
             _ => None,
         };
         Ok(CostModel::new(target, draft))
+    }
+
+    /// Apply the CPU kernel setting recorded with the target's cached curve to this process
+    /// (before its first decode; see [`super::kernels`]), so the curve and the kernels agree.
+    pub(crate) fn apply_recorded_kernels(&self, path: &Path, target: &LlamaModel) {
+        if synthetic_curve().is_ok_and(|c| c.is_some()) || target.runs_on() != "CPU" {
+            return;
+        }
+        let recorded = self.file(path, target).as_deref().and_then(read_cached_quietly);
+        if let Some(cached) = recorded {
+            kernels::apply(
+                TiledMatmul::from_recorded(cached.kernels.as_deref()),
+                DECODED.load(Ordering::SeqCst),
+            );
+        }
     }
 
     /// Whether a curve held now is provisional (measured while the cores never freed up): the
@@ -280,6 +306,7 @@ impl CostCache {
             exact: cached.exact,
             noisy: cached.noisy,
             observations: cached.observations,
+            kernels: cached.kernels,
             saved: 0,
         };
         Ok(slot.insert(Held { curve, measured, provisional, tap, file, stored }).curve.clone())
@@ -402,6 +429,7 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
         path.display(),
         PROFILE_SIZES.len()
     );
+    let kernels = choose_kernels(path, model);
     let t = Instant::now();
     let mut lm = model.new_lm()?;
     let opts = MeasureOptions { rounds: ROUNDS, extra_rounds: EXTRA_ROUNDS, threads, ..Default::default() };
@@ -446,8 +474,37 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
         curve,
         noisy,
         observations: 0,
+        kernels,
     };
     Ok((cached, measured.interference.stood_in))
+}
+
+/// The CPU kernels the curve about to be measured runs on: on a CPU's first profile, the faster
+/// of ggml's two matmul paths, timed in child processes and set for this process now (see
+/// [`super::kernels`]); what the environment already says otherwise. Recorded in the cache.
+fn choose_kernels(path: &Path, model: &LlamaModel) -> Option<String> {
+    let o = model.options();
+    if model.runs_on() == "CPU" && !o.exact && kernels::probe_allowed(DECODED.load(Ordering::SeqCst)) {
+        eprintln!(
+            "[treespec] timing ggml's tiled and untiled CPU matmul on {} (once, in child processes)…",
+            path.display()
+        );
+        match kernels::probe(path, o.threads, o.ctx_size) {
+            Some((choice, on_ms, off_ms)) => {
+                eprintln!(
+                    "[treespec]   8–32 rows: tiled {on_ms:.0} ms, untiled {off_ms:.0} ms: {}",
+                    match choice {
+                        TiledMatmul::Off => format!("{TILED_ENV}=0 from now on for this model"),
+                        TiledMatmul::On => "ggml's default kept".to_string(),
+                    }
+                );
+                kernels::apply(choice, DECODED.load(Ordering::SeqCst));
+            }
+            None => eprintln!("[treespec]   the kernel probe could not run; ggml's default kept"),
+        }
+    }
+    let off = std::env::var(TILED_ENV).is_ok_and(|v| v.trim() == "0");
+    (if off { TiledMatmul::Off } else { TiledMatmul::On }).recorded()
 }
 
 /// Write `cached` to `file` atomically (a unique temporary file in the same folder, synced,
@@ -475,10 +532,48 @@ fn write_cached(file: &Path, cached: &CachedCurve) {
     }
 }
 
-/// The synthetic curve `TREESPEC_COSTS` asks for (see the module docs), if it is set.
-fn synthetic_curve() -> Result<Option<CostCurve>> {
+/// The curves `TREESPEC_COSTS` names instead of measured ones (see the module docs).
+#[derive(Debug, Clone)]
+enum GivenCurves {
+    /// `linear:BASE_MS,ROW_MS`: one synthetic curve for every model, refined online as usual.
+    Linear(CostCurve),
+    /// `file:TARGET.json[,DRAFT.json]`: another machine's curves, taken as they are.
+    Files { target: CostCurve, draft: Option<CostCurve> },
+}
+
+impl GivenCurves {
+    fn cost_model(self, with_draft: bool) -> CostModel {
+        match self {
+            GivenCurves::Linear(curve) => {
+                let draft = with_draft.then(|| curve.clone());
+                CostModel::new(curve, draft)
+            }
+            // A draft without its own file is priced on the target's curve (as a draft that
+            // shares the target's weights is).
+            GivenCurves::Files { target, draft } => {
+                let draft = with_draft.then(|| draft.unwrap_or_else(|| target.clone()));
+                CostModel { target, draft, refine: false, elsewhere: true }
+            }
+        }
+    }
+}
+
+/// The curves `TREESPEC_COSTS` asks for, if it is set.
+fn synthetic_curve() -> Result<Option<GivenCurves>> {
     let Some(spec) = std::env::var_os("TREESPEC_COSTS") else { return Ok(None) };
-    let spec = spec.to_string_lossy();
+    parse_given(&spec.to_string_lossy()).map(Some)
+}
+
+fn parse_given(spec: &str) -> Result<GivenCurves> {
+    if let Some(files) = spec.strip_prefix("file:") {
+        let mut paths = files.split(',').map(str::trim);
+        let target = read_given(paths.next().unwrap_or_default())?;
+        let draft = paths.next().map(read_given).transpose()?;
+        if paths.next().is_some() {
+            anyhow::bail!("TREESPEC_COSTS=file: takes one or two curve files (target, draft), not {spec:?}");
+        }
+        return Ok(GivenCurves::Files { target, draft });
+    }
     let parsed = spec.strip_prefix("linear:").and_then(|rest| {
         let (base, row) = rest.split_once(',')?;
         let (base, row) = (base.trim().parse::<f64>().ok()?, row.trim().parse::<f64>().ok()?);
@@ -486,15 +581,27 @@ fn synthetic_curve() -> Result<Option<CostCurve>> {
     });
     let Some((base, row)) = parsed else {
         anyhow::bail!(
-            "TREESPEC_COSTS must be `linear:BASE_MS,ROW_MS` with BASE_MS > 0 and ROW_MS >= 0, not {spec:?}"
+            "TREESPEC_COSTS must be `linear:BASE_MS,ROW_MS` with BASE_MS > 0 and ROW_MS >= 0, or \
+             `file:TARGET.json[,DRAFT.json]`, not {spec:?}"
         );
     };
-    Ok(Some(CostCurve::linear(base, row, 64)?))
+    Ok(GivenCurves::Linear(CostCurve::linear(base, row, 64)?))
+}
+
+/// A cost-curve cache file (as this module writes them) named by `TREESPEC_COSTS=file:`.
+fn read_given(path: &str) -> Result<CostCurve> {
+    if path.is_empty() {
+        anyhow::bail!("TREESPEC_COSTS=file: needs a curve file (a cost-cache JSON file)");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("TREESPEC_COSTS: reading {path}"))?;
+    let cached: CachedCurve = serde_json::from_str(&text)
+        .with_context(|| format!("TREESPEC_COSTS: {path} is not a cost-curve cache file"))?;
+    Ok(cached.curve)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::device_key;
+    use super::{device_key, parse_given, GivenCurves};
 
     #[test]
     fn a_gpu_curve_is_cached_apart_from_the_cpu_one() {
@@ -502,5 +609,49 @@ mod tests {
         let gpu = device_key("Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)), every layer");
         assert_eq!(gpu, "-vulkan0_llvmpipe_llvm_15_0_6_256_bits_every_layer");
         assert_ne!(gpu, device_key("Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits)), 8 of 30 layers"));
+    }
+
+    /// A GPU's cached curve, named by file, is priced as it is and never refined here.
+    #[test]
+    fn given_curve_files_are_read_and_kept_unrefined() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, ms: &[f64]| {
+            let points: Vec<(usize, f64)> = ms.iter().enumerate().map(|(i, &t)| (i + 1, t)).collect();
+            let path = dir.path().join(name);
+            let cached = super::CachedCurve {
+                format: super::FORMAT,
+                model: name.into(),
+                threads: 16,
+                exact: false,
+                curve: treespec_core::cost::CostCurve::from_points(&points).unwrap(),
+                noisy: String::new(),
+                observations: 0,
+                kernels: None,
+            };
+            std::fs::write(&path, serde_json::to_string(&cached).unwrap()).unwrap();
+            path.display().to_string()
+        };
+        let target = write("t.json", &[5.0, 5.1, 5.2, 5.4]);
+        let draft = write("d.json", &[2.0, 2.0, 2.1, 2.1]);
+        let model = parse_given(&format!("file:{target},{draft}")).unwrap().cost_model(true);
+        assert!(!model.refine, "another machine's curve must not be refined by this one's forwards");
+        assert!(model.elsewhere, "steps are timed on the given curves, not by this machine's clock");
+        assert_eq!(model.target.ms(4), 5.4);
+        assert_eq!(model.draft.as_ref().map(|d| d.ms(1)), Some(2.0));
+        // Without a draft file the draft is priced on the target's curve.
+        let model = parse_given(&format!("file:{target}")).unwrap().cost_model(true);
+        assert_eq!(model.draft.as_ref().map(|d| d.ms(2)), Some(5.1));
+        assert!(parse_given(&format!("file:{target}")).unwrap().cost_model(false).draft.is_none());
+        // Errors name the problem.
+        let missing = parse_given("file:/nonexistent/curve.json").unwrap_err();
+        assert!(format!("{missing:#}").contains("/nonexistent/curve.json"), "{missing:#}");
+        let not_curve = dir.path().join("x.json");
+        std::fs::write(&not_curve, "{}").unwrap();
+        let wrong = parse_given(&format!("file:{}", not_curve.display())).unwrap_err();
+        assert!(format!("{wrong:#}").contains("not a cost-curve cache file"), "{wrong:#}");
+        assert!(parse_given("file:").is_err());
+        assert!(parse_given(&format!("file:{target},{draft},{draft}")).is_err());
+        assert!(matches!(parse_given("linear:30,2"), Ok(GivenCurves::Linear(_))));
+        assert!(parse_given("quadratic:1").is_err());
     }
 }

@@ -20,6 +20,7 @@
 
 mod costs;
 mod fingerprint;
+mod kernels;
 mod models;
 mod prepare;
 mod token_table;
@@ -36,6 +37,8 @@ use treespec_text::{ChatMessage, ChatTemplate};
 
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
+pub use kernels::tiled_matmul_state;
+pub(crate) use kernels::TILED_ENV;
 pub use models::{ModelBytes, ModelPaths, Prompt};
 pub use prepare::{room, PrepareError, Prepared, RequestPrompt, RequestSpec};
 pub use token_table::TokenTable;
@@ -73,6 +76,8 @@ impl ModelRuntime {
     pub fn load(paths: ModelPaths, options: LoadOptions) -> Result<Self> {
         let pair = ModelPair::load(&paths, &options)?;
         let eos = eos_tokens(&pair.target);
+        let costs = CostCache::new(default_cache_dir());
+        costs.apply_recorded_kernels(&paths.model, &pair.target);
         Ok(Self {
             paths,
             pair,
@@ -81,7 +86,7 @@ impl ModelRuntime {
             tokenizer: OnceLock::new(),
             token_table: OnceLock::new(),
             grammar_vocabulary: OnceLock::new(),
-            costs: CostCache::new(default_cache_dir()),
+            costs,
         })
     }
 

@@ -194,6 +194,7 @@ pub fn cheap_costs() -> std::sync::Arc<SharedCosts> {
         target: CostCurve::linear(10.0, 0.5, 64).unwrap(),
         draft: None,
         refine: false,
+        elsewhere: false,
     })
 }
 

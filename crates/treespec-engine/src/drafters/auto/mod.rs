@@ -83,12 +83,17 @@ pub struct AutoDrafter<M: CausalLm> {
     steps: u64,
     /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
     batched: bool,
+    /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step is booked at the
+    /// curve's time, not this machine's wall time, so the choices are the ones that machine
+    /// would make.
+    curve_time: bool,
 }
 
 impl<M: CausalLm> AutoDrafter<M> {
     /// An `auto` drafter; `draft` is optional (free drafts or plain decoding only without it).
     pub fn new(draft: Option<M>, config: AutoConfig) -> Result<Self> {
         let shared = config.suffix.shared.clone();
+        let curve_time = config.costs.initial().elsewhere;
         let suffix = SuffixDrafter::new(SuffixConfig { costs: Some(config.costs.clone()), ..config.suffix })?;
         let model = match draft {
             Some(d) => {
@@ -115,6 +120,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             combined: 0,
             steps: 0,
             batched: false,
+            curve_time,
         })
     }
 
@@ -167,12 +173,14 @@ impl<M: CausalLm> AutoDrafter<M> {
     }
 
     /// What the verified step cost this request, in ms: alone, its wall time from proposal to
-    /// verification; in a batch, its predicted share of the forward scaled by how the whole
+    /// verification (the curve's time when the curves are another machine's); in a batch, its predicted share of the forward scaled by how the whole
     /// forward's time compared with the curve.
     fn step_ms(&self, pending: &Pending, predicted_ms: f64) -> (f64, usize, f64, f64) {
         let (rows, forward_ms) = pending.forward.unwrap_or((0, 0.0));
         let curve_ms = self.suffix.economics().map_or(0.0, |e| e.target.ms(rows.max(1)));
-        let ms = if self.batched && curve_ms > 0.0 {
+        let ms = if self.curve_time {
+            predicted_ms
+        } else if self.batched && curve_ms > 0.0 {
             predicted_ms * forward_ms / curve_ms
         } else {
             pending.started.elapsed().as_secs_f64() * 1e3
