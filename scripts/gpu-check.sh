@@ -15,7 +15,8 @@
 # device   Builds llama.cpp there as shared libraries with the CUDA backend (sm_90; a warm machine
 #          keeps the build), writes random-weight GGUF files with exactly the real files' shapes,
 #          tensor types and tokenizer (scripts/gpu/random_gguf.py: a forward's time depends on
-#          those, not on the values), and writes to $OUT:
+#          those, not on the values), and writes to $OUT summary.md, log.txt and gpu-check.tar.gz
+#          (the device tool brings back 8 files at most), the archive holding:
 #            profile-1.5b.json, profile-0.5b.json  T(n), n = 1…128, every layer on the GPU
 #            batched-bench.txt                      llama.cpp's own timings of the same file
 #            costs/*.json                           the curves `auto` caches there (what replay prices on)
@@ -68,7 +69,9 @@ prepare() {
     local src
     src=$(vendored_llama_cpp)
     [[ -f "$src/CMakeLists.txt" ]] || die "cannot find llama-cpp-sys-2's llama.cpp sources (cargo metadata)"
-    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
+    # The bundle's files are remade; builds and random models made by `device --cpu` stay.
+    mkdir -p "$BUNDLE" && rm -f "$BUNDLE"/treespec "$BUNDLE"/*.tar.gz "$BUNDLE"/*.skel* "$BUNDLE"/prompts.jsonl
+    rm -rf "$BUNDLE/src" "$BUNDLE/models"
     strip -o "$BUNDLE/treespec" target-dl/release/treespec
     log "packing the llama.cpp sources of $src"
     local stage=$BUNDLE/stage
@@ -86,11 +89,11 @@ prepare() {
         log "no llama.cpp tool sources (scripts/peer-bench.sh build fetches them): no llama-batched-bench there"
         : >"$stage/tools/CMakeLists.txt"
     fi
-    tar -C "$stage" -cJf "$BUNDLE/llama.cpp.tar.xz" .
+    tar -C "$stage" -czf "$BUNDLE/llama.cpp.tar.gz" .
     rm -rf "$stage"
     python3 scripts/gpu/random_gguf.py skeleton "models/$TARGET_GGUF" "$BUNDLE/target.skel" >&2
     python3 scripts/gpu/random_gguf.py skeleton "models/$DRAFT_GGUF" "$BUNDLE/draft.skel" >&2
-    xz -T0 "$BUNDLE"/*.skel
+    gzip -9 "$BUNDLE"/*.skel
     # Prompts for the equality check: two per category of the main set, and the code edits.
     python3 - "$BUNDLE/prompts.jsonl" <<'EOF'
 import json, sys
@@ -111,11 +114,12 @@ EOF
 build_libraries() {
     local build=$1 cuda=$2
     if [[ ! -d $BUNDLE/src ]]; then
-        mkdir -p "$BUNDLE/src" && tar -C "$BUNDLE/src" -xJf "$BUNDLE/llama.cpp.tar.xz"
+        mkdir -p "$BUNDLE/src" && tar -C "$BUNDLE/src" -xzf "$BUNDLE/llama.cpp.tar.gz"
     fi
     local gpu=(-DGGML_CUDA=OFF)
     if [[ $cuda == 1 ]]; then
-        command -v nvcc >/dev/null || die "nvcc is not on PATH"
+        command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+        command -v nvcc >/dev/null || die "nvcc is not on PATH (nor in /usr/local/cuda/bin)"
         gpu=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
     fi
     local gen=()
@@ -152,9 +156,11 @@ device() {
         cuda=0 ngl=()
     fi
     [[ -f $BUNDLE/treespec ]] || die "no $BUNDLE/ here: run 'scripts/gpu-check.sh prepare' first and carry $BUNDLE"
-    local out=${OUT:-bench-out/gpu-check}
-    mkdir -p "$out"
-    exec > >(tee "$out/log.txt") 2>&1
+    # The device tool brings back at most 8 files from $OUT: the results are gathered in one
+    # folder and come back as one archive beside the summary and the log.
+    local back=${OUT:-bench-out/gpu-check} out=$BUNDLE/results
+    rm -rf "$out" && mkdir -p "$out" "$back"
+    exec > >(tee "$back/log.txt") 2>&1
     nvidia-smi -L 2>/dev/null || true
     local build=$BUNDLE/build-$([[ $cuda == 1 ]] && echo cuda || echo cpu)
     build_libraries "$build" "$cuda"
@@ -171,7 +177,7 @@ device() {
         local name=$TARGET_GGUF
         [[ $which == draft ]] && name=$DRAFT_GGUF
         if [[ ! -f $models/$name ]]; then
-            xz -dkf "$BUNDLE/$which.skel.xz"
+            gzip -dkf "$BUNDLE/$which.skel.gz"
             python3 scripts/gpu/random_gguf.py fill "$BUNDLE/$which.skel" "$models/$name"
         fi
     done
@@ -207,6 +213,9 @@ device() {
     rm -f "$out"/bench-*/*.svg
     summarize "$out" >"$out/summary.md"
     cat "$out/summary.md"
+    cp "$out/summary.md" "$back/summary.md"
+    tar -C "$out" -czf "$back/gpu-check.tar.gz" .
+    log "results: $back/gpu-check.tar.gz (replay: mkdir DIR && tar -C DIR -xzf it; gpu-check.sh replay DIR)"
     if [[ $cuda == 0 ]] && python3 - "$out" <<'EOF'
 import json, sys
 runs = [r for b in ("bench-equal", "bench-self") for r in json.load(open(f"{sys.argv[1]}/{b}/results.json"))["runs"]]
