@@ -40,7 +40,8 @@ die() {
     exit 1
 }
 
-BUNDLE=target-gpu
+BUNDLE=target-gpu        # what travels (≈ 20 MiB)
+WORK=target-gpu-work     # what the device step builds and writes (never carried)
 TARGET_GGUF=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 DRAFT_GGUF=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
@@ -69,9 +70,10 @@ prepare() {
     local src
     src=$(vendored_llama_cpp)
     [[ -f "$src/CMakeLists.txt" ]] || die "cannot find llama-cpp-sys-2's llama.cpp sources (cargo metadata)"
-    # The bundle's files are remade; builds and random models made by `device --cpu` stay.
-    mkdir -p "$BUNDLE" && rm -f "$BUNDLE"/treespec "$BUNDLE"/*.tar.gz "$BUNDLE"/*.skel* "$BUNDLE"/prompts.jsonl
-    rm -rf "$BUNDLE/src" "$BUNDLE/models"
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
+    # A new bundle: the device step's sources and random files are made again from it (its
+    # builds stay, so a rerun of `device --cpu` rebuilds only what changed).
+    rm -rf "$WORK/src" "$WORK/models"
     strip -o "$BUNDLE/treespec" target-dl/release/treespec
     log "packing the llama.cpp sources of $src"
     local stage=$BUNDLE/stage
@@ -113,8 +115,8 @@ EOF
 # Build llama.cpp's shared libraries (and llama-batched-bench) from the bundle's sources.
 build_libraries() {
     local build=$1 cuda=$2
-    if [[ ! -d $BUNDLE/src ]]; then
-        mkdir -p "$BUNDLE/src" && tar -C "$BUNDLE/src" -xzf "$BUNDLE/llama.cpp.tar.gz"
+    if [[ ! -d $WORK/src ]]; then
+        mkdir -p "$WORK/src" && tar -C "$WORK/src" -xzf "$BUNDLE/llama.cpp.tar.gz"
     fi
     local gpu=(-DGGML_CUDA=OFF)
     if [[ $cuda == 1 ]]; then
@@ -125,7 +127,7 @@ build_libraries() {
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
     if [[ ! -f $build/CMakeCache.txt ]]; then
-        cmake -S "$BUNDLE/src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+        cmake -S "$WORK/src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
             -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON \
             -DGGML_F16C=ON -DGGML_BMI2=ON "${gpu[@]}" \
             -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
@@ -143,7 +145,7 @@ build_libraries() {
         die "build failed"
     }
     log "built in $((SECONDS - t0)) s"
-    if [[ -f $BUNDLE/src/tools/batched-bench/CMakeLists.txt ]]; then
+    if [[ -f $WORK/src/tools/batched-bench/CMakeLists.txt ]]; then
         cmake --build "$build" --config Release -j "$(nproc)" --target llama-batched-bench >>"$build.build.log" 2>&1 ||
             log "llama-batched-bench did not build (see $build.build.log); going on without it"
     fi
@@ -158,27 +160,27 @@ device() {
     [[ -f $BUNDLE/treespec ]] || die "no $BUNDLE/ here: run 'scripts/gpu-check.sh prepare' first and carry $BUNDLE"
     # The device tool brings back at most 8 files from $OUT: the results are gathered in one
     # folder and come back as one archive beside the summary and the log.
-    local back=${OUT:-bench-out/gpu-check} out=$BUNDLE/results
+    local back=${OUT:-bench-out/gpu-check} out=$WORK/results
     rm -rf "$out" && mkdir -p "$out" "$back"
     exec > >(tee "$back/log.txt") 2>&1
     nvidia-smi -L 2>/dev/null || true
-    local build=$BUNDLE/build-$([[ $cuda == 1 ]] && echo cuda || echo cpu)
+    local build=$WORK/build-$([[ $cuda == 1 ]] && echo cuda || echo cpu)
     build_libraries "$build" "$cuda"
     export LD_LIBRARY_PATH=$PWD/$build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export XDG_CACHE_HOME=$PWD/$BUNDLE/cache TREESPEC_CACHE_DIR=$PWD/$BUNDLE/cache/treespec
+    export XDG_CACHE_HOME=$PWD/$WORK/cache TREESPEC_CACHE_DIR=$PWD/$WORK/cache/treespec
     local ts=$build/bin/treespec
     "$ts" devices | tee "$out/devices.txt"
     if [[ $cuda == 1 ]] && ! grep -qi cuda "$out/devices.txt"; then
         die "the CUDA backend did not load (see devices.txt)"
     fi
-    local models=$BUNDLE/models
+    local models=$WORK/models
     mkdir -p "$models"
     for which in target draft; do
         local name=$TARGET_GGUF
         [[ $which == draft ]] && name=$DRAFT_GGUF
         if [[ ! -f $models/$name ]]; then
-            gzip -dkf "$BUNDLE/$which.skel.gz"
-            python3 scripts/gpu/random_gguf.py fill "$BUNDLE/$which.skel" "$models/$name"
+            gzip -dc "$BUNDLE/$which.skel.gz" >"$WORK/$which.skel"
+            python3 scripts/gpu/random_gguf.py fill "$WORK/$which.skel" "$models/$name"
         fi
     done
     local target=$models/$TARGET_GGUF draft=$models/$DRAFT_GGUF max_n=128
@@ -270,8 +272,9 @@ replay() {
     local dir=${1:-}
     [[ -d $dir ]] || die "usage: gpu-check.sh replay DIR (the results of a device run)"
     local target_curve draft_curve
-    target_curve=$(ls -t "$dir"/costs/*1.5b*-fast*.json 2>/dev/null | head -1)
-    draft_curve=$(ls -t "$dir"/costs/*0.5b*-fast*.json 2>/dev/null | head -1)
+    # The fast-mode curves when there are any (a `device --cpu` run caches exact ones only).
+    target_curve=$( (ls -t "$dir"/costs/*1.5b*-fast*.json; ls -t "$dir"/costs/*1.5b*.json) 2>/dev/null | head -1)
+    draft_curve=$( (ls -t "$dir"/costs/*0.5b*-fast*.json; ls -t "$dir"/costs/*0.5b*.json) 2>/dev/null | head -1)
     [[ -n $target_curve && -n $draft_curve ]] || die "$dir/costs/ holds no 1.5B and 0.5B curves"
     cargo build --release -q -p treespec-cli -p treespec-bench --examples --bins >&2
     local report=$dir/replay.md work=$dir/replay
