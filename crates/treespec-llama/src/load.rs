@@ -196,9 +196,7 @@ fn disable_tiled_matmul() -> Result<()> {
              once); load exact models first, or start the process with {TILED_ENV}=0"
         ))),
         Err(_) => {
-            // Edition 2021: `set_var` is safe to call. No ggml thread has read the environment
-            // yet (no decode has happened), so nothing races with this write in practice.
-            std::env::set_var(TILED_ENV, "0");
+            crate::runtime::turn_tiled_off();
             Ok(())
         }
     }

@@ -146,12 +146,22 @@ impl Held {
 pub(crate) struct CostCache {
     dir: Option<PathBuf>,
     held: Mutex<[Option<Held>; 2]>,
+    /// The curves `TREESPEC_COSTS` names, read once when the cache is made (a `file:` curve is
+    /// a JSON file: not re-read per request); the error, in words, is reported where a cost model
+    /// is asked for.
+    given: std::result::Result<Option<GivenCurves>, String>,
 }
 
 impl CostCache {
     /// A cache keeping its files under `dir` (None: memory only).
     pub(crate) fn new(dir: Option<PathBuf>) -> Self {
-        Self { dir, held: Mutex::new([None, None]) }
+        let given = synthetic_curve().map_err(|e| format!("{e:#}"));
+        Self { dir, held: Mutex::new([None, None]), given }
+    }
+
+    /// The curves `TREESPEC_COSTS` names, if any (an unreadable spec is an error).
+    fn given(&self) -> Result<Option<&GivenCurves>> {
+        self.given.as_ref().map(Option::as_ref).map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     /// Re-time a few sizes of the target's cached curve and compare (`treespec profile
@@ -182,7 +192,7 @@ impl CostCache {
         with_draft: bool,
         reprofile: bool,
     ) -> Result<CostModel> {
-        if let Some(given) = synthetic_curve()? {
+        if let Some(given) = self.given()? {
             let with_draft = with_draft && pair.draft().is_some();
             return Ok(given.cost_model(with_draft));
         }
@@ -203,7 +213,7 @@ impl CostCache {
     /// Apply the CPU kernel setting recorded with the target's cached curve to this process
     /// (before its first decode; see [`super::kernels`]), so the curve and the kernels agree.
     pub(crate) fn apply_recorded_kernels(&self, path: &Path, target: &LlamaModel) {
-        if synthetic_curve().is_ok_and(|c| c.is_some()) || target.runs_on() != "CPU" {
+        if matches!(self.given, Ok(Some(_))) || target.runs_on() != "CPU" {
             return;
         }
         let recorded = self.file(path, target).as_deref().and_then(read_cached_quietly);
@@ -230,7 +240,7 @@ impl CostCache {
     /// Whether [`CostCache::cost_model`] would answer without measuring: every curve it needs is
     /// held or readable from the disk cache (and no measurement is under way). Never waits.
     pub(crate) fn has_curves(&self, pair: &ModelPair, paths: &ModelPaths, with_draft: bool) -> bool {
-        if matches!(synthetic_curve(), Ok(Some(_))) {
+        if matches!(self.given, Ok(Some(_))) {
             return true;
         }
         // A curve being measured right now holds the lock for minutes: not known yet, and the
@@ -542,17 +552,14 @@ enum GivenCurves {
 }
 
 impl GivenCurves {
-    fn cost_model(self, with_draft: bool) -> CostModel {
+    fn cost_model(&self, with_draft: bool) -> CostModel {
         match self {
-            GivenCurves::Linear(curve) => {
-                let draft = with_draft.then(|| curve.clone());
-                CostModel::new(curve, draft)
-            }
+            GivenCurves::Linear(curve) => CostModel::new(curve.clone(), with_draft.then(|| curve.clone())),
             // A draft without its own file is priced on the target's curve (as a draft that
             // shares the target's weights is).
             GivenCurves::Files { target, draft } => {
-                let draft = with_draft.then(|| draft.unwrap_or_else(|| target.clone()));
-                CostModel { target, draft, refine: false, elsewhere: true }
+                let draft = with_draft.then(|| draft.as_ref().unwrap_or(target).clone());
+                CostModel { target: target.clone(), draft, refine: false, elsewhere: true }
             }
         }
     }

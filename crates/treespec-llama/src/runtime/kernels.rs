@@ -81,10 +81,16 @@ pub(crate) fn probe_allowed(decoded: bool) -> bool {
 /// Apply a recorded choice to this process (before its first matmul; never over the user's).
 pub(crate) fn apply(choice: TiledMatmul, decoded: bool) {
     if choice == TiledMatmul::Off && std::env::var_os(TILED_ENV).is_none() && !decoded {
-        // Edition 2021: `set_var` is safe to call. No ggml thread has read the environment yet
-        // (nothing has decoded), so nothing races with this write in practice.
-        std::env::set_var(TILED_ENV, "0");
+        turn_tiled_off();
     }
+}
+
+/// Turn ggml's tiled matmul off for this process: the one writer of [`TILED_ENV`], for the
+/// recorded choice and for exact mode. Callers call it only before the process's first decode.
+pub(crate) fn turn_tiled_off() {
+    // Edition 2021: `set_var` is safe to call. No ggml thread has read the environment yet
+    // (nothing has decoded), so nothing races with this write in practice.
+    std::env::set_var(TILED_ENV, "0");
 }
 
 /// Time both settings on `model` in child processes and say which is faster, with the times

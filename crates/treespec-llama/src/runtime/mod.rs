@@ -38,7 +38,7 @@ use treespec_text::{ChatMessage, ChatTemplate};
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
 pub use kernels::tiled_matmul_state;
-pub(crate) use kernels::TILED_ENV;
+pub(crate) use kernels::{turn_tiled_off, TILED_ENV};
 pub use models::{ModelBytes, ModelPaths, Prompt};
 pub use prepare::{room, PrepareError, Prepared, RequestPrompt, RequestSpec};
 pub use token_table::TokenTable;
