@@ -30,7 +30,7 @@ mod threads;
 mod vocab;
 
 pub use backend::LOG_ENV;
-pub use batch_lm::{BatchCounters, LlamaBatchLm, KEEP_CACHED_ROWS};
+pub use batch_lm::{BatchCounters, LlamaBatchLm, KEEP_CACHED_ROWS, SAVED_PREFIX_BYTES};
 pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE};
 pub use devices::{Device, DeviceKind, GpuLayers, Offload};
 pub use draft_lanes::LlamaDraftLanes;

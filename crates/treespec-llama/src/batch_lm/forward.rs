@@ -14,8 +14,9 @@ use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};
 use crate::kv::{PendingTree, Plan};
 use crate::lm::{lend_rows, undo_plan};
 
-/// Dead cells (finished requests, cached prefixes no longer kept) tolerated before a compaction,
-/// however few the kept ones.
+/// Dead cells (cached prefixes past their keep) tolerated before a compaction moves them to
+/// host memory, however many cells the kept ones hold: a compaction copies every kept cell
+/// twice, so fewer dead cells than this wait until they outnumber the kept ones.
 const COMPACT_MIN_DEAD: usize = 1024;
 
 /// What a forward has planned so far: what a failure must take back out, and, once decoded,
@@ -109,15 +110,16 @@ fn batch_rows<'a>(
 
 impl LlamaBatchLm<'_> {
     /// Make room for a step of `rows` rows, or say why there is none. Compact when the cache is
-    /// full, short of sequence ids, or holding more dead cells (cached prefixes past their keep,
-    /// see [`super::KEEP_CACHED_ROWS`]) than kept ones: every query scans the occupied cells,
-    /// masked or not, so dead cells cost attention time on every step. When the lanes need the
-    /// room or the ids, the oldest cached prefixes are given up first.
+    /// full, short of sequence ids, or holding dead cells (cached prefixes past their keep, see
+    /// [`super::KEEP_CACHED_ROWS`]) more than [`COMPACT_MIN_DEAD`] or than the kept ones: every
+    /// query scans the occupied cells, masked or not, and a slice of dead cells leaves a thread
+    /// idle, so dead cells cost attention time on every step; the compaction moves them to host
+    /// memory. When the lanes need the room or the ids, the oldest cached prefixes go first.
     pub(super) fn make_room(&mut self, work: &[LaneWork<'_>], rows: usize) -> Result<()> {
         let paths = tree_nodes(work);
         let kept = self.live_cells() + self.kept_cells();
         let dead = self.used - kept.min(self.used);
-        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > kept.max(COMPACT_MIN_DEAD)
+        if self.used + rows > self.n_ctx || paths > self.free_seqs.len() || dead > kept.min(COMPACT_MIN_DEAD)
         {
             let freed_ids = |b: &Self| b.cached.iter().filter(|c| !c.kept()).count();
             while (self.live_cells() + self.kept_cells() + rows > self.n_ctx

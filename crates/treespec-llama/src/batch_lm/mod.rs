@@ -33,8 +33,11 @@ use crate::lm::{backend_err, seq_rm, BatchBuf};
 use crate::load::LlamaModel;
 
 mod forward;
+mod saved_prefixes;
 
 use forward::StepPlan;
+pub use saved_prefixes::SAVED_PREFIX_BYTES;
+use saved_prefixes::{SavedPrefix, SavedPrefixes};
 
 /// llama.cpp's limit on sequence ids in one context.
 pub(crate) const SEQ_IDS: usize = 256;
@@ -89,18 +92,18 @@ impl Cached {
     }
 }
 
-/// How long a cached prefix survives compactions, in rows fed since it was cached.
+/// How long a cached prefix stays in the cells, in rows fed since it was cached; a compaction
+/// after that moves it to host memory ([`saved_prefixes`]), from where a lane that reuses it
+/// restores it.
 ///
-/// Every row of every forward attends to every occupied cell, masked or not, so a kept cell
-/// costs each later step a little; a dropped one costs a prefill if the prefix is asked for
-/// again (a conversation's next turn, an agent's next call). Measured on the 1.5B target (2 AMD
-/// cores): a prompt token prefills in about 10 ms (T(64)/64) and a row pays about 5 µs per
-/// occupied cell (the cost curve's context cost), so keeping a cell for 2,000 rows costs what
-/// re-prefilling it would. Keeping a prefix until then and dropping it after is the ski-rental
-/// rule: whenever (or whether) the next turn comes, it never costs more than twice the better
-/// choice in hindsight, where dropping every cached prefix at the first compaction re-prefilled
-/// whole conversations that came back a moment later.
-pub const KEEP_CACHED_ROWS: u64 = 2_048;
+/// In the cells a prefix is reused by a sequence copy (free) but costs every row of every later
+/// forward (its cells are scanned, and they unbalance llama.cpp's split of the attention over
+/// threads, see [`saved_prefixes`]); in host memory it costs a copy when a compaction moves it
+/// and another when a lane restores it (a few tens of KB a token, about a millisecond per
+/// hundred tokens on the 1.5B). An agent's or a chat's next turn, which comes right after its
+/// last one, still finds its prefix in the cells; one that comes back after other requests'
+/// rows restores it from memory.
+pub const KEEP_CACHED_ROWS: u64 = 256;
 
 /// A lane that reuses at least this share of a cached prefix takes it over: the prefix is then
 /// dropped at the next compaction (the lane's own tokens, cached when it closes, carry it on).
@@ -128,8 +131,14 @@ pub struct BatchCounters {
     pub compactions: u64,
     /// Cached prefixes a compaction kept (counted once per compaction).
     pub kept_prefixes: u64,
-    /// Cached prefixes a compaction dropped.
+    /// Cached prefixes given up for good (the host-memory store was full).
     pub dropped_prefixes: u64,
+    /// Cached prefixes a compaction moved from the cells to host memory.
+    pub saved_prefixes: u64,
+    /// Prefixes restored from host memory into a lane's cells.
+    pub restored_prefixes: u64,
+    /// Bytes the prefixes in host memory hold now.
+    pub saved_bytes: u64,
     /// Prompt tokens served from a cached prefix instead of being prefilled.
     pub reused_tokens: u64,
 }
@@ -142,7 +151,10 @@ pub struct LlamaBatchLm<'m> {
     n_ctx: usize,
     n_vocab: usize,
     lanes: Vec<Option<LaneSeq>>,
+    /// Finished lanes' prefixes still in the cells.
     cached: Vec<Cached>,
+    /// Finished lanes' prefixes moved to host memory.
+    saved: SavedPrefixes,
     /// Sequence ids not in use (bases of lanes and cached prefixes, paths of this step's trees).
     free_seqs: Vec<i32>,
     /// Occupied cells: exactly `0..used` between steps.
@@ -199,6 +211,7 @@ impl LlamaModel {
             n_vocab: self.vocab_size(),
             lanes: (0..lanes).map(|_| None).collect(),
             cached: Vec::new(),
+            saved: SavedPrefixes::new(SAVED_PREFIX_BYTES),
             free_seqs: (0..SCRATCH).rev().collect(),
             used: 0,
             placed: Vec::new(),
@@ -292,10 +305,10 @@ impl<'m> LlamaBatchLm<'m> {
     }
 
     /// Rewrite the live lanes and the cached prefixes still worth their keep contiguously from
-    /// cell 0, dropping the other cached prefixes: frees the cells nobody will read again (and
-    /// the cells two sequences shared, each now holding its own).
+    /// cell 0, moving the other cached prefixes to host memory: frees the cells nobody reads now
+    /// (and the cells two sequences shared, each now holding its own).
     fn compact(&mut self) -> Result<()> {
-        let (kept, dropped): (Vec<Cached>, Vec<Cached>) =
+        let (kept, leaving): (Vec<Cached>, Vec<Cached>) =
             std::mem::take(&mut self.cached).into_iter().partition(Cached::kept);
         let seqs: Vec<i32> = self
             .lanes
@@ -307,17 +320,21 @@ impl<'m> LlamaBatchLm<'m> {
             .collect();
         let mut blobs = Vec::with_capacity(seqs.len());
         for seq in seqs {
-            backend::clear_captured();
-            let blob = self
-                .ctx
-                .state_seq_get(seq, LlamaStateSeqFlags::empty())
-                .map_err(|e| backend_err("cannot save a sequence for compaction", e))?;
-            blobs.push((seq, blob));
+            blobs.push((seq, self.seq_state(seq, "cannot save a sequence for compaction")?));
+        }
+        let mut saving = Vec::with_capacity(leaving.len());
+        for c in &leaving {
+            saving.push(self.seq_state(c.seq, "cannot save a cached prefix to host memory")?);
         }
         self.ctx.clear_kv_cache();
-        self.counters.dropped_prefixes += dropped.len() as u64;
         self.counters.kept_prefixes += kept.len() as u64;
-        self.free_seqs.extend(dropped.iter().map(|c| c.seq));
+        self.free_seqs.extend(leaving.iter().map(|c| c.seq));
+        for (c, state) in leaving.into_iter().zip(saving) {
+            self.counters.saved_prefixes += 1;
+            let evicted = self.saved.push(SavedPrefix { tokens: c.tokens, scope: c.scope, state });
+            self.counters.dropped_prefixes += evicted as u64;
+        }
+        self.counters.saved_bytes = self.saved.bytes() as u64;
         self.cached = kept;
         for (seq, blob) in &blobs {
             backend::clear_captured();
@@ -328,6 +345,36 @@ impl<'m> LlamaBatchLm<'m> {
         self.used = self.live_cells() + self.kept_cells();
         self.counters.compactions += 1;
         Ok(())
+    }
+
+    /// Sequence `seq`'s state (every cell of it), `what` naming a failure.
+    fn seq_state(&mut self, seq: i32, what: &str) -> Result<SeqState> {
+        backend::clear_captured();
+        self.ctx.state_seq_get(seq, LlamaStateSeqFlags::empty()).map_err(|e| backend_err(what, e))
+    }
+
+    /// Reuse the first `n` tokens of the saved prefix `i` as sequence `seq`: restored above the
+    /// occupied cells, its tail past `n` cut off (the topmost cells: no hole). False when the
+    /// context has no room for the whole saved prefix, or restoring failed (nothing reused).
+    fn restore_saved(&mut self, i: usize, seq: i32, n: usize) -> bool {
+        let Some(prefix) = self.saved.get(i) else { return false };
+        let len = prefix.tokens.len();
+        if self.used + len > self.n_ctx {
+            return false;
+        }
+        backend::clear_captured();
+        let restored = self.ctx.state_seq_set(&prefix.state, seq).is_ok();
+        if !restored || self.seq_rm(seq, Some(n), None).is_err() {
+            let _ = self.seq_rm(seq, None, None);
+            return false;
+        }
+        self.used += n;
+        self.counters.restored_prefixes += 1;
+        if n as f64 >= TAKE_OVER_SHARE * len as f64 {
+            self.saved.remove(i);
+            self.counters.saved_bytes = self.saved.bytes() as u64;
+        }
+        true
     }
 }
 
@@ -353,8 +400,9 @@ impl BatchedLm for LlamaBatchLm<'_> {
             self.compact()?;
         }
         let seq = self.free_seqs.pop().ok_or_else(|| EngineError::State("no free sequence id".into()))?;
-        // Reuse the longest cached or live prefix of the prompt within its scope.
-        let best = self
+        // Reuse the longest cached (in the cells or in memory) or live prefix of the prompt
+        // within its scope.
+        let in_cells = self
             .cached
             .iter()
             .filter(|c| c.scope == scope)
@@ -366,19 +414,25 @@ impl BatchedLm for LlamaBatchLm<'_> {
                     .filter(|l| l.scope == scope)
                     .map(|l| (l.seq, common_prefix(&l.tokens, prompt_head))),
             )
-            .max_by_key(|&(_, n)| n);
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > 0);
+        let in_memory = self.saved.best(prompt_head, scope).filter(|&(_, n)| n > 0);
         let mut reused = 0;
-        if let Some((src, n)) = best.filter(|&(_, n)| n > 0) {
-            if self.seq_cp(src, seq, None, Some(n)).is_ok() {
+        match (in_cells, in_memory) {
+            (cells, Some((i, n))) if n > cells.map_or(0, |(_, m)| m) && self.restore_saved(i, seq, n) => {
                 reused = n;
-                self.counters.reused_tokens += n as u64;
+            }
+            (Some((src, n)), _) if self.seq_cp(src, seq, None, Some(n)).is_ok() => {
+                reused = n;
                 if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
                     if n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64 {
                         c.give_up();
                     }
                 }
             }
+            _ => {}
         }
+        self.counters.reused_tokens += reused as u64;
         self.lanes[slot] = Some(LaneSeq {
             seq,
             tokens: prompt_head[..reused].to_vec(),

@@ -1,0 +1,84 @@
+//! Finished lanes' prefixes kept in host memory instead of in the context's cells.
+//!
+//! A cached prefix left in the cells costs every later forward: the rows of the live lanes scan
+//! its cells (masked, but scanned), and llama.cpp's one-row attention splits the occupied cells
+//! into one contiguous slice per thread, so a prefix below a live lane leaves one thread little
+//! to do while the other scans the live context alone. Measured on the 1.5B target (2 Zen 5
+//! cores, multi-turn sessions one at a time): plain decoding ran 0.88× `llama-server`'s rate on
+//! the turns right after another session's prefix stayed in the cells, 1.0× once it was gone.
+//! So a compaction moves the prefixes it no longer keeps in the cells here, as sequence states
+//! (`llama_state_seq_get`: a few tens of KB a token), and a lane that reuses one restores it
+//! into its own cells (a copy, bit for bit what was saved, so exactness holds). What is kept
+//! here is bounded by bytes; the oldest goes first.
+
+use std::collections::VecDeque;
+
+use llama_cpp_2::context::session::SeqState;
+use treespec_core::TokenId;
+
+/// Host memory the saved prefixes may hold (llama-server keeps up to 8 GiB of prompt states by
+/// default; this keeps a quarter of that).
+pub const SAVED_PREFIX_BYTES: usize = 2 << 30;
+
+/// One saved prefix.
+#[derive(Debug)]
+pub(super) struct SavedPrefix {
+    pub tokens: Vec<TokenId>,
+    pub scope: u64,
+    pub state: SeqState,
+}
+
+/// The saved prefixes, oldest first.
+#[derive(Debug)]
+pub(super) struct SavedPrefixes {
+    entries: VecDeque<SavedPrefix>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl SavedPrefixes {
+    pub(super) fn new(budget: usize) -> Self {
+        Self { entries: VecDeque::new(), bytes: 0, budget }
+    }
+
+    /// Keep `prefix` (the newest); the oldest leave while the bytes exceed the budget. Returns
+    /// how many left.
+    pub(super) fn push(&mut self, prefix: SavedPrefix) -> usize {
+        self.bytes += prefix.state.byte_len();
+        self.entries.push_back(prefix);
+        let mut evicted = 0;
+        while self.bytes > self.budget {
+            let Some(old) = self.entries.pop_front() else { break };
+            self.bytes -= old.state.byte_len();
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// The saved prefix of `scope` sharing the longest start with `prompt`: its index and the
+    /// tokens shared.
+    pub(super) fn best(&self, prompt: &[TokenId], scope: u64) -> Option<(usize, usize)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.scope == scope)
+            .map(|(i, p)| (i, super::common_prefix(&p.tokens, prompt)))
+            .max_by_key(|&(_, n)| n)
+    }
+
+    pub(super) fn get(&self, i: usize) -> Option<&SavedPrefix> {
+        self.entries.get(i)
+    }
+
+    /// Forget entry `i` (a lane took it over: its own tokens carry it on).
+    pub(super) fn remove(&mut self, i: usize) {
+        if let Some(p) = self.entries.remove(i) {
+            self.bytes -= p.state.byte_len();
+        }
+    }
+
+    /// Bytes held.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
