@@ -28,13 +28,16 @@ pub struct LlamaConfig {
     pub runtime: Arc<ModelRuntime>,
     /// The default method, and what resolves each request's (with each tenant's suffix state).
     pub methods: Arc<ServerMethods>,
+    /// Host memory the batch scheduler keeps finished requests' prefixes in, in bytes
+    /// (`--cache-ram`; see `treespec_llama::SAVED_PREFIX_BYTES`).
+    pub cache_ram: usize,
 }
 
 impl LlamaConfig {
     /// `method` by default on `runtime`, every tenant's suffix state in memory only.
     pub fn new(runtime: Arc<ModelRuntime>, method: Method) -> Self {
         let methods = Arc::new(ServerMethods::new(method, runtime.clone()));
-        Self { runtime, methods }
+        Self { runtime, methods, cache_ram: treespec_llama::SAVED_PREFIX_BYTES }
     }
 
     /// The default method.

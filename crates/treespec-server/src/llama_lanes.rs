@@ -33,14 +33,17 @@ impl<'m> LlamaLanes<'m> {
     /// A batched context of `ctx_size` cells in `parallel` lanes, and with a draft model one
     /// draft context of as many cells (plus room for the lanes' draft trees); checks that the
     /// default method builds (a request without a `treespec` object uses it). Memory is taken at
-    /// start, so a shortage shows there, not under load.
+    /// start, so a shortage shows there, not under load; finished prefixes kept in host memory
+    /// take at most `cache_ram` bytes.
     pub fn new(
         runtime: &'m ModelRuntime,
         methods: Arc<ServerMethods>,
         ctx_size: usize,
         parallel: usize,
+        cache_ram: usize,
     ) -> anyhow::Result<Self> {
-        let lm = runtime.target().new_batch_lm(ctx_size, parallel)?;
+        let mut lm = runtime.target().new_batch_lm(ctx_size, parallel)?;
+        lm.set_saved_prefix_bytes(cache_ram);
         let draft = match runtime.draft() {
             Some(d) => {
                 let cells = ctx_size + parallel * DRAFT_TREE_CELLS;
@@ -101,7 +104,7 @@ impl BatchPool {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
         config.check()?;
-        let LlamaConfig { runtime, methods } = config;
+        let LlamaConfig { runtime, methods, cache_ram } = config;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
         let text = Arc::new(LlamaText(runtime.clone()));
         let model = model_id(&runtime.paths().model);
@@ -110,7 +113,7 @@ impl BatchPool {
         let runtime_for_rate = runtime.clone();
         let runtime_for_device = runtime.clone();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
-            move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel) {
+            move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel, cache_ram) {
                 Ok(lanes) => {
                     let _ = ready_tx.send(Ok(()));
                     Scheduler::new(lanes, scheduler, metrics).run(inbox);

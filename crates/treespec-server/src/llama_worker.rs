@@ -64,7 +64,7 @@ impl EnginePool {
     /// `queue` waiting jobs. Loads nothing: the runtime's weights are shared.
     pub fn llama(config: LlamaConfig, workers: usize, queue: usize, metrics: Arc<Metrics>) -> Result<Self> {
         config.check()?;
-        let LlamaConfig { runtime: models, methods } = config;
+        let LlamaConfig { runtime: models, methods, .. } = config;
         let limits =
             Limits { context: models.options().ctx_size, has_draft: models.has_draft(), ..Limits::default() };
         let id = model_id(&models.paths().model);

@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// (as llama-server's slots share its -c), and a request may use all of it.
     #[arg(long, visible_alias = "np", default_value_t = 8)]
     pub parallel: usize,
+    /// Host memory, in MiB, for finished requests' KV prefixes moved out of the cache (a later
+    /// turn of the conversation restores its prefix from there instead of reading it again;
+    /// llama-server's `--cache-ram`). 0 keeps none.
+    #[arg(long = "cache-ram", visible_alias = "cram", default_value_t = (treespec_llama::SAVED_PREFIX_BYTES >> 20) as u64)]
+    pub cache_ram: u64,
     /// Most prompt tokens one batched step prefills (chunked prefill: a long prompt does not
     /// stall the requests already decoding).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
@@ -191,7 +196,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
-    let config = LlamaConfig { runtime, methods: methods.clone() };
+    let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram };
     let pool: Arc<dyn GenerationBackend> = match args.scheduler {
         SchedulerKind::Fifo => {
             Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)

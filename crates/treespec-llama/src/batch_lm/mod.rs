@@ -378,6 +378,15 @@ impl<'m> LlamaBatchLm<'m> {
     }
 }
 
+impl LlamaBatchLm<'_> {
+    /// Bound the host memory finished prefixes are kept in (default [`SAVED_PREFIX_BYTES`]; 0:
+    /// a prefix past its keep is dropped, as before they were kept in memory).
+    pub fn set_saved_prefix_bytes(&mut self, bytes: usize) {
+        self.counters.dropped_prefixes += self.saved.set_budget(bytes) as u64;
+        self.counters.saved_bytes = self.saved.bytes() as u64;
+    }
+}
+
 impl BatchedLm for LlamaBatchLm<'_> {
     fn vocab_size(&self) -> usize {
         self.n_vocab

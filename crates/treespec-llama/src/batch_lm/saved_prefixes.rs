@@ -16,8 +16,8 @@ use std::collections::VecDeque;
 use llama_cpp_2::context::session::SeqState;
 use treespec_core::TokenId;
 
-/// Host memory the saved prefixes may hold (llama-server keeps up to 8 GiB of prompt states by
-/// default; this keeps a quarter of that).
+/// Host memory the saved prefixes may hold by default (`treespec serve --cache-ram`; llama-server
+/// keeps up to 8 GiB of prompt states by default, this a quarter of that; 0 keeps none).
 pub const SAVED_PREFIX_BYTES: usize = 2 << 30;
 
 /// One saved prefix.
@@ -38,6 +38,7 @@ pub(super) struct SavedPrefixes {
 
 impl SavedPrefixes {
     pub(super) fn new(budget: usize) -> Self {
+        keep_large_blocks_mapped();
         Self { entries: VecDeque::new(), bytes: 0, budget }
     }
 
@@ -46,13 +47,7 @@ impl SavedPrefixes {
     pub(super) fn push(&mut self, prefix: SavedPrefix) -> usize {
         self.bytes += prefix.state.byte_len();
         self.entries.push_back(prefix);
-        let mut evicted = 0;
-        while self.bytes > self.budget {
-            let Some(old) = self.entries.pop_front() else { break };
-            self.bytes -= old.state.byte_len();
-            evicted += 1;
-        }
-        evicted
+        self.set_budget(self.budget)
     }
 
     /// The saved prefix of `scope` sharing the longest start with `prompt`: its index and the
@@ -77,8 +72,37 @@ impl SavedPrefixes {
         }
     }
 
+    /// A new bound (the oldest leave now if they exceed it); returns how many left.
+    pub(super) fn set_budget(&mut self, budget: usize) -> usize {
+        self.budget = budget;
+        let mut evicted = 0;
+        while self.bytes > self.budget {
+            let Some(old) = self.entries.pop_front() else { break };
+            self.bytes -= old.state.byte_len();
+            evicted += 1;
+        }
+        evicted
+    }
+
     /// Bytes held.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+}
+
+/// Make glibc map every block of 128 KiB or more on its own and unmap it when freed. Sequence
+/// states (megabytes each, saved and freed as prefixes come and go, beside the ones kept) are
+/// otherwise served from the heap once glibc's adaptive threshold has risen past their size,
+/// and the heap fragments: a soak of 323 requests in 20 s with 16 MiB of saved prefixes grew
+/// the server's resident memory by 50% (by 11% with this setting, 6% with no prefixes saved).
+fn keep_large_blocks_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only changes allocator parameters; a fixed threshold also turns off
+        // the adaptive one. Called once, before any state is saved.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        });
     }
 }
