@@ -19,33 +19,33 @@
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
-use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use futures_util::stream::{self, Stream};
+use futures_util::stream;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedReceiver;
 use treespec_core::TokenId;
 use utoipa::ToSchema;
 
-use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest, Timings, TreespecStats};
+use crate::api::{
+    ChatCompletionRequest, ChoiceLogprobs, CommonParams, CompletionRequest, Timings, TreespecStats,
+};
 use crate::error::ApiError;
 use crate::gateway;
-use crate::job::{Event, Finished, ModelText};
-use crate::metrics::RequestTimer;
-use crate::routes::{sse, submit, AppState, Arrived, PROBE_EVERY};
+use crate::job::{Finished, ModelText};
+use crate::respond::{respond, to_json, Submitted, Wire};
+use crate::routes::{AppState, Arrived};
+use crate::sampling;
 use crate::serve::PeerClosed;
 use crate::tenant::Tenant;
 use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
@@ -315,17 +315,6 @@ fn random_seed() -> u64 {
     RandomState::new().build_hasher().finish() % RANDOM_SEED
 }
 
-/// A whole number, or None when absent or null.
-fn integer(v: &Option<Value>, param: &'static str) -> Result<Option<i64>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| ApiError::invalid(param, format!("`{param}` must be a whole number, got {v}"))),
-    }
-}
-
 /// llama-server's fields that would change the result: only their neutral values.
 fn refuse_unsupported(req: &LlamaCompletionRequest) -> Result<(), ApiError> {
     let set = |v: &Option<Value>, neutral: &dyn Fn(&Value) -> bool| {
@@ -368,7 +357,7 @@ fn llama_names(e: ApiError, length: &'static str) -> ApiError {
 fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Result<(JobSpec, i64), ApiError> {
     refuse_unsupported(&req)?;
     let length = length_field(&req);
-    match integer(&req.id_slot, "id_slot")? {
+    match sampling::integer(&req.id_slot, "id_slot")? {
         None | Some(-1) => {}
         Some(k) if (0..slots as i64).contains(&k) => {}
         Some(k) => return Err(ApiError::invalid("id_slot", format!("no slot {k}: there are {slots}"))),
@@ -378,7 +367,7 @@ fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Resu
     }
     let mut c = req.common;
     // `n_predict` (or `max_tokens`, which llama-server also reads); any negative: no limit.
-    let n_predict = match integer(&req.n_predict, "n_predict")? {
+    let n_predict = match sampling::integer(&req.n_predict, "n_predict")? {
         Some(n) => n,
         None => c.max_tokens.unwrap_or(-1),
     };
@@ -387,7 +376,7 @@ fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Resu
     c.temperature = c.temperature.or(Some(0.8));
     c.top_p = c.top_p.or(Some(0.95));
     c.min_p = c.min_p.or(Some(Value::from(0.05)));
-    c.top_k = match integer(&c.top_k, "top_k")? {
+    c.top_k = match sampling::integer(&c.top_k, "top_k")? {
         None => Some(Value::from(40)),
         // llama-server's 0 (or less): off.
         Some(k) if k <= 0 => None,
@@ -508,15 +497,6 @@ impl Answer {
     }
 }
 
-/// treespec's statistics of a finished generation, as the OpenAI routes give them.
-fn treespec_stats(f: &Finished) -> TreespecStats {
-    TreespecStats {
-        method: f.method.clone(),
-        target_forwards: f.stats.target_forwards,
-        mean_accepted: f.stats.mean_accepted(),
-    }
-}
-
 /// The settings of a validated `/completion` request.
 fn settings(spec: &JobSpec, n_predict: i64, model: &str, n_ctx: usize) -> GenerationSettings {
     let p = &spec.sampling;
@@ -551,10 +531,6 @@ fn parse_body<T: DeserializeOwned>(
 ) -> Result<T, ApiError> {
     validate::check_llama_content_type(headers)?;
     validate::parse_json(&validate::read_body(body)?)
-}
-
-fn to_json<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
 }
 
 /// `POST /completion` (and `/completions`).
@@ -597,105 +573,29 @@ pub async fn completion(
         return Ok(Json(whole).into_response());
     }
     spec.prompt = PromptInput::Tokens(tokens);
-    let stream = spec.stream;
-    // A client that closed while the request waited is answered at once with probes.
-    let peer = peer.map(|Extension(p)| p);
-    let (mut rx, started) = submit(&s, spec, tenant, false, peer.as_ref(), session.as_deref())
-        .await
-        .map_err(|e| llama_names(e, length))?;
-    let started = started.is_some();
-    let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
-    if stream {
-        return Ok(sse(sse_events(rx, answer, timer), started));
-    }
-    let mut whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>> = Box::pin(async move {
-        gather(&mut rx, timer)
-            .await
-            .map(|(text, f)| to_json(&answer.full(text, &f, Some(treespec_stats(&f)))))
-    });
-    let json = |body: String| ([(header::CONTENT_TYPE, "application/json")], body).into_response();
-    let Some(peer) = peer else { return whole.await.map(json) };
-    if !started {
-        return Ok(probe_while_waiting(whole));
-    }
-    tokio::select! {
-        answer = &mut whole => answer.map(json),
-        // The client closed its side: as the OpenAI routes do, spaces (JSON allows leading
-        // whitespace) go out while the answer is made, and a client gone fails the second write,
-        // which drops the receiver and so cancels the generation.
-        _ = peer.closed() => Ok(probe_while_waiting(whole)),
-    }
+    let job = Submitted { spec, tenant, peer: peer.map(|Extension(p)| p), trace: false, session };
+    respond(&s, job, arrived, |_| answer).await.map_err(|e| llama_names(e, length))
 }
 
-/// The text and the end of a generation.
-async fn gather(
-    rx: &mut UnboundedReceiver<Event>,
-    mut timer: RequestTimer,
-) -> Result<(String, Finished), ApiError> {
-    let mut text = String::new();
-    loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => {
-                if !t.is_empty() {
-                    timer.text();
-                }
-                text.push_str(&t);
-            }
-            Some(Event::Done(f)) => {
-                timer.done();
-                return Ok((text, f));
-            }
-            Some(Event::Error(e)) => return Err(e),
-            // Started, log-probabilities, traces: not part of this answer.
-            Some(_) => {}
-            None => return Err(ApiError::internal("the generation ended without a result")),
-        }
+/// llama-server's wire format on `/completion`: `{"content", "stop": false}` chunks, then the
+/// whole answer's fields with `stop: true` (no `[DONE]`: llama-server sends none on this route);
+/// an error after the start is an error object in the stream.
+impl Wire for Answer {
+    fn text(&mut self, text: String) -> Vec<SseEvent> {
+        vec![SseEvent::default().data(to_json(&LlamaChunk { index: 0, content: text, stop: false }))]
     }
-}
 
-/// A 200 whose body is a space every [`PROBE_EVERY`] until the answer, then the answer (an error
-/// that comes now is an error object in that body: the status is gone).
-fn probe_while_waiting(whole: Pin<Box<dyn Future<Output = Result<String, ApiError>> + Send>>) -> Response {
-    let body = stream::unfold(Some(whole), |whole| async move {
-        let mut whole = whole?;
-        let chunk = match tokio::time::timeout(PROBE_EVERY, &mut whole).await {
-            Err(_) => return Some((Ok::<_, Infallible>(Bytes::from_static(b" ")), Some(whole))),
-            Ok(Ok(body)) => body,
-            Ok(Err(e)) => e.body().to_string(),
-        };
-        Some((Ok(Bytes::from(chunk)), None))
-    });
-    ([(header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(body)).into_response()
-}
+    fn done(&mut self, f: &Finished) -> Vec<SseEvent> {
+        vec![SseEvent::default().data(to_json(&self.full(String::new(), f, Some(TreespecStats::of(f)))))]
+    }
 
-/// The streamed answer: `{"content", "stop": false}` chunks, then the whole answer's fields with
-/// `stop: true` (no `[DONE]`: llama-server sends none on this route). An error after the start is
-/// an error object in the stream. Dropping the stream (client gone) cancels the generation.
-fn sse_events(
-    rx: UnboundedReceiver<Event>,
-    answer: Answer,
-    timer: RequestTimer,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    stream::unfold(Some((rx, answer, timer)), |state| async move {
-        let (mut rx, answer, mut timer) = state?;
-        let data = loop {
-            match rx.recv().await {
-                Some(Event::Text(t)) if !t.is_empty() => {
-                    timer.text();
-                    let chunk = to_json(&LlamaChunk { index: 0, content: t, stop: false });
-                    return Some((Ok(SseEvent::default().data(chunk)), Some((rx, answer, timer))));
-                }
-                Some(Event::Done(f)) => {
-                    timer.done();
-                    break to_json(&answer.full(String::new(), &f, Some(treespec_stats(&f))));
-                }
-                Some(Event::Error(e)) => break e.body().to_string(),
-                Some(_) => {}
-                None => break ApiError::internal("the generation ended without a result").body().to_string(),
-            }
-        };
-        Some((Ok(SseEvent::default().data(data)), None))
-    })
+    fn error(&mut self, e: &ApiError) -> Vec<SseEvent> {
+        vec![SseEvent::default().data(e.body().to_string())]
+    }
+
+    fn whole(&self, text: String, _logprobs: Option<ChoiceLogprobs>, f: &Finished) -> String {
+        to_json(&self.full(text, f, Some(TreespecStats::of(f))))
+    }
 }
 
 // ---------------------------------------------------------------- the other endpoints

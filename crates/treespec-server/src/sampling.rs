@@ -28,7 +28,7 @@ fn number(v: &Option<Value>, param: &'static str) -> Result<Option<f64>, ApiErro
 }
 
 /// A whole number, or None when absent or null.
-fn integer(v: &Option<Value>, param: &'static str) -> Result<Option<i64>, ApiError> {
+pub(crate) fn integer(v: &Option<Value>, param: &'static str) -> Result<Option<i64>, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64()),
