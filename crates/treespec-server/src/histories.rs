@@ -36,9 +36,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Context;
 use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::history_file::{MergeState, LOCK_SUFFIX, PRICES_SUFFIX};
-use treespec_core::suffix::{GlobalHistory, HistoryFile, SuffixPricing, DEFAULT_CAP_TOKENS};
-use treespec_engine::drafters::SuffixShared;
+use treespec_core::suffix::history_file::{LOCK_SUFFIX, PRICES_SUFFIX};
+use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
+use treespec_engine::drafters::{StorePlaces, StoreSave, SuffixShared, SuffixStore};
 
 use crate::tenant::Tenant;
 
@@ -50,18 +50,6 @@ const FILE_ID_HEX: usize = 32;
 const SECRET_SUFFIX: &str = ".secret";
 /// The keyed hash's input before the tenant: keeps these ids apart from any other use of the key.
 const FILE_ID_CONTEXT: &[u8] = b"treespec tenant history file v1\0";
-
-/// One tenant's suffix state, its file, and what of it is saved.
-struct Scope {
-    shared: Arc<SuffixShared>,
-    file: Option<HistoryFile>,
-    /// What the file held at the last save (or load), to merge another server's saves.
-    merge: MergeState,
-    /// The history's additions when it was last saved (or loaded).
-    saved: u64,
-    /// The prices' trials when they were last saved (or loaded).
-    saved_trials: u64,
-}
 
 /// How the tenants' history files are named (see the module docs): the shared tenant's is the
 /// base path itself, each key's carries its tenant's keyed file id before the extension.
@@ -265,14 +253,9 @@ fn make_secret(path: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// Documents ever added to `h` (those held and those evicted): changes whenever a request adds.
-fn additions(h: &GlobalHistory) -> u64 {
-    h.docs() as u64 + h.evictions()
-}
-
 /// Every tenant's suffix state.
 pub struct TenantHistories {
-    scopes: Mutex<HashMap<Tenant, Scope>>,
+    scopes: Mutex<HashMap<Tenant, SuffixStore>>,
     files: Option<(HistoryNames, TokenizerId)>,
     cap: usize,
 }
@@ -331,7 +314,7 @@ impl TenantHistories {
         Ok(Arc::new(me))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Tenant, Scope>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Tenant, SuffixStore>> {
         self.scopes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -340,36 +323,25 @@ impl TenantHistories {
         self.files.as_ref().map(|(names, _)| names)
     }
 
-    fn open(&self, tenant: Tenant) -> anyhow::Result<Scope> {
-        let Some((names, tokenizer)) = &self.files else {
-            let shared = SuffixShared::new(GlobalHistory::new(self.cap)?);
-            let merge = MergeState::default();
-            return Ok(Scope { shared, file: None, merge, saved: 0, saved_trials: 0 });
-        };
+    fn open(&self, tenant: Tenant) -> anyhow::Result<SuffixStore> {
+        let Some((names, tokenizer)) = &self.files else { return Ok(SuffixStore::in_memory(self.cap)?) };
         names.migrate(tenant).context("moving a suffix history to its keyed name")?;
         let path = names.path_of(tenant)?;
         let file = HistoryFile::open(&path).with_context(|| format!("suffix history {}", path.display()))?;
-        let (history, merge) = file
-            .load_for_merging(*tokenizer, self.cap)
-            .with_context(|| format!("loading the suffix history {}", path.display()))?;
-        let pricing = file
-            .load_pricing(*tokenizer)
-            .with_context(|| format!("loading the learned prices {}", file.prices_path().display()))?
-            .unwrap_or_else(SuffixPricing::new);
-        let (saved, saved_trials) = (additions(&history), pricing.total_trials());
-        let shared = SuffixShared::with_pricing(history, pricing);
-        Ok(Scope { shared, file: Some(file), merge, saved, saved_trials })
+        let places = StorePlaces { history: Some(file), cache: None, prices: true };
+        SuffixStore::open(places, *tokenizer, self.cap)
+            .with_context(|| format!("loading the suffix history {} and its learned prices", path.display()))
     }
 
     /// `tenant`'s suffix state (a tenant first seen now starts empty, or from its file).
     pub fn of(&self, tenant: Tenant) -> anyhow::Result<Arc<SuffixShared>> {
         let mut scopes = self.lock();
         if let Some(s) = scopes.get(&tenant) {
-            return Ok(s.shared.clone());
+            return Ok(s.shared().clone());
         }
-        let scope = self.open(tenant)?;
-        let shared = scope.shared.clone();
-        scopes.insert(tenant, scope);
+        let store = self.open(tenant)?;
+        let shared = store.shared().clone();
+        scopes.insert(tenant, store);
         Ok(shared)
     }
 
@@ -378,16 +350,17 @@ impl TenantHistories {
     /// holds too); returns what was written. Every history is tried even when one fails; the
     /// first failure is returned after.
     pub fn save_changed(&self) -> anyhow::Result<Vec<Saved>> {
-        let Some((_, tokenizer)) = &self.files else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         let mut first_error = None;
         let mut scopes = self.lock();
-        for scope in scopes.values_mut() {
-            match Self::save_scope(scope, *tokenizer) {
-                Ok(Some(saved)) => out.push(saved),
+        for store in scopes.values_mut() {
+            let path = store.history_file().map(|f| f.path().to_path_buf());
+            match store.save_changed() {
+                Ok(Some(done)) => out.extend(done.history.clone().map(|path| Saved::from_store(path, done))),
                 Ok(None) => {}
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    let at = path.map(|p| p.display().to_string()).unwrap_or_default();
+                    first_error.get_or_insert(anyhow::Error::new(e).context(format!("saving {at}")));
                 }
             }
         }
@@ -396,44 +369,25 @@ impl TenantHistories {
             None => Ok(out),
         }
     }
+}
 
-    /// Save one tenant's history and prices if either changed since its last save (None: it did
-    /// not, or it has no file).
-    fn save_scope(scope: &mut Scope, tokenizer: TokenizerId) -> anyhow::Result<Option<Saved>> {
-        let Scope { shared, file: Some(file), merge, saved, saved_trials } = scope else { return Ok(None) };
-        // A copy of the prices, taken before the history's read lock (never both held).
-        let pricing = shared.pricing_snapshot();
-        let trials = pricing.total_trials();
-        if additions(&shared.history()) == *saved && trials == *saved_trials {
-            return Ok(None);
+impl Saved {
+    fn from_store(path: PathBuf, s: StoreSave) -> Self {
+        Saved {
+            path,
+            tokens: s.tokens,
+            trials: s.trials,
+            merged: s.merged,
+            prices_kept: s.prices_kept,
+            replaced: s.replaced,
         }
-        let done = file
-            .save_merged(
-                merge,
-                tokenizer,
-                Some(&pricing),
-                || shared.history(),
-                |key, text| shared.add(key, text),
-            )
-            .with_context(|| format!("saving {}", file.path().display()))?;
-        // What was written, merged documents included: they are not a change of this server's.
-        *saved = done.docs as u64 + done.evictions;
-        *saved_trials = trials;
-        Ok(Some(Saved {
-            path: file.path().to_path_buf(),
-            tokens: done.tokens,
-            trials,
-            merged: done.merged,
-            prices_kept: done.prices_kept,
-            replaced: done.replaced,
-        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use treespec_core::suffix::NodeFeatures;
+    use treespec_core::suffix::{GlobalHistory, NodeFeatures, SuffixPricing};
 
     const TOK: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
 

@@ -3,7 +3,7 @@
 //! **Learned prices.** A method that drafts from suffix matches (`suffix`, `auto`) starts from
 //! the prices the earlier runs learned rather than from the prior (the calibration shipped in
 //! the binary, `SuffixPricing::new`), and leaves what this run learned for the next
-//! ([`LearnedPrices`]): read from the file beside `--suffix-history` when
+//! (a `SuffixStore`, [`open_store`]): read from the file beside `--suffix-history` when
 //! that has prices, else from the learned-prices cache `<cache>/prices/<tokenizer>.json` (the
 //! cost curves' cache folder: `$TREESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/treespec`, else
 //! `~/.cache/treespec`; one file per tokenizer fingerprint and vocabulary size); written back to
@@ -14,23 +14,22 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::history_file::PricesFile;
-use treespec_core::suffix::{HistoryFile, SuffixPricing};
-use treespec_engine::drafters::{DecisionTrace, SuffixShared};
-use treespec_engine::{generate_constrained, ExtraStats, GenerateOutput, Method, TokenConstraint};
+use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
+use treespec_engine::drafters::{DecisionTrace, StorePlaces, StoreSave, SuffixStore};
+use treespec_engine::{
+    generate_constrained, ExtraStats, GenerateOutput, Method, MethodSpec, TokenConstraint,
+};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_llama::runtime::{default_cache_dir, PrepareError, Prompt, RequestPrompt, RequestSpec};
 use treespec_llama::{ModelRuntime, PrefillProgress};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
-use super::models::{load_runtime, resolve};
+use super::models::{load_runtime, resolve_with_suffix};
 use super::structured::StructuredArgs;
 
 /// Options of `treespec generate`.
@@ -104,21 +103,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let sampling = args.sampling.params()?;
     let models = load_runtime(&args.models)?;
-    let mut method = resolve(&models, &args.method.spec(), args.method.reprofile)?;
+    let mut spec = args.method.spec();
+    let mut store = open_store(&mut spec, &models, args.no_learned_prices)?;
+    let suffix = store.as_ref().map(|s| s.shared().clone());
+    let mut method = resolve_with_suffix(&models, &spec, args.method.reprofile, suffix)?;
     attach_trace(&mut method, args.decision_trace.as_deref())?;
-    // Where the suffix history is saved after the run, checked now (a missing or read-only
-    // directory fails before generating, not after).
-    let history_file = match (&args.method.knobs.suffix_history, method.suffix_shared()) {
-        (Some(path), Some(_)) => Some(HistoryFile::open(path)?),
-        _ => None,
-    };
-    let prices = match method.suffix_shared() {
-        Some(shared) if !args.no_learned_prices => {
-            Some(LearnedPrices::start(shared, history_file.as_ref(), &models)?)
-        }
-        _ => None,
-    };
-    if let (Some((path, trials)), false) = (prices.as_ref().and_then(|p| p.loaded.as_ref()), args.json) {
+    let loaded = store.as_ref().and_then(|s| s.loaded().cloned());
+    if let (Some((path, trials)), false) = (&loaded, args.json) {
         eprintln!("learned prices: loaded {trials} trials from {}", path.display());
     }
     let mut target = models.target().new_lm()?;
@@ -167,20 +158,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     )?;
     let drafter = prepared.drafter;
 
-    let saved_prices = match &prices {
-        Some(p) => p.finish(history_file.as_ref())?,
-        None => {
-            if let (Some(file), Some(shared)) = (&history_file, method.suffix_shared()) {
-                file.save(&shared.history(), models.tokenizer_id()?)?;
-            }
-            Vec::new()
-        }
+    let saved = match store.as_mut() {
+        Some(store) => store.save_changed()?,
+        None => None,
     };
+    for warning in saved.iter().flat_map(|s| &s.warnings) {
+        eprintln!("treespec: warning: {warning}");
+    }
     if json {
         let mut result = json_result(&out.text, &out, method.name(), &drafter.extra_stats());
-        result["learned_prices"] = match &prices {
-            Some(p) => p.json(&saved_prices),
-            None => serde_json::Value::Null,
+        result["learned_prices"] = match &store {
+            Some(store) if !args.no_learned_prices => prices_json(store, loaded.as_ref(), saved.as_ref()),
+            _ => serde_json::Value::Null,
         };
         println!("{result}");
     } else {
@@ -221,92 +210,51 @@ fn prefill_bar(prompt: usize) -> Option<PrefillProgress> {
     }))
 }
 
-/// The suffix drafter's learned prices over one run (see the module docs).
-struct LearnedPrices {
-    shared: Arc<SuffixShared>,
-    tokenizer: TokenizerId,
-    /// The cache file, when there is a cache folder that can hold it.
-    cache: Option<PricesFile>,
-    /// Where the prices were loaded from, with the trials they had recorded.
-    loaded: Option<(PathBuf, u64)>,
-    /// Trials recorded when the run started.
-    start_trials: u64,
-}
-
-impl LearnedPrices {
-    /// Load the prices into `shared`: from beside `history` when that has prices, else from the
-    /// cache, else the prior.
-    fn start(
-        shared: &Arc<SuffixShared>,
-        history: Option<&HistoryFile>,
-        models: &ModelRuntime,
-    ) -> Result<Self> {
-        let tokenizer = models.tokenizer_id()?;
-        let cache = match default_cache_dir() {
-            Some(dir) => match Self::cache_file(&dir.join("prices"), tokenizer) {
+/// The suffix state a suffix method drafts from, kept between runs (see the module docs): the
+/// file `--suffix-history` names (the store's, taken from the method's knobs) and the
+/// learned-prices cache. None for a method without suffix state, or when nothing would be kept.
+fn open_store(spec: &mut MethodSpec, models: &ModelRuntime, no_prices: bool) -> Result<Option<SuffixStore>> {
+    if !spec.method.keeps_suffix_state() || (no_prices && spec.knobs.suffix_history.is_none()) {
+        return Ok(None);
+    }
+    // Checked now: a missing or read-only directory fails before generating, not after.
+    let history = spec.knobs.suffix_history.take().map(HistoryFile::open).transpose()?;
+    let tokenizer = models.tokenizer_id()?;
+    let cache = match default_cache_dir().filter(|_| !no_prices) {
+        Some(dir) => {
+            match SuffixStore::cache_file(&dir.join("prices"), tokenizer) {
                 Ok(f) => Some(f),
                 Err(e) => {
                     eprintln!("treespec: warning: the learned-prices cache: {e:#}; what this run learns is not kept");
                     None
                 }
-            },
-            None => None,
-        };
-        let mut loaded = None;
-        let mut pricing = None;
-        if let Some(file) = history {
-            pricing = file.load_pricing(tokenizer)?;
-            loaded = pricing.as_ref().map(|p| (file.prices_path(), p.total_trials()));
-        }
-        if let (None, Some(c)) = (&pricing, &cache) {
-            match c.load(tokenizer) {
-                Ok(p) => {
-                    loaded = p.as_ref().map(|p| (c.path().to_path_buf(), p.total_trials()));
-                    pricing = p;
-                }
-                Err(e) => eprintln!("treespec: warning: ignoring {e}; starting from the prior"),
             }
         }
-        let pricing = pricing.unwrap_or_else(SuffixPricing::new);
-        let start_trials = pricing.total_trials();
-        shared.set_pricing(pricing);
-        Ok(Self { shared: shared.clone(), tokenizer, cache, loaded, start_trials })
+        None => None,
+    };
+    let places = StorePlaces { history, cache, prices: !no_prices };
+    let cap = spec.knobs.suffix_cap.unwrap_or(DEFAULT_CAP_TOKENS);
+    let mut store = SuffixStore::open(places, tokenizer, cap)?;
+    for warning in store.take_warnings() {
+        eprintln!("treespec: warning: {warning}");
     }
+    Ok(Some(store))
+}
 
-    /// `<dir>/<fingerprint>-<vocabulary>.json`, the folder made if missing.
-    fn cache_file(dir: &std::path::Path, tokenizer: TokenizerId) -> Result<PricesFile> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let name = format!("{:016x}-{}.json", tokenizer.fingerprint, tokenizer.vocab);
-        Ok(PricesFile::open(dir.join(name))?)
-    }
-
-    /// Save the history (when there is a file for it) with the prices, and the prices to the
-    /// cache when this run learned anything; returns the prices files written.
-    fn finish(&self, history: Option<&HistoryFile>) -> Result<Vec<PathBuf>> {
-        let pricing = self.shared.pricing_snapshot();
-        let mut saved = Vec::new();
-        if let Some(file) = history {
-            file.save_with_pricing(&self.shared.history(), &pricing, self.tokenizer)?;
-            saved.push(file.prices_path());
-        }
-        if let (Some(cache), true) = (&self.cache, pricing.total_trials() != self.start_trials) {
-            match cache.save(&pricing, self.tokenizer) {
-                Ok(()) => saved.push(cache.path().to_path_buf()),
-                Err(e) => eprintln!("treespec: warning: {e}; what this run learned is not kept"),
-            }
-        }
-        Ok(saved)
-    }
-
-    /// `--json`'s `learned_prices`: where they came from and went to.
-    fn json(&self, saved: &[PathBuf]) -> serde_json::Value {
-        json!({
-            "loaded_from": self.loaded.as_ref().map(|(p, _)| p.display().to_string()),
-            "loaded_trials": self.loaded.as_ref().map_or(0, |(_, n)| *n),
-            "trials": self.shared.pricing().total_trials(),
-            "saved_to": saved.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        })
-    }
+/// `--json`'s `learned_prices`: where they came from and went to.
+fn prices_json(
+    store: &SuffixStore,
+    loaded: Option<&(PathBuf, u64)>,
+    saved: Option<&StoreSave>,
+) -> serde_json::Value {
+    let saved_to: Vec<String> =
+        saved.iter().flat_map(|s| &s.prices).map(|p| p.display().to_string()).collect();
+    json!({
+        "loaded_from": loaded.map(|(p, _)| p.display().to_string()),
+        "loaded_trials": loaded.map_or(0, |(_, n)| *n),
+        "trials": store.shared().pricing().total_trials(),
+        "saved_to": saved_to,
+    })
 }
 
 /// `--json`: the text, the tokens and the statistics as one object.

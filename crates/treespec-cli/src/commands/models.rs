@@ -1,7 +1,13 @@
 //! The CLI's side of the model runtime (`treespec_llama::ModelRuntime`): load what `ModelArgs`
 //! names, and resolve methods on it.
 
+use std::sync::Arc;
+
 use anyhow::Result;
+use treespec_core::ngram::TokenizerId;
+use treespec_engine::auto_budget::CostModel;
+use treespec_engine::drafters::SuffixShared;
+use treespec_engine::registry::MethodContext;
 use treespec_engine::{Method, MethodSpec};
 use treespec_llama::{ModelPaths, ModelRuntime};
 
@@ -18,8 +24,37 @@ pub fn load_runtime(args: &ModelArgs) -> Result<ModelRuntime> {
 /// `spec` resolved on the loaded models; with `reprofile`, a method that needs the cost curves
 /// gets freshly measured ones (the runtime then holds them for every later method).
 pub fn resolve(runtime: &ModelRuntime, spec: &MethodSpec, reprofile: bool) -> Result<Method> {
+    resolve_with_suffix(runtime, spec, reprofile, None)
+}
+
+/// [`resolve`], drafting suffix matches from `suffix` (a [`treespec_engine::drafters::SuffixStore`]'s
+/// state) when given.
+pub fn resolve_with_suffix(
+    runtime: &ModelRuntime,
+    spec: &MethodSpec,
+    reprofile: bool,
+    suffix: Option<Arc<SuffixShared>>,
+) -> Result<Method> {
     if reprofile && spec.needs_costs() {
         runtime.cost_model(runtime.has_draft(), true)?;
     }
-    Ok(spec.resolve(runtime)?)
+    Ok(spec.resolve(&WithSuffix { runtime, suffix })?)
+}
+
+/// The runtime's context, with the suffix state a store keeps.
+struct WithSuffix<'a> {
+    runtime: &'a ModelRuntime,
+    suffix: Option<Arc<SuffixShared>>,
+}
+
+impl MethodContext for WithSuffix<'_> {
+    fn tokenizer(&self) -> treespec_engine::Result<TokenizerId> {
+        MethodContext::tokenizer(self.runtime)
+    }
+    fn costs(&self) -> treespec_engine::Result<CostModel> {
+        MethodContext::costs(self.runtime)
+    }
+    fn suffix_shared(&self) -> Option<Arc<SuffixShared>> {
+        self.suffix.clone()
+    }
 }

@@ -27,5 +27,7 @@ pub use lookup::{LookupConfig, LookupDrafter, LookupStats};
 pub use sample::{draw_children, top_tokens, SampleMode};
 pub use sequoia::{SequoiaConfig, SequoiaDrafter};
 pub use staged::{StagedConfig, StagedDrafter, StagedStats};
-pub use suffix::{SuffixConfig, SuffixDrafter, SuffixShared, SuffixStats};
+pub use suffix::{
+    StorePlaces, StoreSave, SuffixConfig, SuffixDrafter, SuffixShared, SuffixStats, SuffixStore,
+};
 pub use tree::TreeDrafter;

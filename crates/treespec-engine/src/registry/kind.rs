@@ -40,6 +40,12 @@ pub enum MethodKind {
 }
 
 impl MethodKind {
+    /// Whether the method drafts from suffix state (a global history and learned prices) that
+    /// outlives a request, and so may be kept in files ([`crate::drafters::SuffixStore`]).
+    pub fn keeps_suffix_state(self) -> bool {
+        matches!(self, MethodKind::Suffix | MethodKind::Auto)
+    }
+
     /// Every method, in the order reports list them.
     pub const ALL: [MethodKind; 13] = [
         MethodKind::Plain,

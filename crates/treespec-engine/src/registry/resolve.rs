@@ -155,7 +155,7 @@ impl MethodSpec {
     pub fn needs_tokenizer(&self) -> bool {
         let k = &self.knobs;
         (k.ngram.is_some() && matches!(self.method, MethodKind::Lookup | MethodKind::Staged))
-            || (k.suffix_history.is_some() && matches!(self.method, MethodKind::Suffix | MethodKind::Auto))
+            || (k.suffix_history.is_some() && self.method.keeps_suffix_state())
     }
 
     /// Check every knob's domain without loading anything: the method is resolved on

@@ -47,6 +47,7 @@ mod selection;
 mod shadow;
 mod shared;
 mod stats;
+mod store;
 mod trie;
 
 #[cfg(test)]
@@ -55,6 +56,7 @@ mod tests;
 pub use config::SuffixConfig;
 pub use shared::SuffixShared;
 pub use stats::SuffixStats;
+pub use store::{StorePlaces, StoreSave, SuffixStore};
 
 use treespec_core::sampling::Sampler;
 use treespec_core::suffix::{prompt_key, AnchorTracker, Features, SuffixIndex};
