@@ -2,7 +2,7 @@
 //! `docs/` or in the scripts' index finds it. Paths are read as written from the repository root
 //! (`scripts/run.sh`, `bench/sessions/…`), relative to the document for `../` links, or relative
 //! to `crates/treespec-*` for the short crate paths the architecture notes use
-//! (`server/src/validate.rs`). Patterns (`*`, `<target>`, `{…}`, `$VAR`, `…`) are skipped.
+//! (`server/src/request/validate.rs`). Patterns (`*`, `<target>`, `{…}`, `$VAR`, `…`) are skipped.
 
 use std::path::{Path, PathBuf};
 
@@ -90,7 +90,7 @@ fn every_path_a_doc_names_exists() {
 
 #[test]
 fn the_scan_finds_paths_and_skips_patterns() {
-    let text = "Run `scripts/run.sh`, see [x](../bench/serve/README.md) and server/src/validate.rs. \
+    let text = "Run `scripts/run.sh`, see [x](../bench/serve/README.md) and server/src/request/validate.rs. \
                 Not these: bench/*.md, ~/.cache/treespec/costs/<target>.json, docs, a/b, \
                 bench/sessions-qwen/c1.";
     assert_eq!(
@@ -98,13 +98,13 @@ fn the_scan_finds_paths_and_skips_patterns() {
         vec![
             "scripts/run.sh",
             "../bench/serve/README.md",
-            "server/src/validate.rs",
+            "server/src/request/validate.rs",
             "bench/sessions-qwen/c1"
         ]
     );
     let root = repo();
     let readme = root.join("docs/GPU.md");
-    assert!(exists(&root, &readme, "server/src/validate.rs"), "a crate's short path");
+    assert!(exists(&root, &readme, "server/src/request/validate.rs"), "a crate's short path");
     assert!(exists(&root, &readme, "../bench/gpu-vulkan-lavapipe/README.md"), "a link from docs/");
     assert!(!exists(&root, &readme, "scripts/no-such-script.sh"));
 }

@@ -238,13 +238,16 @@ impl<C: TokenConstraint> TokenConstraint for TaggedConstraint<C> {
 
 /// A deterministic finite automaton over token ids: the enumerable toy grammar of the χ² tests
 /// (and a reference implementation of the trait). State 0 is the start; `next[s][t]` is the state
-/// after token `t`, `None` where `t` is forbidden.
+/// after token `t`, `None` where `t` is forbidden. Test support: built for the crate's tests and
+/// with the `test-support` feature.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Clone)]
 pub struct DfaConstraint {
     next: Vec<Vec<Option<usize>>>,
     state: usize,
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl DfaConstraint {
     /// An automaton from its transition table (every target state must exist).
     pub fn new(next: Vec<Vec<Option<usize>>>) -> Result<Self> {
@@ -268,6 +271,7 @@ impl DfaConstraint {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl TokenConstraint for DfaConstraint {
     fn mask_logits(&mut self, path: &[TokenId], logits: &mut [f32]) -> Result<()> {
         let state = self.walk(path);

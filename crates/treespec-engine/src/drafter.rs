@@ -10,7 +10,7 @@ use treespec_core::TokenId;
 
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// How an emitted token was produced: accepted from a draft copied out of earlier text, from a
 /// draft model's draft, from the grammar's forced tokens, or sampled by the target itself (each

@@ -1,11 +1,16 @@
 //! treespec-engine: the model seam ([`CausalLm`]), drafters over models, the speculative
 //! generation loop, and pure-Rust toy models for tests and demos.
+//!
+//! Floors: the leaf types every room points down to (`MethodKind`, errors, the backend seam) on
+//! the ground floor; the loop (`generation`, `generate`, `batched`), the drafters and the method
+//! registry above them; measurement (`measure`: cost curves, acceptance) in a room of its own.
+//! What only tests use (`DfaConstraint`, `toy::WatchedLm`, `batched::run_batched`) is built for
+//! the crate's tests and with the `test-support` feature, which the workspace's tests enable.
 
 pub mod auto_budget;
 pub mod backend;
 pub mod batched;
 mod constraint;
-mod cpu_time;
 pub mod draft_model;
 mod drafter;
 pub mod drafters;
@@ -14,12 +19,11 @@ mod extra_stats;
 mod generate;
 mod generation;
 mod graft;
+pub mod measure;
+mod method_kind;
 mod methods;
-pub mod offline_measure;
-pub mod profile;
 pub mod registry;
 mod request;
-pub mod serving_gate;
 pub mod shared_draft;
 mod stop;
 mod text_stream;
@@ -28,14 +32,17 @@ pub mod toy;
 pub use backend::{
     BatchRoom, BatchedLm, CausalLm, DraftFeed, DraftLanes, LaneId, LaneWork, Logits, TokenBytes, TreeBatch,
 };
-pub use constraint::{DfaConstraint, NewInner, Opening, TaggedConstraint, TokenConstraint, WithoutForcing};
+#[cfg(any(test, feature = "test-support"))]
+pub use constraint::DfaConstraint;
+pub use constraint::{NewInner, Opening, TaggedConstraint, TokenConstraint, WithoutForcing};
 pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext, Provenance};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
 pub use generate::{generate, generate_constrained};
 pub use generation::{Generation, ProposeAt, Scored, StepOutcome, TextRun, TokenLogprob};
+pub use method_kind::{MethodKind, METHOD_NAMES};
 pub use methods::Method;
-pub use registry::{MethodKind, MethodSpec, METHOD_NAMES};
+pub use registry::MethodSpec;
 pub use request::{GenerateOutput, GenerateRequest};
 pub use shared_draft::{DraftLane, SharedDraft};
 pub use stop::{FinishReason, StopConditions};

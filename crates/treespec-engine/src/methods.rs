@@ -15,7 +15,7 @@ use crate::drafters::{
     TreeDrafter,
 };
 use crate::error::{EngineError, Result};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// A decoding method and its knobs.
 #[derive(Debug, Clone)]

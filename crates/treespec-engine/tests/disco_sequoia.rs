@@ -17,7 +17,7 @@ use treespec_core::sequoia::optimal_tree;
 use treespec_engine::drafters::{
     ChainDrafter, DiscoConfig, DiscoDrafter, DiscoMode, SequoiaConfig, SequoiaDrafter,
 };
-use treespec_engine::offline_measure::{collect_training_data, measure_acceptance, AcceptanceVector};
+use treespec_engine::measure::offline::{collect_training_data, measure_acceptance, AcceptanceVector};
 use treespec_engine::toy::{Support, ToyLm, ToyModel};
 use treespec_engine::{
     generate, Drafter, EngineError, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions,

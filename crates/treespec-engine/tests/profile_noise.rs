@@ -4,7 +4,7 @@
 //! the measurement must say when it could not get a clean curve.
 
 use treespec_core::cost::CostCurve;
-use treespec_engine::profile::{
+use treespec_engine::measure::profile::{
     round_order, time_rounds, ForwardTimer, MeasureOptions, Timed, Timing, PROFILE_SIZES,
 };
 use treespec_engine::Result;

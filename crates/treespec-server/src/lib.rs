@@ -1,59 +1,50 @@
 //! treespec-server: an OpenAI-compatible HTTP server that decodes speculatively.
 //!
-//! Layers, outside in: [`routes`] (axum handlers, SSE; [`tool_calls`] turns a forced tool call's
-//! JSON into `tool_calls`, whole or in deltas) → [`validate`] (every request check, no model;
-//! [`sampling`] for the sampling fields, [`structured`] for `response_format`, `tools` and
-//! `tool_choice`) → the [`GenerationBackend`] seam, implemented by [`scheduler`] (continuous
-//! batching, the default: every active request's rows in one forward per step;
-//! [`llama_lanes`] and [`toy_lanes`] are its models) and beside it by [`fifo`] (`--scheduler
-//! fifo`: a bounded FIFO queue in front of model-owning worker threads; [`llama_worker`] and
-//! [`toy`] are its workers). The two share only the job types of [`job`]; [`llama`] holds what
-//! both llama.cpp backends share, above all the one request preparation. [`api`] holds the wire
-//! types ([`openapi`] their OpenAPI description), [`metrics`] the Prometheus text, [`error`] the OpenAI error objects.
-//! [`llama_api`] answers llama-server's own routes (`/completion`, `/tokenize`, `/props`, …) on
-//! the same seam; `GET /` is a chat page (`chat.html`, embedded) that reads the trace extension
-//! of streamed chunks (each token's provenance).
+//! Rooms, outside in:
+//! - [`http`]: axum handlers and SSE — the OpenAI routes and llama-server's own routes
+//!   (`/completion`, `/tokenize`, `/props`, …) answered through one response lifecycle
+//!   (`http/respond.rs`) in their wire formats; what a gateway needs of a replica; the chat page
+//!   (`GET /`, `chat.html`, embedded) that reads the trace extension of streamed chunks; the
+//!   accept loop ([`serve`], which lets a request see when its client has gone).
+//! - [`request`]: every request check, no model ([`validate`] into a `JobSpec`; sampling,
+//!   `response_format`/`tools`/`tool_choice`, prompts).
+//! - [`scheduling`]: the [`GenerationBackend`] seam and its two implementations — the batch
+//!   scheduler (continuous batching, the default: every active request's rows in one forward
+//!   per step) and beside it the FIFO pool (`--scheduler fifo`: a bounded queue in front of
+//!   model-owning worker threads); the methods a request may name ([`methods`]) and each
+//!   tenant's suffix state ([`histories`]).
+//! - [`adapters`]: the models behind them — llama.cpp's ([`llama_cpp`]: the one request
+//!   preparation both of its backends share) and the toy models of the tests.
 //!
-//! Sharing (issue #29, docs/SECURITY.md): each API key is a [`tenant`]; what a request teaches
-//! the server (the suffix history and prices in [`histories`], the methods' learned state in
-//! [`methods`], cached KV prefixes) stays its tenant's. [`serve`] is the accept loop; it lets a
-//! request see when its client has gone ([`serve::PeerClosed`]).
+//! Beside them, what every room uses: the wire types ([`api`]), the OpenAI error objects
+//! ([`error`]), tenants ([`tenant`]) and the Prometheus text ([`metrics`]).
+//!
+//! Sharing (issue #29, docs/SECURITY.md): each API key is a tenant; what a request teaches
+//! the server (the suffix history and prices, the methods' learned state, cached KV prefixes)
+//! stays its tenant's.
 //!
 //! Structured output (issue #14): `response_format` `json_object` / `json_schema` and forced
 //! tool calls (`tool_choice` `required` or a named function) decode under a grammar
 //! (treespec-grammar, compiled per request against the model's vocabulary, built once per
 //! server) with `generate_constrained`: speculative and lossless against constrained plain
 //! decoding. With `tool_choice: "auto"` a free answer that is exactly one declared call comes
-//! back as `tool_calls`; tool results and earlier calls in the history are rendered for the model. Chat `logprobs`/`top_logprobs` are served by the
-//! batch scheduler (a 400 under `--scheduler fifo`).
+//! back as `tool_calls`; tool results and earlier calls in the history are rendered for the
+//! model. Chat `logprobs`/`top_logprobs` are served by the batch scheduler (a 400 under
+//! `--scheduler fifo`).
 
+mod adapters;
 pub mod api;
 pub mod error;
-pub mod fifo;
-pub mod gateway;
-pub mod histories;
-pub mod job;
-pub mod llama;
-pub mod llama_api;
-pub mod llama_lanes;
-pub mod llama_worker;
-pub mod methods;
+mod http;
 pub mod metrics;
-pub mod openai_wire;
-pub mod openapi;
-pub mod prompt;
-pub mod queue;
-pub mod respond;
-pub mod routes;
-pub mod sampling;
-pub mod scheduler;
-pub mod serve;
-pub mod structured;
+mod request;
+mod scheduling;
 pub mod tenant;
-pub mod tool_calls;
-pub mod toy;
-pub mod toy_lanes;
-pub mod validate;
+
+pub use adapters::{llama_cpp, toy};
+pub use http::serve;
+pub use request::{prompt, validate};
+pub use scheduling::{fifo, histories, job, methods, scheduler};
 
 use std::sync::Arc;
 
@@ -61,11 +52,13 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
+use http::{gateway, llama_server, openapi, routes};
+
 pub use error::ApiError;
 pub use fifo::EnginePool;
 pub use gateway::Lifecycle;
 pub use job::{Event, GenerationBackend, Job};
-pub use llama::LlamaConfig;
+pub use llama_cpp::LlamaConfig;
 pub use metrics::Metrics;
 pub use routes::AppState;
 pub use scheduler::{BatchPool, SchedulerConfig};
@@ -124,7 +117,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
-        .merge(llama_api::routes())
+        .merge(llama_server::routes())
         .route_layer(auth());
     let watch = Router::new()
         .route("/metrics", get(routes::metrics))

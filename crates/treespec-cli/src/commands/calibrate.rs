@@ -14,7 +14,7 @@ use treespec_bench::prompts::{load_prompts, select, Selection};
 use treespec_core::disco::DiscoModel;
 use treespec_core::sampling::Sampler;
 use treespec_core::TokenId;
-use treespec_engine::offline_measure::{collect_training_data, measure_acceptance};
+use treespec_engine::measure::offline::{collect_training_data, measure_acceptance};
 use treespec_llama::runtime::Prompt;
 use treespec_llama::ModelRuntime;
 

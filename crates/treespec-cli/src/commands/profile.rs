@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
-use treespec_engine::profile::{time_forwards, ProfileSpec};
+use treespec_engine::measure::profile::{time_forwards, ProfileSpec};
 use treespec_llama::{ModelPaths, ModelRuntime};
 
 use super::args::ModelArgs;

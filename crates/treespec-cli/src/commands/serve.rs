@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use treespec_engine::batched::StepLimits;
-use treespec_engine::serving_gate;
+use treespec_engine::measure::serving_gate;
 use treespec_engine::MethodSpec;
 use treespec_server::histories::TenantHistories;
 use treespec_server::methods::ServerMethods;
@@ -271,7 +271,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// (or `--reprofile`) does not hold the server up: it listens at once, serving the default's
 /// fixed-budget neighbour ([`MethodSpec::without_costs`]) while a background thread measures the
 /// curves in the gaps between requests (it pauses while any is in flight, so serving never pays
-/// for it: `treespec_engine::serving_gate`), then switches (`/health` says which, and whether the
+/// for it: `treespec_engine::measure::serving_gate`), then switches (`/health` says which, and whether the
 /// curve is provisional; a failed measurement keeps the stand-in and warns).
 fn default_methods(
     runtime: &Arc<treespec_llama::ModelRuntime>,

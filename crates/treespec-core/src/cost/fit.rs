@@ -187,7 +187,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The sizes the engine's start-up profile times (`treespec_engine::profile::PROFILE_SIZES`).
+    /// The sizes the engine's start-up profile times (`treespec_engine::measure::profile::PROFILE_SIZES`).
     const SIZES: &[usize] = &[
         1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 27, 28, 31,
         32, 33, 35, 36, 39, 40, 43, 44, 47, 48, 49, 51, 52, 55, 56, 59, 60, 63, 64,

@@ -17,7 +17,8 @@
 //! - `chunks`: which prompts a step reads (shortest first, short steps near a first token).
 //! - `propose`: the trees of a step, in turn or together on a shared draft model.
 //! - `cut`: the batch budget over every request's cuttable nodes.
-//! - `batch`: [`Batch`]; `run`: [`run_batched`].
+//! - `batch`: [`Batch`]; `run`: `run_batched`, a whole run over a list of jobs (test support:
+//!   the crate's tests and the `test-support` feature).
 
 use std::time::Duration;
 
@@ -32,9 +33,11 @@ mod chunks;
 mod cut;
 mod phases;
 mod propose;
+#[cfg(any(test, feature = "test-support"))]
 mod run;
 
 pub use batch::Batch;
+#[cfg(any(test, feature = "test-support"))]
 pub use run::{run_batched, BatchJob};
 
 /// One request being decoded in a lane.

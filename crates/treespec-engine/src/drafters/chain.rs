@@ -11,7 +11,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Drafts a chain of `k` tokens with a draft model.
 pub struct ChainDrafter<M: CausalLm> {

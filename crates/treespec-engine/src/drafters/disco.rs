@@ -30,7 +30,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Which stop rule DISCO uses.
 #[derive(Debug, Clone, Default)]

@@ -51,7 +51,7 @@ use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::ExtraStats;
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// How a [`DySpecDrafter`] schedules tree growth and draft forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

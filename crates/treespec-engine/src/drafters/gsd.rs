@@ -37,7 +37,7 @@ use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, GsdCounts};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// GSD knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]

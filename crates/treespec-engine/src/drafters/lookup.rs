@@ -20,7 +20,7 @@ use treespec_core::TokenId;
 
 use crate::drafter::{Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Prompt-lookup knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Knobs of [`SequoiaDrafter`].
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +32,7 @@ pub struct SequoiaConfig {
     pub max_depth: Option<usize>,
     /// Positional acceptance vector `P[1..B]`: probability that the k-th drawn child is the
     /// accepted one. It depends on the model pair and the sampling settings, so there is no
-    /// default: it comes from `treespec calibrate` (see `crate::offline_measure`) or the command line.
+    /// default: it comes from `treespec calibrate` (see `crate::measure::offline`) or the command line.
     pub acceptance: Vec<f32>,
 }
 

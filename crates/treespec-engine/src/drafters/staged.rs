@@ -36,7 +36,7 @@ use crate::backend::{CausalLm, Logits, TreeBatch};
 use crate::drafter::{Drafter, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{ExtraStats, StagedCounts};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Staged-drafting knobs.
 #[derive(Debug, Clone)]

@@ -6,11 +6,10 @@
 //! to drafters itself. Modelled on vLLM's `SpeculativeMethod` + `SpeculativeConfig` and
 //! llama.cpp's single `common_speculative_type_from_name_map`.
 
-mod kind;
 mod knobs;
 mod resolve;
 
-pub use kind::{MethodKind, METHOD_NAMES};
+pub use crate::method_kind::{MethodKind, METHOD_NAMES};
 pub use knobs::{Budget, MethodKnobs};
 pub use resolve::{FixedContext, MethodContext, MethodSpec, DEFAULT_SEQUOIA_ACCEPTANCE};
 

@@ -19,8 +19,8 @@ use crate::drafters::{
     StagedConfig, SuffixConfig, SuffixShared,
 };
 use crate::error::{EngineError, Result};
+use crate::measure::offline::AcceptanceVector;
 use crate::methods::Method;
-use crate::offline_measure::AcceptanceVector;
 use crate::toy::{ToyLm, ToyModel};
 
 /// Drafted nodes of [`MethodSpec::without_costs`]'s suffix drafts: the drafter still keeps only

@@ -10,12 +10,14 @@ mod draft_lanes;
 mod lm;
 mod model;
 mod slots;
+#[cfg(any(test, feature = "test-support"))]
 mod watched;
 
 pub use batched::ToyBatchLm;
 pub use draft_lanes::ToyDraftLanes;
 pub use lm::ToyLm;
 pub use model::{Support, ToyModel};
+#[cfg(any(test, feature = "test-support"))]
 pub use watched::{Watch, WatchedLm};
 
 /// Cost curves for toy models (demos, the toy server, the toy benchmark): a verify that grows

@@ -8,7 +8,7 @@
 //! `--reprofile`, after changing the build; `treespec profile --check` says whether it still
 //! matches the machine.
 //!
-//! A curve measured while the machine was busy (see [`treespec_engine::profile::measure_curve`])
+//! A curve measured while the machine was busy (see [`treespec_engine::measure::profile::measure_curve`])
 //! is cached marked noisy, with a warning then and at every later read, rather than not at
 //! all: re-measuring at every start on a machine that stays busy would cost minutes each time
 //! and come out no better. Every run refines the curves it uses from the forwards it times
@@ -35,7 +35,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use treespec_core::cost::{CostCurve, CurveTap};
 use treespec_engine::auto_budget::CostModel;
-use treespec_engine::profile::{
+use treespec_engine::measure::profile::{
     check_curve, measure_curve, CurveCheck, MeasureOptions, Progress, PROFILE_SIZES,
 };
 
@@ -429,7 +429,7 @@ impl Bar {
 
 /// Profile `model` on a fresh context (what will be cached in `file`).
 /// Also whether the curve is provisional (see
-/// [`Interference::stood_in`](treespec_engine::profile::Interference::stood_in): not to be cached).
+/// [`Interference::stood_in`](treespec_engine::measure::profile::Interference::stood_in): not to be cached).
 fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(CachedCurve, bool)> {
     let threads = model.options().threads;
     let into = file.map_or_else(|| "not cached".to_string(), |f| format!("cached in {}", f.display()));

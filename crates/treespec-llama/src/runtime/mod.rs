@@ -186,7 +186,9 @@ impl ModelRuntime {
     /// Re-time a few sizes of the target's cached cost curve on this machine now and compare
     /// (`treespec profile --check`): the cache file and the comparison, or None when no curve
     /// is cached for this model, thread count and kernel mode.
-    pub fn check_cost_curve(&self) -> Result<Option<(PathBuf, treespec_engine::profile::CurveCheck)>> {
+    pub fn check_cost_curve(
+        &self,
+    ) -> Result<Option<(PathBuf, treespec_engine::measure::profile::CurveCheck)>> {
         self.costs.check(&self.paths.model, &self.pair.target)
     }
 

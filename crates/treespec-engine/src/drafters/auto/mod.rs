@@ -38,7 +38,7 @@ use crate::backend::CausalLm;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// Knobs of the `auto` method.
 #[derive(Debug, Clone, PartialEq)]

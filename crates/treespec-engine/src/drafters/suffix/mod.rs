@@ -70,7 +70,7 @@ use crate::auto_budget::AutoBudget;
 use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
-use crate::registry::MethodKind;
+use crate::method_kind::MethodKind;
 
 /// The suffix drafter (see the module docs).
 pub struct SuffixDrafter {

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 
+use crate::adapters::toy::{Letters, ToyConfig, ToyText, ToyWorker};
 use crate::error::ApiError;
-use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
-use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::request::validate::{JobSpec, Limits};
+use crate::scheduling::methods::ServerMethods;
+use crate::scheduling::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
 use crate::tenant::Tenant;
-use crate::toy::{Letters, ToyConfig, ToyText, ToyWorker};
-use crate::validate::{JobSpec, Limits};
 
 /// Toy target lanes and toy drafts.
 pub struct ToyLanes {

@@ -7,13 +7,13 @@ use anyhow::{Context, Result};
 use treespec_engine::{CausalLm, TokenConstraint};
 use treespec_llama::{LlamaLm, ModelRuntime};
 
-use crate::fifo::{run_generation, EnginePool, Structure, Worker};
-use crate::job::{Event, RunError, RunSummary};
-use crate::llama::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
-use crate::methods::ServerMethods;
+use crate::adapters::llama_cpp::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
 use crate::metrics::Metrics;
+use crate::request::validate::{JobSpec, Limits};
+use crate::scheduling::fifo::{run_generation, EnginePool, Structure, Worker};
+use crate::scheduling::job::{Event, RunError, RunSummary};
+use crate::scheduling::methods::ServerMethods;
 use crate::tenant::Tenant;
-use crate::validate::{JobSpec, Limits};
 
 /// One worker's contexts.
 pub struct LlamaWorker<'m> {

@@ -8,18 +8,18 @@
 
 use std::sync::Arc;
 
-use treespec_engine::serving_gate;
+use treespec_engine::measure::serving_gate;
 use treespec_engine::{
     generate_constrained, CausalLm, Drafter, GenerateRequest, TokenBytes, TokenConstraint,
 };
 
 use crate::error::ApiError;
-use crate::job::ModelText;
-use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, RunSummary};
 use crate::metrics::Metrics;
-use crate::queue::JobQueue;
+use crate::request::validate::{JobSpec, Limits};
+use crate::scheduling::job::ModelText;
+use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, RunSummary};
+use crate::scheduling::queue::JobQueue;
 use crate::tenant::Tenant;
-use crate::validate::{JobSpec, Limits};
 
 /// One model stack on one thread: runs a job, reporting through `emit` (false = stop, the
 /// client is gone).

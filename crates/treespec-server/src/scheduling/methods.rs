@@ -17,7 +17,7 @@ use treespec_engine::registry::MethodContext;
 use treespec_engine::{EngineError, Method, MethodSpec};
 
 use crate::error::ApiError;
-use crate::histories::TenantHistories;
+use crate::scheduling::histories::TenantHistories;
 use crate::tenant::Tenant;
 
 /// A [`MethodContext`] that worker threads share.

@@ -14,9 +14,9 @@ use treespec_llama::runtime::{room, PrepareError};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
-pub use crate::prompt::{Message, PromptInput};
-use crate::sampling;
-use crate::structured::{self, Output};
+pub use crate::request::prompt::{Message, PromptInput};
+use crate::request::sampling;
+use crate::request::structured::{self, Output};
 
 /// A validated generation request, independent of the model.
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ pub struct JobSpec {
     pub stream: bool,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
-    /// Free text, grammar-constrained text or a tool call (see [`crate::structured`]).
+    /// Free text, grammar-constrained text or a tool call (see [`crate::request::structured`]).
     pub output: Output,
     /// Chat `logprobs: true`: report each token's log-probability and this many alternatives
     /// (`top_logprobs`).

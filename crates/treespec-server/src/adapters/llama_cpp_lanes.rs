@@ -9,13 +9,13 @@ use anyhow::Context;
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes, TokenConstraint};
 use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 
+use crate::adapters::llama_cpp::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
 use crate::error::ApiError;
-use crate::llama::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
-use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
-use crate::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::request::validate::{JobSpec, Limits};
+use crate::scheduling::methods::ServerMethods;
+use crate::scheduling::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
 use crate::tenant::Tenant;
-use crate::validate::{JobSpec, Limits};
 
 /// Draft cells kept beside the target's context for each lane's pending draft tree.
 const DRAFT_TREE_CELLS: usize = 80;

@@ -1,5 +1,5 @@
 //! The OpenAI routes' wire format (`/v1/chat/completions`, `/v1/completions`): chunks, whole
-//! answers, tool calls read out of the text. The response's lifecycle is [`crate::respond`]'s.
+//! answers, tool calls read out of the text. The response's lifecycle is [`crate::http::respond`]'s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,10 +8,10 @@ use axum::response::sse::Event as SseEvent;
 
 use crate::api::*;
 use crate::error::ApiError;
-use crate::job::Finished;
-use crate::respond::{to_json, Wire};
-use crate::structured;
-use crate::tool_calls::ToolCallText;
+use crate::http::respond::{to_json, Wire};
+use crate::http::tool_calls::ToolCallText;
+use crate::request::structured;
+use crate::scheduling::job::Finished;
 use treespec_grammar::FENCED_CALL;
 
 /// Which OpenAI object the answer is.
@@ -421,9 +421,9 @@ mod tests {
     use treespec_core::stats::DecodeStats;
 
     use super::*;
-    use crate::job::Event;
+    use crate::http::respond::sse_events;
     use crate::metrics::{Metrics, RequestTimer};
-    use crate::respond::sse_events;
+    use crate::scheduling::job::Event;
     use crate::tenant::Tenant;
 
     fn meta(auto: bool) -> Meta {

@@ -15,9 +15,9 @@ use treespec_llama::ModelRuntime;
 use treespec_text::ChatMessage;
 
 use crate::error::ApiError;
-use crate::job::{ModelInfo, ModelText};
-use crate::methods::ServerMethods;
-use crate::validate::{length_error, JobSpec, PromptInput, ToolsPrompt};
+use crate::request::validate::{length_error, JobSpec, PromptInput, ToolsPrompt};
+use crate::scheduling::job::{ModelInfo, ModelText};
+use crate::scheduling::methods::ServerMethods;
 
 /// What the backends run on: the models, loaded once by the caller (who may also have read the
 /// tokenizer fingerprint and the cost curves from the same runtime to build `method`), shared by
@@ -120,7 +120,7 @@ fn with_request_prompt<R>(
 /// renders tools itself (else their note is a system message in front).
 fn chat_input<'t>(
     runtime: &ModelRuntime,
-    msgs: &[crate::prompt::Message],
+    msgs: &[crate::request::prompt::Message],
     tools: Option<&'t ToolsPrompt>,
 ) -> (Vec<ChatMessage>, Option<&'t serde_json::Value>) {
     match tools {
@@ -136,7 +136,7 @@ fn renders_tools(runtime: &ModelRuntime) -> bool {
 }
 
 /// Validated messages as the chat template takes them.
-fn chat_messages(msgs: &[crate::prompt::Message]) -> Vec<ChatMessage> {
+fn chat_messages(msgs: &[crate::request::prompt::Message]) -> Vec<ChatMessage> {
     msgs.iter().map(|x| ChatMessage::new(&x.role, &x.content)).collect()
 }
 

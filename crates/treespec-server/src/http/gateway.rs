@@ -26,8 +26,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
+use crate::http::routes::AppState;
 use crate::metrics::View;
-use crate::routes::AppState;
 
 /// Whether the server still takes new requests. Shared by the routes and the front end that
 /// catches the stop signal.
@@ -129,7 +129,7 @@ pub async fn loads(State(s): State<AppState>, axum::Extension(view): axum::Exten
     let running = s.metrics.generations_in_flight(view);
     let usage = if total > 0 { used as f64 / total as f64 } else { 0.0 };
     Json(Loads {
-        timestamp: crate::routes::unix_now(),
+        timestamp: crate::http::routes::unix_now(),
         dp_rank_count: 1,
         loads: vec![RankLoad {
             dp_rank: 0,

@@ -11,13 +11,13 @@ use treespec_engine::toy::{toy_costs, ToyLm, ToyModel};
 use treespec_engine::{GenerateRequest, Method, TokenBytes};
 
 use crate::error::ApiError;
-use crate::fifo::{run_generation, EnginePool, Structure, Worker};
-use crate::job::{Event, RunError, RunSummary};
-use crate::job::{ModelInfo, ModelText};
-use crate::methods::ServerMethods;
 use crate::metrics::Metrics;
+use crate::request::validate::{check_lengths, JobSpec, Limits, PromptInput};
+use crate::scheduling::fifo::{run_generation, EnginePool, Structure, Worker};
+use crate::scheduling::job::{Event, RunError, RunSummary};
+use crate::scheduling::job::{ModelInfo, ModelText};
+use crate::scheduling::methods::ServerMethods;
 use crate::tenant::Tenant;
-use crate::validate::{check_lengths, JobSpec, Limits, PromptInput};
 
 /// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
 #[derive(Debug, Clone)]

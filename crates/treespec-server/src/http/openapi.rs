@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::{IntoResponses, OpenApi, ToSchema};
 
 use crate::api::*;
-use crate::llama_api::{
+use crate::http::llama_server::{
     AppliedTemplate, DetokenizeRequest, Detokenized, LlamaCompletion, LlamaCompletionRequest, Props, Slot,
     TokenizeRequest, Tokenized,
 };

@@ -3,7 +3,7 @@
 //! requests' forwards must not share the cores. Sharing costs the requests (a measurement beside
 //! them made one served run 30% slower) and spoils the curve (it times how busy the process was).
 //! So the servers hold a [`Serving`] guard while a request decodes, and
-//! a measurement run [`in_background`] ([`crate::profile::LmTimer`]) times a forward only while
+//! a measurement run [`in_background`] ([`crate::measure::profile::LmTimer`]) times a forward only while
 //! none is in flight, and times it again when one began meanwhile. One process, one set of
 //! cores: a process-wide gate. A measurement a request itself needs (a method resolved inside
 //! it) does not wait: it would wait for itself.

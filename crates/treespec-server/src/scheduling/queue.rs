@@ -14,10 +14,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::ApiError;
-use crate::job::Job;
 use crate::metrics::Metrics;
+use crate::request::validate::JobSpec;
+use crate::scheduling::job::Job;
 use crate::tenant::Tenant;
-use crate::validate::JobSpec;
 
 /// A waiting job and its number (to tell whether the job at the front is still the one a
 /// preparation was made for).
@@ -193,10 +193,11 @@ mod tests {
     use super::*;
     use tokio::sync::mpsc::unbounded_channel;
 
-    fn job(tenant: Tenant) -> (Job, tokio::sync::mpsc::UnboundedReceiver<crate::job::Event>) {
+    fn job(tenant: Tenant) -> (Job, tokio::sync::mpsc::UnboundedReceiver<crate::scheduling::job::Event>) {
         let (tx, rx) = unbounded_channel();
         let req = serde_json::from_value(serde_json::json!({"prompt": "hi"})).expect("a request");
-        let spec = crate::validate::completion(req, &crate::validate::Limits::default()).expect("valid");
+        let spec = crate::request::validate::completion(req, &crate::request::validate::Limits::default())
+            .expect("valid");
         (Job::new(spec, tenant, false, tx), rx)
     }
 

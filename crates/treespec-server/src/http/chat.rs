@@ -14,7 +14,7 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 
 /// The page.
-pub const PAGE: &str = include_str!("../chat.html");
+pub const PAGE: &str = include_str!("chat.html");
 
 /// `GET /`: the page, its policy, and no framing, sniffing or referrer.
 pub fn response() -> Response {

@@ -59,9 +59,11 @@ mod tests {
     fn cpu_time_grows_with_work_and_not_with_sleep() {
         const ALONE: &str = "TREESPEC_CPU_TIME_TEST_ALONE";
         if std::env::var_os(ALONE).is_none() {
-            let name = "cpu_time::tests::cpu_time_grows_with_work_and_not_with_sleep";
+            // This test's path inside the crate (module_path! starts with the crate's name).
+            let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+            let name = format!("{module}::cpu_time_grows_with_work_and_not_with_sleep");
             let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([name, "--exact", "--test-threads=1", "--nocapture"])
+                .args([name.as_str(), "--exact", "--test-threads=1", "--nocapture"])
                 .env(ALONE, "1")
                 .output()
                 .unwrap();

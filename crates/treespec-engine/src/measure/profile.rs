@@ -8,9 +8,9 @@ use treespec_core::cost::fit::{agree, fit_samples, Fitted};
 use treespec_core::cost::CostCurve;
 
 use crate::backend::{CausalLm, TreeBatch};
-use crate::cpu_time::{others_busy_cores, process_cpu_ms};
 use crate::error::{EngineError, Result};
-use crate::serving_gate;
+use crate::measure::cpu_time::{others_busy_cores, process_cpu_ms};
+use crate::measure::serving_gate;
 
 /// Batch sizes a start-up profile times (sizes in between are interpolated, larger ones
 /// extrapolated), out to 64 rows since suffix drafts of long exact copies reach that far.

@@ -41,14 +41,14 @@ use crate::api::{
     ChatCompletionRequest, ChoiceLogprobs, CommonParams, CompletionRequest, Timings, TreespecStats,
 };
 use crate::error::ApiError;
-use crate::gateway;
-use crate::job::{Finished, ModelText};
-use crate::respond::{respond, to_json, Submitted, Wire};
-use crate::routes::{AppState, Arrived};
-use crate::sampling;
-use crate::serve::PeerClosed;
+use crate::http::gateway;
+use crate::http::respond::{respond, to_json, Submitted, Wire};
+use crate::http::routes::{AppState, Arrived};
+use crate::http::serve::PeerClosed;
+use crate::request::sampling;
+use crate::request::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
+use crate::scheduling::job::{Finished, ModelText};
 use crate::tenant::Tenant;
-use crate::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
 
 /// The routes (behind the same API keys as `/v1/*`).
 pub fn routes() -> Router<AppState> {

@@ -12,8 +12,8 @@ use treespec_engine::{EngineError, GenerateOutput};
 
 use crate::api::Timings;
 use crate::error::ApiError;
+use crate::request::validate::{check_lengths, JobSpec, Limits};
 use crate::tenant::Tenant;
-use crate::validate::{check_lengths, JobSpec, Limits};
 use treespec_core::TokenId;
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or

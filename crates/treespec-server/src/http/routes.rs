@@ -15,14 +15,14 @@ use serde_json::json;
 
 use crate::api::*;
 use crate::error::ApiError;
-use crate::gateway::{self, Lifecycle};
-use crate::job::GenerationBackend;
+use crate::http::gateway::{self, Lifecycle};
+use crate::http::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
+use crate::http::respond::{respond, Submitted};
+use crate::http::serve::PeerClosed;
 use crate::metrics::{Metrics, View};
-use crate::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
-use crate::respond::{respond, Submitted};
-use crate::serve::PeerClosed;
+use crate::request::validate;
+use crate::scheduling::job::GenerationBackend;
 use crate::tenant::{ApiKeys, Tenant};
-use crate::validate;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -102,13 +102,11 @@ pub async fn health(State(s): State<AppState>) -> Response {
     Json(v).into_response()
 }
 
-mod chat;
-
 /// `GET /`: a chat page (one self-contained file in the binary: no build, no network) that
 /// streams each answer coloured by how every token was produced (the trace extension), under a
-/// Content-Security-Policy that lets only its own inline script and style run (see [`chat`]).
+/// Content-Security-Policy that lets only its own inline script and style run (see [`super::chat`]).
 pub async fn chat_page() -> Response {
-    chat::response()
+    super::chat::response()
 }
 
 /// `GET /metrics`: the server-wide figures for the operator, a tenant's own for its key.
@@ -249,7 +247,7 @@ async fn openai(s: AppState, job: Submitted, kind: Kind, arrived: Arrived) -> Re
     let auto_tools: Option<Vec<String>> =
         job.spec.output.auto_tools().map(|tools| tools.iter().map(|f| f.name.clone()).collect());
     let trace = job.trace;
-    let meta = |started: Option<crate::respond::Start>| Meta {
+    let meta = |started: Option<crate::http::respond::Start>| Meta {
         id: new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
         created: now(),
         model: s.backend.model_id(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use treespec_core::TokenId;
 use treespec_engine::batched::{Batch, LaneStep, StepLimits};
-use treespec_engine::serving_gate;
+use treespec_engine::measure::serving_gate;
 use treespec_engine::BatchedLm;
 use treespec_engine::SharedDraft;
 use treespec_engine::{Drafter, GenerateRequest, Generation};
@@ -21,12 +21,12 @@ use treespec_engine::{TokenBytes, TokenConstraint, TokenLogprob};
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
-use crate::job::ModelText;
-use crate::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
 use crate::metrics::Metrics;
-use crate::queue::JobQueue;
+use crate::request::validate::{JobSpec, Limits};
+use crate::scheduling::job::ModelText;
+use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
+use crate::scheduling::queue::JobQueue;
 use crate::tenant::Tenant;
-use crate::validate::{JobSpec, Limits};
 
 /// A request made ready for a lane by [`LaneModels::prepare`].
 pub struct Prepared<'m> {

@@ -20,12 +20,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::{ChoiceLogprobs, LogprobEntry, TextSpan, TreespecStats};
 use crate::error::ApiError;
-use crate::job::{Event, Finished, Job};
+use crate::http::routes::{AppState, Arrived};
+use crate::http::serve::PeerClosed;
 use crate::metrics::RequestTimer;
-use crate::routes::{AppState, Arrived};
-use crate::serve::PeerClosed;
+use crate::request::validate::JobSpec;
+use crate::scheduling::job::{Event, Finished, Job};
 use crate::tenant::Tenant;
-use crate::validate::JobSpec;
 
 /// How often a response to a client that closed its side writes a probe (a space, or an SSE
 /// comment) while nothing else goes out.

@@ -1,0 +1,8 @@
+//! What a request asks, checked without a model: every field of a completion request
+//! ([`validate`], into a [`validate::JobSpec`]), its sampling fields ([`sampling`]), structured
+//! output and tools ([`structured`]), and the prompt as messages or text ([`prompt`]).
+
+pub mod prompt;
+pub(crate) mod sampling;
+pub(crate) mod structured;
+pub mod validate;
