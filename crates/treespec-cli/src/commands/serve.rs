@@ -321,6 +321,7 @@ fn default_methods(
 /// Print what a save wrote; the error (with every history tried) is the caller's.
 fn report_saves(saved: Result<Vec<treespec_server::histories::Saved>>) -> Result<()> {
     for s in saved? {
+        let Some(path) = &s.history else { continue };
         let merged = match s.merged {
             0 => String::new(),
             n => format!(", {n} document(s) another server saved merged in"),
@@ -328,18 +329,18 @@ fn report_saves(saved: Result<Vec<treespec_server::histories::Saved>>) -> Result
         eprintln!(
             "treespec serve: saved the suffix history ({} tokens{merged}) to {}",
             s.tokens,
-            s.path.display()
+            path.display()
         );
         if let Some(why) = &s.replaced {
             eprintln!(
                 "treespec serve: warning: {} could not be merged ({why}); it was replaced",
-                s.path.display()
+                path.display()
             );
         }
         if s.prices_kept {
             eprintln!(
                 "treespec serve: the learned prices beside {} hold more trials than ours: kept",
-                s.path.display()
+                path.display()
             );
         }
     }

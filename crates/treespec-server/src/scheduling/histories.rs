@@ -38,7 +38,7 @@ use anyhow::Context;
 use treespec_core::ngram::TokenizerId;
 use treespec_core::suffix::history_file::{LOCK_SUFFIX, PRICES_SUFFIX};
 use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
-use treespec_engine::drafters::{StorePlaces, StoreSave, SuffixShared, SuffixStore};
+use treespec_engine::drafters::{StorePlaces, SuffixShared, SuffixStore};
 
 use crate::tenant::Tenant;
 
@@ -269,22 +269,8 @@ impl std::fmt::Debug for TenantHistories {
     }
 }
 
-/// What one save wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Saved {
-    /// The file.
-    pub path: PathBuf,
-    /// Tokens in the history.
-    pub tokens: usize,
-    /// Trials the learned prices saved with it have recorded.
-    pub trials: u64,
-    /// Documents another server had saved to the file, merged into this history first.
-    pub merged: usize,
-    /// Whether the prices file was left holding another server's prices (of more trials).
-    pub prices_kept: bool,
-    /// Why the file could not be merged (damaged, another tokenizer's), when it was replaced.
-    pub replaced: Option<String>,
-}
+/// What one tenant's save wrote (its `history` is the tenant's file).
+pub use treespec_engine::drafters::StoreSave as Saved;
 
 impl TenantHistories {
     /// Histories in memory only (tests, servers without `--suffix-history`).
@@ -356,8 +342,8 @@ impl TenantHistories {
         for store in scopes.values_mut() {
             let path = store.history_file().map(|f| f.path().to_path_buf());
             match store.save_changed() {
-                Ok(Some(done)) => out.extend(done.history.clone().map(|path| Saved::from_store(path, done))),
-                Ok(None) => {}
+                Ok(Some(done)) if done.history.is_some() => out.push(done),
+                Ok(_) => {}
                 Err(e) => {
                     let at = path.map(|p| p.display().to_string()).unwrap_or_default();
                     first_error.get_or_insert(anyhow::Error::new(e).context(format!("saving {at}")));
@@ -367,19 +353,6 @@ impl TenantHistories {
         match first_error {
             Some(e) => Err(e),
             None => Ok(out),
-        }
-    }
-}
-
-impl Saved {
-    fn from_store(path: PathBuf, s: StoreSave) -> Self {
-        Saved {
-            path,
-            tokens: s.tokens,
-            trials: s.trials,
-            merged: s.merged,
-            prices_kept: s.prices_kept,
-            replaced: s.replaced,
         }
     }
 }
