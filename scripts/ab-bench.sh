@@ -7,7 +7,7 @@
 # Serving: for each repeat, OLD then NEW (then NEW then OLD on the next repeat, so drift hits both
 # alike): scripts/serve-bench.py starts `treespec serve -m T -md D --method $METHOD -t 2
 # --parallel $CLIENTS` and sends $REQUESTS streaming chat requests from $CLIENTS client threads
-# (max_tokens $MAX_TOKENS, temperature 0, prompts from bench/prompts/code-edit.jsonl).
+# (max_tokens $MAX_TOKENS, temperature 0, prompts from bench/inputs/prompts/code-edit.jsonl).
 # Single requests: for each prompt of the same file (the first $PROMPTS), each repeat, OLD and NEW
 # in alternating order run `treespec generate --json -n $MAX_TOKENS --chat --method $METHOD` and
 # the decode rate (stats.tokens_per_s) is recorded. OUT/ab.md holds the medians and NEW ÷ OLD.
@@ -32,7 +32,7 @@ for b in "$old" "$new"; do [[ -x "$b" ]] || { echo "no executable $b" >&2; exit 
 mkdir -p "$out"
 draft=()
 [[ -n "$DRAFT" ]] && draft=(-md "$DRAFT")
-prompts=bench/prompts/code-edit.jsonl
+prompts=bench/inputs/prompts/code-edit.jsonl
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$out/load.txt"
 
 # Serving, interleaved.

@@ -35,39 +35,39 @@ for stage in "${stages[@]}"; do
     case "$stage" in
         greedy)
             "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --methods plain,lookup,suffix,auto \
-                -n 128 --temp 0 --log --out bench/main-greedy
+                -n 128 --temp 0 --log --out bench/results/main-greedy
             ;;
         peers)
             [[ -x "${TREESPEC_PEERS:-$HOME/.cache/treespec/peers}/build/bin/llama-completion" ]] ||
                 bash scripts/peer-bench.sh build
             "$bin" bench -m "$T" --prompts "$set_file" --dump-prompts bench-out/prompts-formatted.jsonl
-            bash scripts/peer-bench.sh run bench-out/prompts-formatted.jsonl bench/main-greedy/peers.jsonl \
+            bash scripts/peer-bench.sh run bench-out/prompts-formatted.jsonl bench/results/main-greedy/peers.jsonl \
                 -m "$T" -md "$D" -n 128 -t 2
-            python3 scripts/side-by-side.py bench/main-greedy/results.json bench/main-greedy/peers.jsonl \
-                --out bench/main-greedy/side-by-side.md
+            python3 scripts/side-by-side.py bench/results/main-greedy/results.json bench/results/main-greedy/peers.jsonl \
+                --out bench/results/main-greedy/side-by-side.md
             ;;
         table)
-            python3 scripts/side-by-side.py bench/main-greedy/results.json bench/main-greedy/peers.jsonl \
-                --out bench/main-greedy/side-by-side.md
+            python3 scripts/side-by-side.py bench/results/main-greedy/results.json bench/results/main-greedy/peers.jsonl \
+                --out bench/results/main-greedy/side-by-side.md
             ;;
         t1)
             "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --categories code_completion,code_edit \
-                --methods plain,auto -n 128 --temp 1.0 --seed 1 --log --out bench/main-t1
+                --methods plain,auto -n 128 --temp 1.0 --seed 1 --log --out bench/results/main-t1
             ;;
         exact)
             bash scripts/fetch-models.sh smollm2
             "$bin" bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 --exact --prompts "$set_file" \
-                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/main-exact
+                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/results/main-exact
             ;;
         exact-qwen)
             "$bin" bench -m "$T" --draft "$D" -t 2 --exact --prompts "$set_file" \
-                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/main-exact-qwen
+                --methods plain,suffix,auto -n 128 --temp 0 --log --out bench/results/main-exact-qwen
             ;;
         levers)
             # Code edits and summarization: where the free drafts matter.
             local_set=bench-out/sets/levers.jsonl
             grep -E '"category": "(code_edit|summarization)"' "$set_file" >"$local_set"
-            run() { "$bin" bench -m "$T" -t 2 --prompts "$local_set" -n 128 --temp 0 --log --out "bench/levers-suffix/$1" "${@:2}"; }
+            run() { "$bin" bench -m "$T" -t 2 --prompts "$local_set" -n 128 --temp 0 --log --out "bench/results/levers-suffix/$1" "${@:2}"; }
             run defaults --methods plain,suffix
             run no-global --methods plain,suffix --no-global
             run mean-pricing --methods plain,suffix --suffix-pessimism 0

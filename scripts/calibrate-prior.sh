@@ -5,7 +5,7 @@
 #   scripts/calibrate-prior.sh CURVE.json [ANSWERS.jsonl]
 #
 # ANSWERS: recorded greedy answers (`treespec bench`'s plain-tokens.jsonl), by default the main
-# set's 52 Qwen2.5-Coder answers (bench/main-greedy/plain-tokens.jsonl: Spec-Bench's first five
+# set's 52 Qwen2.5-Coder answers (bench/results/main-greedy/plain-tokens.jsonl: Spec-Bench's first five
 # per task, HumanEval 0-9, the code-edit prompts). CURVE: the target's measured cost curve (a
 # treespec cost-cache file, ~/.cache/treespec/costs/<target>-t2-fast-v5.json) the replay decides on.
 #
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 curve="${1:?usage: scripts/calibrate-prior.sh CURVE.json [ANSWERS.jsonl]}"
-answers="${2:-bench/main-greedy/plain-tokens.jsonl}"
+answers="${2:-bench/results/main-greedy/plain-tokens.jsonl}"
 CAP="${CAP:-16}"
 out=crates/treespec-core/src/suffix/calibrated_prior.json
 cargo build --release -q -p treespec-bench --example suffix_replay

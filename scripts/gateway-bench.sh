@@ -20,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?usage: scripts/gateway-bench.sh OUT [SESSION FILES...]}"
 shift
 files=("$@")
-[[ ${#files[@]} -gt 0 ]] || files=(bench/sessions/chat.jsonl bench/sessions/tools.jsonl bench/sessions/agent-whole.jsonl)
+[[ ${#files[@]} -gt 0 ]] || files=(bench/inputs/sessions/chat.jsonl bench/inputs/sessions/tools.jsonl bench/inputs/sessions/agent-whole.jsonl)
 TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 METHOD="${METHOD:-auto}"
 C="${CONCURRENCY:-4}"

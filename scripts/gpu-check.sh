@@ -105,7 +105,7 @@ for line in open("../shared/data/spec-bench/question.jsonl"):
     if seen.get(q["category"], 0) < 2:
         seen[q["category"]] = seen.get(q["category"], 0) + 1
         out.append(line)
-out += open("bench/prompts/code-edit.jsonl").readlines()[:2]
+out += open("bench/inputs/prompts/code-edit.jsonl").readlines()[:2]
 open(sys.argv[1], "w").writelines(out)
 EOF
     du -sh "$BUNDLE" >&2
@@ -287,7 +287,7 @@ replay() {
         echo "## Free drafts on the main set's recorded answers (suffix_replay)"
         echo
         echo '```'
-        ./target/release/examples/suffix_replay bench/main-greedy-books/plain-tokens.jsonl "$target_curve" 2>&1
+        ./target/release/examples/suffix_replay bench/results/main-greedy-books/plain-tokens.jsonl "$target_curve" 2>&1
         echo '```'
     } >"$report"
     # The session workloads' answers, tokenized by a server of the real model.
@@ -299,7 +299,7 @@ replay() {
         curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
         sleep 1
     done
-    python3 scripts/session-copy-bound.py bench/sessions-qwen/c1-prior/sessions.json --url "http://127.0.0.1:$port" \
+    python3 scripts/session-copy-bound.py bench/results/sessions-qwen/c1-prior/sessions.json --url "http://127.0.0.1:$port" \
         --curve "$target_curve" --plain-tokens "$work/session-tokens.jsonl" >"$work/session-oracle.md"
     kill $pid 2>/dev/null || true
     {

@@ -48,7 +48,7 @@
 # MODELS ("qwen smollm2"), PROMPT_LIMIT (128 prompts per file), MAX_PROMPT_CHARS (2000; longer
 # prompts are skipped so that prefill does not dominate a 64-token answer), THREADS (2),
 # TREESPEC_EXTRA / LLAMA_SERVER_EXTRA (extra flags), TREESPEC_BIN, LLAMA_SERVER_BIN.
-# Prompts: bench/prompts/code-edit.jsonl and ../shared/data/spec-bench/question.jsonl (first turn).
+# Prompts: bench/inputs/prompts/code-edit.jsonl and ../shared/data/spec-bench/question.jsonl (first turn).
 #
 # Run it on an otherwise idle machine: the servers use both cores, and every row records the load
 # average at its start.
@@ -96,7 +96,7 @@ if [[ " $SERVERS " == *" llama-server "* && ! -x "$LLAMA_SERVER_BIN" ]]; then
     log "no $LLAMA_SERVER_BIN: run scripts/peer-bench.sh build (or leave llama-server out of SERVERS)"
     exit 1
 fi
-prompts=(--prompts bench/prompts/code-edit.jsonl)
+prompts=(--prompts bench/inputs/prompts/code-edit.jsonl)
 spec_bench="$repo_root/../shared/data/spec-bench/question.jsonl"
 [[ -f "$spec_bench" ]] && prompts+=(--prompts "$spec_bench")
 

@@ -4,7 +4,7 @@
 # fed back, the servers interleaved session group by session group (see
 # crates/treespec-bench/src/sessions/mod.rs).
 #
-#   scripts/session-bench.sh OUT [SESSION FILES...]      (default files: bench/sessions/*.jsonl)
+#   scripts/session-bench.sh OUT [SESSION FILES...]      (default files: bench/inputs/sessions/*.jsonl)
 #
 # Servers (all started first, side by side, each on its own port; only one works at a time):
 #   treespec:plain      treespec serve -m T -t 2 --method plain
@@ -32,7 +32,7 @@ cd "$repo_root"
 out="${1:?usage: scripts/session-bench.sh OUT [SESSION FILES...]}"
 shift
 files=("$@")
-[[ ${#files[@]} -gt 0 ]] || files=(bench/sessions/*.jsonl)
+[[ ${#files[@]} -gt 0 ]] || files=(bench/inputs/sessions/*.jsonl)
 TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 DRAFT="${DRAFT-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
 SERVERS="${SERVERS:-treespec:plain treespec:auto llama:plain llama:ngram-mod}"

@@ -550,7 +550,7 @@ def main():
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--duration", type=float, default=600)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--prompts", action="append", help="JSONL with `turns` (default: bench/prompts/code-edit.jsonl)")
+    ap.add_argument("--prompts", action="append", help="JSONL with `turns` (default: bench/inputs/prompts/code-edit.jsonl)")
     ap.add_argument("--max-prompt-chars", type=int, default=1500)
     ap.add_argument("--disconnect-frac", type=float, default=0.25)
     ap.add_argument("--bad-frac", type=float, default=0.05)
@@ -570,7 +570,7 @@ def main():
     ap.add_argument("--out", help="write the JSON summary here too")
     a = ap.parse_args()
 
-    default_prompts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "prompts", "code-edit.jsonl")
+    default_prompts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "inputs", "prompts", "code-edit.jsonl")
     prompts = load_prompts(a.prompts or ([default_prompts] if os.path.exists(default_prompts) else []), a.max_prompt_chars)
     server = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Build the multi-turn session workloads of `bench/sessions/` from pinned public data.
+"""Build the multi-turn session workloads of `bench/inputs/sessions/` from pinned public data.
 
-    python3 scripts/sessions/build.py --out bench/sessions
+    python3 scripts/sessions/build.py --out bench/inputs/sessions
 
 Writes one JSON-lines file per workload (agent-whole, agent-search-replace, chat, tools, doc-qa);
 the format is read by `crates/treespec-bench/src/sessions/workload.rs`. Every artifact is pinned
@@ -916,7 +916,7 @@ def validate(sessions):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="output folder (bench/sessions)")
+    ap.add_argument("--out", required=True, type=Path, help="output folder (bench/inputs/sessions)")
     ap.add_argument("--cache", type=Path,
                     default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "treespec-sessions",
                     help="where downloaded artifacts are kept (checked against their pins on every use)")

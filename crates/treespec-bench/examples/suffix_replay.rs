@@ -13,7 +13,7 @@
 //!
 //! ```sh
 //! cargo run --release -p treespec-bench --example suffix_replay -- \
-//!     bench/main-greedy/plain-tokens.jsonl ~/.cache/treespec/costs/<target>-t2-fast-v4.json \
+//!     bench/results/main-greedy/plain-tokens.jsonl ~/.cache/treespec/costs/<target>-t2-fast-v4.json \
 //!     [--score OTHER-CURVE.json] [--pessimism Z] [--refine] [--per-answer] [--trace]
 //! ```
 //!

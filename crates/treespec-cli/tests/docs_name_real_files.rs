@@ -1,6 +1,6 @@
 //! Every file or folder the docs name exists: a newcomer who follows a path in the README, in
 //! `docs/` or in the scripts' index finds it. Paths are read as written from the repository root
-//! (`scripts/run.sh`, `bench/sessions/…`), relative to the document for `../` links, or relative
+//! (`scripts/run.sh`, `bench/inputs/sessions/…`), relative to the document for `../` links, or relative
 //! to `crates/treespec-*` for the short crate paths the architecture notes use
 //! (`server/src/request/validate.rs`). Patterns (`*`, `<target>`, `{…}`, `$VAR`, `…`) are skipped.
 
@@ -90,21 +90,22 @@ fn every_path_a_doc_names_exists() {
 
 #[test]
 fn the_scan_finds_paths_and_skips_patterns() {
-    let text = "Run `scripts/run.sh`, see [x](../bench/serve/README.md) and server/src/request/validate.rs. \
+    let text = "Run `scripts/run.sh`, see [x](../bench/results/serve/README.md) \
+                and server/src/request/validate.rs. \
                 Not these: bench/*.md, ~/.cache/treespec/costs/<target>.json, docs, a/b, \
-                bench/sessions-qwen/c1.";
+                bench/results/sessions-qwen/c1.";
     assert_eq!(
         named_paths(text),
         vec![
             "scripts/run.sh",
-            "../bench/serve/README.md",
+            "../bench/results/serve/README.md",
             "server/src/request/validate.rs",
-            "bench/sessions-qwen/c1"
+            "bench/results/sessions-qwen/c1"
         ]
     );
     let root = repo();
     let readme = root.join("docs/GPU.md");
     assert!(exists(&root, &readme, "server/src/request/validate.rs"), "a crate's short path");
-    assert!(exists(&root, &readme, "../bench/gpu-vulkan-lavapipe/README.md"), "a link from docs/");
+    assert!(exists(&root, &readme, "../bench/results/gpu-vulkan-lavapipe/README.md"), "a link from docs/");
     assert!(!exists(&root, &readme, "scripts/no-such-script.sh"));
 }

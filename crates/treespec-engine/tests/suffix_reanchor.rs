@@ -265,7 +265,7 @@ impl treespec_core::verify::TargetDists for Answer<'_> {
 /// `TREESPEC_REPLAY_REFINE=1` refines the curve with each step's time as a live run does.
 ///
 /// ```sh
-/// TREESPEC_REPLAY_TOKENS=bench/main-greedy/plain-tokens.jsonl \
+/// TREESPEC_REPLAY_TOKENS=bench/results/main-greedy/plain-tokens.jsonl \
 /// TREESPEC_REPLAY_CURVE=~/.cache/treespec/costs/<target>-t2-fast-v5.json \
 ///   cargo test --release -p treespec-engine --test suffix_reanchor -- --ignored --nocapture
 /// ```

@@ -1,7 +1,7 @@
 //! Sessions, not prompts: multi-turn work replayed through the OpenAI chat API against running
 //! servers (`treespec serve`, llama-server, anything OpenAI-compatible), as its users run it.
 //!
-//! - [`workload`]: session files (`bench/sessions/*.jsonl`) and the selection.
+//! - [`workload`]: session files (`bench/inputs/sessions/*.jsonl`) and the selection.
 //! - [`edits`]: what a coding agent does between turns (fence the file, apply the answer).
 //! - [`client`]: one streamed chat completion, timed, with the server's cache and forward counts.
 //! - [`play`]: one session on one server, every answer generated live and fed back.

@@ -1,4 +1,4 @@
-//! Session files: JSON lines, one multi-turn session a line (`bench/sessions/*.jsonl`, built by
+//! Session files: JSON lines, one multi-turn session a line (`bench/inputs/sessions/*.jsonl`, built by
 //! `scripts/sessions/build.py` from pinned public data).
 //!
 //! A session holds only what the *user* says; the assistant's turns are generated live by the

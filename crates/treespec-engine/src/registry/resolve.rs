@@ -31,7 +31,7 @@ pub const FIXED_SUFFIX_NODES: usize = 16;
 pub const FIXED_DYSPEC_NODES: usize = 8;
 
 /// Sequoia's positional acceptance vector when none is given: measured by `treespec calibrate`
-/// on the Qwen2.5-Coder 1.5B/0.5B pair, greedy (`bench/qwen-pair.accept.json`), rounded. A
+/// on the Qwen2.5-Coder 1.5B/0.5B pair, greedy (`bench/results/qwen-pair.accept.json`), rounded. A
 /// calibration file for the pair at hand (`--calibration`) is better.
 pub const DEFAULT_SEQUOIA_ACCEPTANCE: [f32; 4] = [0.8, 0.1, 0.05, 0.01];
 

@@ -107,7 +107,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub structured: bool,
     /// Sessions instead of prompts: play the multi-turn sessions of these files (JSON lines,
-    /// e.g. bench/sessions/*.jsonl) against running servers (--server), every answer generated
+    /// e.g. bench/inputs/sessions/*.jsonl) against running servers (--server), every answer generated
     /// live and fed back. --categories then names workloads, --per-category and --limit count
     /// sessions, --repeat plays each again.
     #[arg(long, value_delimiter = ',', value_name = "FILE", requires = "servers")]
