@@ -15,7 +15,7 @@
 #            prompts
 #
 # Usage: scripts/bench-main.sh [STAGE …]   (default: greedy peers t1 exact levers)
-# Writes bench/main-*/ (results.json, summary.md, SVG charts, peers.jsonl, side-by-side.md).
+# Writes bench/results/main-*/ (results.json, summary.md, SVG charts, peers.jsonl, side-by-side.md).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
