@@ -315,7 +315,7 @@ def report(results_path, md_path):
                "sizing its own drafts; treespec-draft-alone: each request running its own draft forwards).")
     out.append("")
     out.append("| model | clients | server | throughput tok/s | TTFT p50 / p99 s | latency p50 / p99 s | ok / failed "
-               "| batch ÷ fifo | batch ÷ llama-server | batch ÷ plain | load1 start → end |")
+               "| batch ÷ one | batch ÷ llama-server | batch ÷ plain | load1 start → end |")
     out.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models:
         for n in sorted({r["clients"] for r in rows if r.get("model", "") == model}):
@@ -328,7 +328,7 @@ def report(results_path, md_path):
                 tp = r.get("throughput_tok_s")
                 ratios = ["", "", ""]
                 if name == "treespec-batch":
-                    for i, other in enumerate(("treespec-fifo", "llama-server", "treespec-plain")):
+                    for i, other in enumerate(("treespec-one", "llama-server", "treespec-plain")):
                         o = (here.get(other) or {}).get("throughput_tok_s")
                         ratios[i] = f"{b / o:.2f}×" if b and o else "–"
                 load = f"{fmt((r.get('machine', {}).get('loadavg') or [None])[0])} → {fmt((r.get('loadavg_end') or [None])[0])}"

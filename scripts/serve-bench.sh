@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving under concurrent load (issue #13): treespec's batch scheduler, treespec's FIFO scheduler
+# Serving under concurrent load (issue #13): treespec's batch scheduler, the same server one request at a time
 # and llama.cpp's llama-server, one at a time on the same prompts, with N streaming clients.
 #
 #   scripts/serve-bench.sh [--quick] [--out DIR]
@@ -9,13 +9,13 @@
 # port, sends one unmeasured warm-up request, runs N client threads over max(8N, 16) streaming chat
 # requests (max_tokens 64, temperature 0), appends one JSON line to DIR/results.jsonl and stops the
 # server's whole process group. At the end DIR/serve-bench.md holds the table (throughput, TTFT
-# and latency p50/p99, ok/failed, treespec-batch ÷ treespec-fifo and ÷ llama-server).
+# and latency p50/p99, ok/failed, treespec-batch ÷ treespec-one and ÷ llama-server).
 # --quick: SmolLM2 only, N in 1 4, 4 requests of 16 tokens (a smoke test, about a minute).
 #
 # The servers (T target, D draft, N clients, CTX per request, default 2048; 2 threads each):
-#   treespec-batch  treespec serve -m T [-md D] --method $METHOD -t 2 --scheduler batch --parallel N
+#   treespec-batch  treespec serve -m T [-md D] --method $METHOD -t 2 --parallel N
 #                   -c N*CTX --queue 64
-#   treespec-fifo   treespec serve -m T [-md D] --method $METHOD -t 2 --scheduler fifo -c CTX --queue 64
+#   treespec-one    treespec serve -m T [-md D] --method $METHOD -t 2 --parallel 1 -c CTX --queue 64
 #                   (one request at a time; the same draft as the batch server so the two differ only
 #                   in scheduling)
 #   treespec-plain  as treespec-batch with --method plain and no draft (optional, for SERVERS)
@@ -44,7 +44,7 @@
 # Each treespec server gets --queue 64 so that 16 clients never meet the 503 a full queue answers.
 #
 # Environment: METHOD (treespec method, default auto), CTX (2048), MAX_TOKENS (64), CLIENTS
-# ("1 4 16"), REQUESTS (default max(8N, 16)), SERVERS ("treespec-batch treespec-fifo llama-server"),
+# ("1 4 16"), REQUESTS (default max(8N, 16)), SERVERS ("treespec-batch treespec-one llama-server"),
 # MODELS ("qwen smollm2"), PROMPT_LIMIT (128 prompts per file), MAX_PROMPT_CHARS (2000; longer
 # prompts are skipped so that prefill does not dominate a 64-token answer), THREADS (2),
 # TREESPEC_EXTRA / LLAMA_SERVER_EXTRA (extra flags), TREESPEC_BIN, LLAMA_SERVER_BIN.
@@ -71,7 +71,7 @@ done
 METHOD="${METHOD:-auto}"
 CTX="${CTX:-2048}"
 THREADS="${THREADS:-2}"
-SERVERS="${SERVERS:-treespec-batch treespec-fifo llama-server}"
+SERVERS="${SERVERS:-treespec-batch treespec-one llama-server}"
 PROMPT_LIMIT="${PROMPT_LIMIT:-128}"
 MAX_PROMPT_CHARS="${MAX_PROMPT_CHARS:-2000}"
 TREESPEC_BIN="${TREESPEC_BIN:-$repo_root/target/release/treespec}"
@@ -137,13 +137,13 @@ for model in $MODELS; do
         for server in $SERVERS; do
             # The batch scheduler with the drafting METHOD; variants add one flag.
             batch="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
-            batch+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64"
+            batch+=" --parallel $n -c $((n * CTX)) --queue 64"
             case "$server" in
                 treespec-batch) cmd="$batch ${TREESPEC_EXTRA:-}" ;;
                 treespec-plain)
                     # The batch scheduler decoding plain: the baseline a speculative METHOD must beat.
                     cmd="$TREESPEC_BIN serve -m $target --method plain -t $THREADS --port {port}"
-                    cmd+=" --scheduler batch --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
+                    cmd+=" --parallel $n -c $((n * CTX)) --queue 64 ${TREESPEC_EXTRA:-}"
                     ;;
                 treespec-request)
                     # Each request sizing its own drafts (--batch-budget request) instead of one
@@ -156,9 +156,9 @@ for model in $MODELS; do
                     # METHOD that runs the draft model).
                     cmd="$batch --draft-batching request ${TREESPEC_EXTRA:-}"
                     ;;
-                treespec-fifo)
+                treespec-one)
                     cmd="$TREESPEC_BIN serve -m $target $draft_flags --method $METHOD -t $THREADS --port {port}"
-                    cmd+=" --scheduler fifo -c $CTX --queue 64 ${TREESPEC_EXTRA:-}"
+                    cmd+=" --parallel 1 -c $CTX --queue 64 ${TREESPEC_EXTRA:-}"
                     ;;
                 llama-server)
                     cmd="$LLAMA_SERVER_BIN -m $target -np $n -c $((n * CTX)) --kv-unified -t $THREADS -tb $THREADS"

@@ -15,19 +15,22 @@ use treespec_core::sampling::SamplingParams;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{
-    generate_constrained, CausalLm, Drafter, GenerateRequest, Method, StopConditions, TokenConstraint,
-    WithoutForcing, METHOD_NAMES,
+    generate_constrained, CausalLm, Method, Prepared, TokenConstraint, WithoutForcing, METHOD_NAMES,
 };
+use treespec_grammar::GrammarSpec;
+use treespec_request::{prepare, RequestPrompt, RequestSpec, ToyPromptModel};
 
 use crate::prompts::Prompt;
 use crate::record::RunRecord;
 
-/// A target and a drafter ready for one generation.
+/// One run made ready: the target it runs on and the request as the one request preparation
+/// made it (prompt tokens, room, stops, drafter, grammar).
 pub struct Session<'a> {
     /// The target model (a fresh context, or a reused one: `generate` truncates it first).
     pub target: Box<dyn CausalLm + 'a>,
-    /// The drafter built by [`Method::build`] with the backend's draft model.
-    pub drafter: Box<dyn Drafter + 'a>,
+    /// The request, its drafter (on the backend's draft model when the method runs one) and its
+    /// grammar state.
+    pub prepared: Prepared<'a>,
 }
 
 /// What the runner needs from a model backend (llama.cpp in the CLI, toy models in tests).
@@ -36,18 +39,10 @@ pub trait Backend {
     fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>>;
     /// The target's context size (prompt + new tokens + draft tree must fit).
     fn context_size(&self) -> usize;
-    /// End-of-generation tokens and stop strings.
-    fn stop(&self) -> StopConditions;
-    /// The target and the drafter for one run of `method`.
-    fn session(&mut self, method: &Method) -> Result<Session<'_>>;
-    /// A fresh grammar constraint for `prompt`'s `schema` (structured output); `None` when the
-    /// prompt has none. Backends without a grammar engine refuse schemas.
-    fn constraint(&mut self, prompt: &Prompt) -> Result<Option<Box<dyn TokenConstraint>>> {
-        match &prompt.schema {
-            None => Ok(None),
-            Some(_) => bail!("this backend cannot constrain output to a schema (prompt {})", prompt.id),
-        }
-    }
+    /// `spec` made ready by treespec-request's `prepare` on the backend's model, the drafter on
+    /// its draft model, and the target it runs on. A backend with no vocabulary for grammars
+    /// refuses a schema there.
+    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>>;
 }
 
 /// Toy models behind the [`Backend`] seam: the harness end to end with no model files. Prompt
@@ -67,22 +62,24 @@ impl ToyBackend {
         let draft = target.draft(noise, seed.wrapping_add(1));
         Self { target: ToyLm::new(target, context), draft: ToyLm::new(draft, context), max_prompt: 32 }
     }
+
+    fn model(&self) -> ToyPromptModel {
+        ToyPromptModel { vocab: self.target.vocab_size(), has_draft: true }
+    }
 }
 
 impl Backend for ToyBackend {
     fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>> {
-        let v = self.target.vocab_size() as u32;
-        Ok(prompt.text.bytes().take(self.max_prompt).map(|b| b as u32 % v).collect())
+        let mut tokens = self.model().tokens(&prompt.text);
+        tokens.truncate(self.max_prompt);
+        Ok(tokens)
     }
     fn context_size(&self) -> usize {
         self.target.context_size()
     }
-    fn stop(&self) -> StopConditions {
-        StopConditions::default()
-    }
-    fn session(&mut self, method: &Method) -> Result<Session<'_>> {
-        let drafter = method.build(Some(&mut self.draft))?;
-        Ok(Session { target: Box::new(&mut self.target), drafter })
+    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>> {
+        let prepared = prepare(&self.model(), spec, Some(&mut self.draft))?;
+        Ok(Session { target: Box::new(&mut self.target), prepared })
     }
 }
 
@@ -292,30 +289,29 @@ fn run_one(
     repeat: usize,
 ) -> Result<(Vec<TokenId>, RunRecord)> {
     let seed = cfg.seed.wrapping_add(repeat as u64);
-    let request = GenerateRequest {
-        prompt: tokens.to_vec(),
-        max_new_tokens: cfg.max_new_tokens,
+    let grammar = prompt.schema.clone().filter(|_| spec.constrained).map(GrammarSpec::JsonSchema);
+    let request = RequestSpec {
+        prompt: RequestPrompt::Tokens(tokens),
+        method: &spec.method,
+        max_new_tokens: Some(cfg.max_new_tokens),
+        context: backend.context_size(),
         sampling: cfg.sampling.clone(),
         seed,
-        stop: StopConditions { eos: backend.stop().eos, stop_strings: Vec::new() },
+        stop: &[],
+        grammar: grammar.as_ref(),
+        tool_calls: None,
     };
-    let mut constraint = match (spec.constrained, spec.forced_drafts) {
-        (false, _) => None,
-        (true, true) => backend.constraint(prompt)?,
-        (true, false) => {
-            backend.constraint(prompt)?.map(|c| Box::new(WithoutForcing(c)) as Box<dyn TokenConstraint>)
-        }
-    };
-    let mut session = backend.session(&spec.method)?;
-    let grammar = constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint);
-    let out = generate_constrained(
-        session.target.as_mut(),
-        session.drafter.as_mut(),
-        &request,
-        grammar,
-        None,
-        &mut |_| true,
-    )?;
+    let mut session = backend.session(&request).with_context(|| format!("preparing prompt {}", prompt.id))?;
+    let Prepared { request, drafter, constraint, .. } = &mut session.prepared;
+    if !spec.forced_drafts {
+        // The grammar's forced tokens verified as ordinary draft rows: the lever's ablation.
+        *constraint = constraint.take().map(|c| Box::new(WithoutForcing(c)) as Box<dyn TokenConstraint>);
+    }
+    let grammar = constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
+    let out =
+        generate_constrained(session.target.as_mut(), drafter.as_mut(), request, grammar, None, &mut |_| {
+            true
+        })?;
     let record = RunRecord::new(
         &spec.name,
         prompt,
@@ -324,7 +320,7 @@ fn run_one(
         tokens.len(),
         out.finish_reason.as_str(),
         &out.stats,
-        &session.drafter.extra_stats(),
+        &drafter.extra_stats(),
     );
     Ok((out.tokens, record))
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// First path components a doc path can start with.
 const ROOTS: &[&str] = &["crates", "scripts", "docs", "bench", ".ci"];
 /// Crate short names (`server/src/…` is `crates/treespec-server/src/…`).
-const CRATES: &[&str] = &["server", "engine", "core", "llama", "cli", "grammar", "bench"];
+const CRATES: &[&str] = &["server", "engine", "core", "llama", "cli", "grammar", "bench", "request"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -43,7 +43,7 @@ pub use generation::{Generation, ProposeAt, Scored, StepOutcome, TextRun, TokenL
 pub use method_kind::{MethodKind, METHOD_NAMES};
 pub use methods::Method;
 pub use registry::MethodSpec;
-pub use request::{GenerateOutput, GenerateRequest};
+pub use request::{GenerateOutput, GenerateRequest, Prepared};
 pub use shared_draft::{DraftLane, SharedDraft};
 pub use stop::{FinishReason, StopConditions};
 pub use text_stream::TextStream;

@@ -6,6 +6,8 @@ use treespec_core::sampling::SamplingParams;
 use treespec_core::stats::DecodeStats;
 use treespec_core::TokenId;
 
+use crate::constraint::TokenConstraint;
+use crate::drafter::Drafter;
 use crate::stop::{FinishReason, StopConditions};
 
 /// What to generate.
@@ -28,6 +30,30 @@ impl GenerateRequest {
     /// else (no end-of-generation tokens, no stop strings).
     pub fn new(prompt: Vec<TokenId>, max_new_tokens: usize, sampling: SamplingParams, seed: u64) -> Self {
         Self { prompt, max_new_tokens, sampling, seed, stop: StopConditions::default() }
+    }
+}
+
+/// A request made ready to generate, the one shape every front end hands the engine: the CLI's
+/// `generate` and the benchmark to [`generate_constrained`](crate::generate_constrained), the
+/// server's scheduler to its lanes, tests to [`run_batched`](crate::batched). Made by
+/// treespec-request's `prepare` (for any model) from what a front end was asked for.
+pub struct Prepared<'d> {
+    /// Prompt tokens, most new tokens, sampling, seed, stop strings and the target's end tokens.
+    pub request: GenerateRequest,
+    /// The method's drafter (on the caller's draft model when the method runs one).
+    pub drafter: Box<dyn Drafter + 'd>,
+    /// The grammar state, for structured output (or tool calls between tags).
+    pub constraint: Option<Box<dyn TokenConstraint + 'd>>,
+    /// An answer that opens with a ```` ```json ```` fence is decoded under the call grammar to
+    /// its end: it is then exactly one call of a declared tool, which a server may stream as
+    /// `tool_calls` pieces from the fence on instead of holding the answer back.
+    pub fenced_calls: bool,
+}
+
+impl<'d> Prepared<'d> {
+    /// `request` decoded by `drafter`, free (no grammar).
+    pub fn free(request: GenerateRequest, drafter: Box<dyn Drafter + 'd>) -> Self {
+        Self { request, drafter, constraint: None, fenced_calls: false }
     }
 }
 

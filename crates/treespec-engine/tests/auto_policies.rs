@@ -16,11 +16,12 @@ use treespec_core::cost::CostCurve;
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::TokenId;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::batched::{run_batched, StepLimits};
 use treespec_engine::drafters::{
     AutoConfig, AutoDrafter, DecisionTrace, DySpecConfig, SuffixConfig, SuffixShared,
 };
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
+use treespec_engine::Prepared;
 use treespec_engine::{generate, CausalLm, Drafter, GenerateOutput, GenerateRequest, PlainDrafter};
 
 const CTX: usize = 1024;
@@ -275,7 +276,7 @@ fn in_a_batch_each_lane_drafts_its_own_chains_and_stays_exact() {
         let req = GenerateRequest::new(prompt.clone(), 80, greedy.clone(), j);
         alone.push(run_on(&mut ToyLm::new(target.clone(), CTX), &mut PlainDrafter, &req).tokens);
         let drafter = auto(costs(30.0, 0.5), shared.clone(), Some(trace.clone()));
-        jobs.push(BatchJob { request: req, drafter: Box::new(drafter), constraint: None });
+        jobs.push(Prepared::free(req, Box::new(drafter)));
     }
     let mut lm = ToyBatchLm::new(target.clone(), CTX, 4).with_capacity(4 * CTX);
     let limits = StepLimits { prefill_chunk: 64, max_tree: 64, ..StepLimits::default() };

@@ -14,11 +14,12 @@ use treespec_core::TokenId;
 
 use treespec_core::cost::CostCurve;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::batched::{run_batched, StepLimits};
 use treespec_engine::drafters::{
     ChainDrafter, SampleMode, SuffixConfig, SuffixDrafter, SuffixShared, TreeDrafter,
 };
 use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
+use treespec_engine::Prepared;
 use treespec_engine::{generate, CausalLm, Drafter, GenerateRequest, PlainDrafter, SharedDraft};
 
 const CTX: usize = 64;
@@ -110,18 +111,10 @@ fn batched_probes(kind: Kind, probes: u64, seed0: u64, shared: bool) -> Vec<Vec<
                 (0..(2 + (p + n) % 5)).map(|i| ((p + n + i) % VOCAB as u64) as TokenId).collect();
             let len = 1 + ((p * 7 + n) % 6) as usize;
             let kind = noise_kinds[((p + n) % 5) as usize];
-            jobs.push(BatchJob {
-                request: request(&prompt, len, 0.8, !p ^ n),
-                drafter: drafter(kind, &env),
-                constraint: None,
-            });
+            jobs.push(Prepared::free(request(&prompt, len, 0.8, !p ^ n), drafter(kind, &env)));
             is_probe.push(false);
         }
-        jobs.push(BatchJob {
-            request: request(PROBE_PROMPT, LEN, 1.0, seed0 + p),
-            drafter: drafter(kind, &env),
-            constraint: None,
-        });
+        jobs.push(Prepared::free(request(PROBE_PROMPT, LEN, 1.0, seed0 + p), drafter(kind, &env)));
         is_probe.push(true);
     }
     let mut lm = ToyBatchLm::new(target(), CTX, 4);
@@ -199,15 +192,11 @@ fn a_request_emits_what_it_emits_alone_with_the_same_seed() {
 /// drafted nodes verified in all.
 fn copying_requests(lanes: usize, batch_budget: bool) -> (Vec<Vec<TokenId>>, u64) {
     let env = SuffixEnv::new();
-    let jobs: Vec<BatchJob<'_>> = (0..12u32)
+    let jobs: Vec<Prepared<'_>> = (0..12u32)
         .map(|j| {
             // A period-3 pattern the toy target tends to continue, repeated: long matches.
             let prompt: Vec<TokenId> = (0..24).map(|i| ((i % 3 + j) % VOCAB as u32) as TokenId).collect();
-            BatchJob {
-                request: request(&prompt, 12, 0.0, j as u64),
-                drafter: drafter(Kind::Suffix, &env),
-                constraint: None,
-            }
+            Prepared::free(request(&prompt, 12, 0.0, j as u64), drafter(Kind::Suffix, &env))
         })
         .collect();
     let mut lm = ToyBatchLm::new(target(), CTX, lanes);

@@ -8,8 +8,9 @@ mod common;
 
 use std::sync::OnceLock;
 
-use treespec_engine::batched::{run_batched, BatchJob, StepLimits};
+use treespec_engine::batched::{run_batched, StepLimits};
 use treespec_engine::drafters::{DySpecConfig, LookupConfig, SuffixConfig};
+use treespec_engine::Prepared;
 use treespec_engine::{generate, GenerateRequest, Method, SharedDraft};
 use treespec_engine::{BatchedLm, LaneWork};
 use treespec_llama::{LlamaLm, LlamaModel, LoadOptions};
@@ -84,16 +85,16 @@ fn job(
     request: &GenerateRequest,
     method: &Method,
     shared: Option<&SharedDraft<'static>>,
-) -> BatchJob<'static> {
+) -> Prepared<'static> {
     let drafter = match (method.needs_draft(), shared) {
         (false, _) => method.build::<LlamaLm>(None),
         (true, Some(s)) => method.build(Some(s.lane().unwrap())),
         (true, None) => method.build(Some(model().new_lm().unwrap())),
     };
-    BatchJob { request: request.clone(), drafter: drafter.unwrap(), constraint: None }
+    Prepared::free(request.clone(), drafter.unwrap())
 }
 
-fn jobs(requests: &[GenerateRequest], shared: Option<&SharedDraft<'static>>) -> Vec<BatchJob<'static>> {
+fn jobs(requests: &[GenerateRequest], shared: Option<&SharedDraft<'static>>) -> Vec<Prepared<'static>> {
     let methods = methods();
     requests.iter().enumerate().map(|(i, r)| job(r, &methods[i % methods.len()], shared)).collect()
 }

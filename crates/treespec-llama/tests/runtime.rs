@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use common::{model_path, skip_model_tests, test_options};
 use treespec_core::cost::CostCurve;
-use treespec_llama::runtime::Prompt;
 use treespec_llama::{tokenizer_id, ModelPaths, ModelRuntime};
+use treespec_request::{tagged_calls, Prompt};
 use treespec_text::ChatMessage;
 
 fn runtime(with_draft: bool) -> ModelRuntime {
@@ -139,7 +139,7 @@ fn an_answer_that_opens_a_json_fence_is_decoded_as_a_declared_call() {
             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     ]))
     .unwrap();
-    let (c, fenced) = rt.tagged_calls(&tools).unwrap();
+    let (c, fenced) = tagged_calls(&rt, &tools).unwrap();
     assert!(fenced, "the fence's call grammar is among the openings (a server may stream such a call)");
     let mut c = c.expect("a fence every vocabulary spells");
     let vocab = m.vocab_size();

@@ -172,8 +172,7 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ToSchema)]
 pub struct PromptTokensDetails {
     /// Leading prompt tokens whose KV was reused from a cached or live prefix of the same
-    /// tenant's earlier requests (batch scheduler) instead of being prefilled; 0 on a fresh
-    /// prompt, and always 0 with `--scheduler fifo`. Same number as llama-server's
+    /// tenant's earlier requests instead of being prefilled; 0 on a fresh prompt. Same number as llama-server's
     /// `timings.cache_n`.
     pub cached_tokens: usize,
 }

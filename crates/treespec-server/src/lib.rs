@@ -8,13 +8,12 @@
 //!   accept loop ([`serve`], which lets a request see when its client has gone).
 //! - [`request`]: every request check, no model ([`validate`] into a `JobSpec`; sampling,
 //!   `response_format`/`tools`/`tool_choice`, prompts).
-//! - [`scheduling`]: the [`GenerationBackend`] seam and its two implementations — the batch
-//!   scheduler (continuous batching, the default: every active request's rows in one forward
-//!   per step) and beside it the FIFO pool (`--scheduler fifo`: a bounded queue in front of
-//!   model-owning worker threads); the methods a request may name ([`methods`]) and each
-//!   tenant's suffix state ([`histories`]).
-//! - [`adapters`]: the models behind them — llama.cpp's ([`llama_cpp`]: the one request
-//!   preparation both of its backends share) and the toy models of the tests.
+//! - [`scheduling`]: the [`GenerationBackend`] seam and the batch scheduler behind it
+//!   (continuous batching: every active request's rows in one forward per step; with
+//!   `--parallel 1`, one request at a time); the methods a request may name ([`methods`]) and
+//!   each tenant's suffix state ([`histories`]).
+//! - [`adapters`]: the models behind it — llama.cpp's ([`llama_cpp`]) and the toy models of the
+//!   tests, each a `LaneModels`.
 //!
 //! Beside them, what every room uses: the wire types ([`api`]), the OpenAI error objects
 //! ([`error`]), tenants ([`tenant`]) and the Prometheus text ([`metrics`]).
@@ -29,8 +28,7 @@
 //! server) with `generate_constrained`: speculative and lossless against constrained plain
 //! decoding. With `tool_choice: "auto"` a free answer that is exactly one declared call comes
 //! back as `tool_calls`; tool results and earlier calls in the history are rendered for the
-//! model. Chat `logprobs`/`top_logprobs` are served by the batch scheduler (a 400 under
-//! `--scheduler fifo`).
+//! model. Chat `logprobs`/`top_logprobs` come with each token.
 
 mod adapters;
 pub mod api;
@@ -43,8 +41,8 @@ pub mod tenant;
 
 pub use adapters::{llama_cpp, toy};
 pub use http::serve;
-pub use request::{prompt, validate};
-pub use scheduling::{fifo, histories, job, methods, scheduler};
+pub use request::{prepare, prompt, validate};
+pub use scheduling::{histories, job, methods, scheduler};
 
 use std::sync::Arc;
 
@@ -55,7 +53,6 @@ use axum::{middleware, Router};
 use http::{gateway, llama_server, openapi, routes};
 
 pub use error::ApiError;
-pub use fifo::EnginePool;
 pub use gateway::Lifecycle;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama_cpp::LlamaConfig;

@@ -242,8 +242,7 @@ impl Metrics {
         self.with(|b| b.server.cells = (used, total));
     }
 
-    /// The KV cells the live requests hold, and all of them (0, 0 before the first step and on
-    /// the FIFO workers, whose models are not shared).
+    /// The KV cells the live requests hold, and all of them (0, 0 before the first step).
     pub fn kv_cells(&self) -> (usize, usize) {
         self.with(|b| b.server.cells)
     }

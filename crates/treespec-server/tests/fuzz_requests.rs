@@ -16,7 +16,11 @@ use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 use treespec_server::api::{ChatCompletionRequest, CompletionRequest};
 use treespec_server::validate::{self, Limits};
-use treespec_server::{router, EnginePool, Metrics, ServerConfig, ToyConfig};
+use treespec_server::{router, BatchPool, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
+/// One lane: one request at a time, `queue` waiting.
+fn one_lane(queue: usize) -> SchedulerConfig {
+    SchedulerConfig { parallel: 1, queue, ..Default::default() }
+}
 
 fn cases(default: u32) -> u32 {
     std::env::var("TREESPEC_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -274,7 +278,7 @@ fn the_validator_answers_every_json_value_with_ok_or_a_4xx() {
 
 fn app() -> Router {
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 64, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(ToyConfig::default(), one_lane(64), metrics.clone()));
     router(pool, metrics, ServerConfig { max_body_bytes: 1 << 16, ..Default::default() })
 }
 
@@ -409,7 +413,7 @@ fn hostile_request() -> impl Strategy<Value = (Value, bool)> {
 fn hostile_schemas_are_answered_with_a_4xx_quickly() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 64, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(ToyConfig::default(), one_lane(64), metrics.clone()));
     let app = router(pool, metrics, ServerConfig { max_body_bytes: 1 << 20, ..Default::default() });
     runner(60)
         .run(&hostile_request(), |(body, _stream)| {
@@ -442,7 +446,7 @@ fn hostile_schemas_are_answered_with_a_4xx_quickly() {
 fn every_route_content_type_and_auth_scheme_is_answered_by_the_rules() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 64, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(ToyConfig::default(), one_lane(64), metrics.clone()));
     let api_keys = treespec_server::ApiKeys::new(["k3y".to_string()], false);
     let app = router(pool, metrics, ServerConfig { max_body_bytes: 1 << 16, api_keys, ..Default::default() });
     const PATHS: &[&str] = &[

@@ -17,14 +17,16 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 use treespec_core::TokenId;
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{Method, TokenBytes};
-use treespec_server::fifo::{run_generation, Structure};
-use treespec_server::validate::{JobSpec, PromptInput};
-use treespec_server::{router, EnginePool, Event, Metrics, ServerConfig, ToyConfig};
+use treespec_engine::{generate_constrained, GenerateRequest, Method, TokenBytes};
+use treespec_server::{router, BatchPool, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
 
 fn app() -> Router {
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 8, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(
+        ToyConfig::default(),
+        SchedulerConfig { parallel: 1, queue: 8, ..Default::default() },
+        metrics.clone(),
+    ));
     router(pool, metrics, ServerConfig::default())
 }
 
@@ -137,43 +139,33 @@ impl TokenBytes for PartialEmoji {
     }
 }
 
+/// The text one generated token makes when the answer is cut after it: what every step releases
+/// and the tail at the end, as the scheduler streams them (`Generation` owns the text).
 fn text_of_one_token() -> String {
     let mut target = ToyLm::new(ToyModel::new(8, 1, 7), 64);
     let mut drafter = Method::Plain.build::<ToyLm>(None).unwrap();
-    let spec = JobSpec {
-        prompt: PromptInput::Text("ab".into()),
-        max_tokens: Some(1),
+    let request = GenerateRequest {
+        prompt: vec![0, 1],
+        max_new_tokens: 1,
         sampling: Default::default(),
         seed: 0,
-        stop: Vec::new(),
-        method: None,
-        stream: false,
-        include_usage: false,
-        output: Default::default(),
-        logprobs: None,
-        tools: None,
+        stop: Default::default(),
     };
     let mut text = String::new();
-    let mut done = false;
-    run_generation(
+    let out = generate_constrained(
         &mut target,
         drafter.as_mut(),
-        "plain",
-        spec.generate_request(vec![0, 1], 1, Vec::new()),
-        &PartialEmoji,
-        Structure::default(),
-        &mut |e| {
-            match e {
-                Event::Text(t) => text.push_str(&t),
-                Event::Done(f) => done = f.finish_reason == "length",
-                _ => {}
-            }
+        &request,
+        None,
+        Some(&PartialEmoji),
+        &mut |step| {
+            text.push_str(&step.text());
             true
         },
     )
     .unwrap();
-    assert!(done);
-    text
+    assert_eq!(out.finish_reason.as_str(), "length");
+    text + &out.tail
 }
 
 /// Row 10: max_tokens ending inside a multi-byte character drops the incomplete bytes instead of
@@ -244,7 +236,11 @@ async fn llama_server_routes_take_curls_form_type_and_no_type() {
 #[tokio::test]
 async fn the_bearer_scheme_matches_in_any_case() {
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 8, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(
+        ToyConfig::default(),
+        SchedulerConfig { parallel: 1, queue: 8, ..Default::default() },
+        metrics.clone(),
+    ));
     let api_keys = treespec_server::ApiKeys::new(["sesame".to_string()], false);
     let app = router(pool, metrics, ServerConfig { api_keys, ..Default::default() });
     let get = |auth: Option<&str>| {

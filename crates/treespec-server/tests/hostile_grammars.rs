@@ -13,11 +13,15 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use axum::Router;
 use serde_json::{json, Map, Value};
-use treespec_server::{router, EnginePool, Metrics, ServerConfig, ToyConfig};
+use treespec_server::{router, BatchPool, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
+/// One lane: one request at a time, `queue` waiting.
+fn one_lane(queue: usize) -> SchedulerConfig {
+    SchedulerConfig { parallel: 1, queue, ..Default::default() }
+}
 
 fn app() -> Router {
     let metrics = Arc::new(Metrics::default());
-    let pool = Arc::new(EnginePool::toy(ToyConfig::default(), 1, 16, metrics.clone()));
+    let pool = Arc::new(BatchPool::toy(ToyConfig::default(), one_lane(16), metrics.clone()));
     router(pool, metrics, ServerConfig::default())
 }
 

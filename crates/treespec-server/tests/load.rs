@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use treespec_engine::Method;
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
 use treespec_server::{
-    router, BatchPool, EnginePool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig, ServerConfig,
+    router, BatchPool, GenerationBackend, LlamaConfig, Metrics, SchedulerConfig, ServerConfig,
 };
 
 const CLIENTS: usize = 16;
@@ -36,13 +36,10 @@ async fn sixteen_streaming_clients() {
     let runtime = ModelRuntime::load(ModelPaths::new(path.clone(), Some(path)), options).unwrap();
     let config = LlamaConfig::new(Arc::new(runtime), method);
     let metrics = Arc::new(Metrics::default());
-    // The default batch scheduler (8 lanes sharing 2048 cells), or TREESPEC_LOAD_SCHEDULER=fifo.
-    let pool: Arc<dyn GenerationBackend> = match std::env::var("TREESPEC_LOAD_SCHEDULER").as_deref() {
-        Ok("fifo") => Arc::new(EnginePool::llama(config, 1, CLIENTS, metrics.clone()).unwrap()),
-        _ => {
-            let scheduler = SchedulerConfig { parallel: 8, queue: CLIENTS, ..Default::default() };
-            Arc::new(BatchPool::llama(config, scheduler, 2048, metrics.clone()).unwrap())
-        }
+    // The batch scheduler: 8 lanes sharing 2048 cells.
+    let pool: Arc<dyn GenerationBackend> = {
+        let scheduler = SchedulerConfig { parallel: 8, queue: CLIENTS, ..Default::default() };
+        Arc::new(BatchPool::llama(config, scheduler, 2048, metrics.clone()).unwrap())
     };
     let app = router(pool, metrics.clone(), ServerConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -12,7 +12,7 @@ use treespec_engine::auto_budget::SharedCosts;
 use treespec_engine::drafters::DySpecConfig;
 use treespec_engine::Method;
 use treespec_llama::{models_loaded, LoadOptions, ModelPaths, ModelRuntime};
-use treespec_server::{EnginePool, LlamaConfig, Metrics};
+use treespec_server::{BatchPool, LlamaConfig, Metrics, SchedulerConfig};
 
 fn model_path() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -37,7 +37,9 @@ fn serve_loads(model: &Path, draft: &Path, cache: &Path) -> usize {
     let costs = runtime.cost_model(runtime.has_draft(), false).unwrap();
     let method = Method::DySpec(DySpecConfig { costs: Some(SharedCosts::new(costs)), ..Default::default() });
     let config = LlamaConfig::new(runtime.clone(), method);
-    let pool = EnginePool::llama(config, 2, 4, Arc::new(Metrics::default())).unwrap();
+    let (scheduler, ctx) =
+        (SchedulerConfig { parallel: 2, queue: 4, ..Default::default() }, runtime.options().ctx_size);
+    let pool = BatchPool::llama(config, scheduler, ctx, Arc::new(Metrics::default())).unwrap();
     // Asked again, the runtime answers from what it holds.
     runtime.tokenizer_id().unwrap();
     runtime.cost_model(true, false).unwrap();

@@ -14,7 +14,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use treespec_engine::Method;
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
-use treespec_server::{router, EnginePool, LlamaConfig, Metrics, ServerConfig};
+use treespec_server::{router, BatchPool, LlamaConfig, Metrics, SchedulerConfig, ServerConfig};
 
 /// One server for every test of this file (the worker threads outlive each test's runtime).
 fn app() -> Option<Router> {
@@ -25,7 +25,11 @@ fn app() -> Option<Router> {
         let runtime = ModelRuntime::load(ModelPaths::new(p.clone(), Some(p)), options).unwrap();
         let config = LlamaConfig::new(Arc::new(runtime), Method::Chain { k: 3 });
         let metrics = Arc::new(Metrics::default());
-        let pool = Arc::new(EnginePool::llama(config, 1, 16, metrics.clone()).unwrap());
+        let (scheduler, ctx) = (
+            SchedulerConfig { parallel: 1, queue: 16, ..Default::default() },
+            config.runtime.options().ctx_size,
+        );
+        let pool = Arc::new(BatchPool::llama(config, scheduler, ctx, metrics.clone()).unwrap());
         Some(router(pool, metrics, ServerConfig::default()))
     })
     .clone()

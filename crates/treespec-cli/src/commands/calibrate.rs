@@ -15,8 +15,8 @@ use treespec_core::disco::DiscoModel;
 use treespec_core::sampling::Sampler;
 use treespec_core::TokenId;
 use treespec_engine::measure::offline::{collect_training_data, measure_acceptance};
-use treespec_llama::runtime::Prompt;
 use treespec_llama::ModelRuntime;
+use treespec_request::Prompt;
 
 use super::args::{ModelArgs, SamplingArgs};
 use super::models::load_runtime;

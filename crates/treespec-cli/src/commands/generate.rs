@@ -25,8 +25,9 @@ use treespec_engine::{
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use treespec_llama::runtime::{default_cache_dir, PrepareError, Prompt, RequestPrompt, RequestSpec};
+use treespec_llama::runtime::default_cache_dir;
 use treespec_llama::{ModelRuntime, PrefillProgress};
+use treespec_request::{prepare, PrepareError, Prompt, RequestPrompt, RequestSpec};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve_with_suffix};
@@ -129,7 +130,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         grammar: grammar.as_ref(),
         tool_calls: None,
     };
-    let mut prepared = models.prepare(&spec, draft.as_mut()).map_err(|e| match e {
+    let mut prepared = prepare(&models, &spec, draft.as_mut()).map_err(|e| match e {
         PrepareError::PromptTooLong { .. } => anyhow::anyhow!("{e} (raise --ctx)"),
         PrepareError::Grammar(g) => anyhow::Error::new(g).context("compiling the output grammar"),
         e => e.into(),

@@ -13,21 +13,12 @@ use treespec_server::histories::TenantHistories;
 use treespec_server::methods::ServerMethods;
 use treespec_server::metrics::View;
 use treespec_server::{
-    router, ApiKeys, BatchPool, EnginePool, GenerationBackend, Lifecycle, LlamaConfig, Metrics,
-    SchedulerConfig, ServerConfig, Tenant,
+    router, ApiKeys, BatchPool, GenerationBackend, Lifecycle, LlamaConfig, Metrics, SchedulerConfig,
+    ServerConfig, Tenant,
 };
 
 use super::args::{MethodArgs, ModelArgs};
 use super::models::{load_runtime, resolve};
-
-/// How requests share the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SchedulerKind {
-    /// Continuous batching.
-    Batch,
-    /// One request at a time per worker.
-    Fifo,
-}
 
 /// Who sizes the free (suffix) drafts of a batched step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -72,13 +63,9 @@ pub struct ServeArgs {
     /// Port to listen on (0 = any free port).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// How requests share the model: `batch` decodes up to --parallel requests together, ONE
-    /// forward per step holding all their rows (continuous batching); `fifo` runs them one at a
-    /// time per worker thread (--max-concurrent workers, each with its own contexts).
-    #[arg(long, value_enum, default_value_t = SchedulerKind::Batch)]
-    pub scheduler: SchedulerKind,
-    /// Requests decoded at once by the batch scheduler. They share one KV cache of -c cells
-    /// (as llama-server's slots share its -c), and a request may use all of it.
+    /// Requests decoded at once, ONE forward per step holding all their rows (continuous
+    /// batching; 1: one request at a time). They share one KV cache of -c cells (as
+    /// llama-server's slots share its -c), and a request may use all of it.
     #[arg(long, visible_alias = "np", default_value_t = 8)]
     pub parallel: usize,
     /// Host memory, in MiB, for finished requests' KV prefixes moved out of the cache (a later
@@ -95,18 +82,15 @@ pub struct ServeArgs {
     /// token, so a smaller chunk streams them more evenly; on a CPU it reads the prompt slower.
     #[arg(long = "decode-chunk")]
     pub decode_chunk: Option<usize>,
-    /// Batch scheduler: who sizes the suffix drafts (`suffix`, `auto`) of a step: one budget
+    /// Who sizes the suffix drafts (`suffix`, `auto`) of a step: one budget
     /// for the whole batch, or each request on its own.
     #[arg(long = "batch-budget", value_enum, default_value_t = BatchBudget::Batch)]
     pub batch_budget: BatchBudget,
-    /// Batch scheduler: whether the requests that run the draft model (`--md`) batch their draft
+    /// Whether the requests that run the draft model (`--md`) batch their draft
     /// forwards across requests, as their target rows are.
     #[arg(long = "draft-batching", value_enum, default_value_t = DraftBatching::Batch)]
     pub draft_batching: DraftBatching,
-    /// FIFO scheduler: generations run at once (each worker thread has its own model contexts).
-    #[arg(long = "max-concurrent", default_value_t = 1)]
-    pub max_concurrent: usize,
-    /// Requests that may wait for a worker; beyond that a 503 with Retry-After.
+    /// Requests that may wait for a lane; beyond that a 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
     /// Require `Authorization: Bearer KEY` on /v1/* and llama-server's routes with one of these
@@ -198,23 +182,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime_ctx = runtime.options().ctx_size;
     let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram };
-    let pool: Arc<dyn GenerationBackend> = match args.scheduler {
-        SchedulerKind::Fifo => {
-            Arc::new(EnginePool::llama(config, args.max_concurrent, args.queue, metrics.clone())?)
-        }
-        SchedulerKind::Batch => {
-            let limits = StepLimits {
-                prefill_chunk: args.prefill_chunk,
-                decode_chunk,
-                batch_budget: args.batch_budget == BatchBudget::Batch,
-                batch_draft: args.draft_batching == DraftBatching::Batch,
-                ..StepLimits::default()
-            };
-            let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };
-            let ctx = runtime_ctx;
-            Arc::new(BatchPool::llama(config, scheduler, ctx, metrics.clone())?)
-        }
+    let limits = StepLimits {
+        prefill_chunk: args.prefill_chunk,
+        decode_chunk,
+        batch_budget: args.batch_budget == BatchBudget::Batch,
+        batch_draft: args.draft_batching == DraftBatching::Batch,
+        ..StepLimits::default()
     };
+    let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };
+    let pool: Arc<dyn GenerationBackend> =
+        Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
     if keys.required() {
         let sharing = match args.share_history {

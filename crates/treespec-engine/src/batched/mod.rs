@@ -38,7 +38,7 @@ mod run;
 
 pub use batch::Batch;
 #[cfg(any(test, feature = "test-support"))]
-pub use run::{run_batched, BatchJob};
+pub use run::run_batched;
 
 /// One request being decoded in a lane.
 pub struct Lane<'d> {

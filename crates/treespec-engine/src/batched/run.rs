@@ -4,22 +4,10 @@ use std::collections::VecDeque;
 
 use super::{Batch, LaneStep, StepLimits};
 use crate::backend::{BatchedLm, TokenBytes};
-use crate::constraint::TokenConstraint;
-use crate::drafter::Drafter;
 use crate::error::{EngineError, Result};
 use crate::generation::Generation;
-use crate::request::{GenerateOutput, GenerateRequest};
+use crate::request::{GenerateOutput, Prepared};
 use crate::shared_draft::SharedDraft;
-
-/// A request for [`run_batched`]: what to generate, with its own drafter (and grammar).
-pub struct BatchJob<'d> {
-    /// The request.
-    pub request: GenerateRequest,
-    /// Its drafter.
-    pub drafter: Box<dyn Drafter + 'd>,
-    /// Its grammar state, if any.
-    pub constraint: Option<Box<dyn TokenConstraint + 'd>>,
-}
 
 /// Each job's output, by job index, as the run files them.
 type Outputs = Vec<Option<Result<GenerateOutput>>>;
@@ -30,14 +18,14 @@ type Outputs = Vec<Option<Result<GenerateOutput>>>;
 /// same steps; this is the loop for tests and benchmarks.
 pub fn run_batched<'d>(
     lm: &mut dyn BatchedLm,
-    jobs: Vec<BatchJob<'d>>,
+    jobs: Vec<Prepared<'d>>,
     max_lanes: usize,
     limits: StepLimits,
     bytes: Option<&dyn TokenBytes>,
     draft: Option<&SharedDraft<'_>>,
 ) -> Vec<Result<GenerateOutput>> {
     let mut outputs: Outputs = jobs.iter().map(|_| None).collect();
-    let mut waiting: VecDeque<(usize, BatchJob<'d>)> = jobs.into_iter().enumerate().collect();
+    let mut waiting: VecDeque<(usize, Prepared<'d>)> = jobs.into_iter().enumerate().collect();
     // Each member's data is its job's index.
     let mut batch: Batch<'d, usize> = Batch::new();
     while !waiting.is_empty() || !batch.is_empty() {
@@ -64,14 +52,14 @@ pub fn run_batched<'d>(
 fn admit<'d>(
     lm: &mut dyn BatchedLm,
     batch: &mut Batch<'d, usize>,
-    waiting: &mut VecDeque<(usize, BatchJob<'d>)>,
+    waiting: &mut VecDeque<(usize, Prepared<'d>)>,
     max_lanes: usize,
     bytes: Option<&dyn TokenBytes>,
     outputs: &mut Outputs,
 ) {
     while batch.len() < max_lanes {
         let Some((i, job)) = waiting.pop_front() else { break };
-        let BatchJob { request, drafter, constraint } = job;
+        let Prepared { request, drafter, constraint, .. } = job;
         let joined = Generation::new(request, lm.context_size(), lm.vocab_size(), bytes)
             .and_then(|generation| batch.join(lm, generation, drafter, constraint, 0, i));
         if let Err(e) = joined {

@@ -22,8 +22,7 @@ mod costs;
 mod fingerprint;
 mod kernels;
 mod models;
-mod prepare;
-mod token_table;
+mod prompt_model;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -33,15 +32,15 @@ use treespec_core::ngram::TokenizerId;
 use treespec_core::TokenId;
 use treespec_engine::auto_budget::CostModel;
 use treespec_engine::EngineError;
+use treespec_request::{Prompt, TokenTable, VocabularyCache};
 use treespec_text::{ChatMessage, ChatTemplate};
 
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
 pub use kernels::tiled_matmul_state;
 pub(crate) use kernels::{turn_tiled_off, TILED_ENV};
-pub use models::{ModelBytes, ModelPaths, Prompt};
-pub use prepare::{room, PrepareError, Prepared, RequestPrompt, RequestSpec};
-pub use token_table::TokenTable;
+pub use models::{ModelBytes, ModelPaths};
+pub use prompt_model::read_token_table;
 
 use crate::load::{LlamaModel, LoadOptions};
 use costs::CostCache;
@@ -59,7 +58,7 @@ pub struct ModelRuntime {
     tokenizer: OnceLock<TokenizerId>,
     token_table: OnceLock<TokenTable>,
     /// The vocabulary grammars compile against, built from the token table on first use.
-    grammar_vocabulary: OnceLock<treespec_grammar::Vocabulary>,
+    grammar_vocabulary: VocabularyCache,
     costs: CostCache,
 }
 
@@ -85,7 +84,7 @@ impl ModelRuntime {
             template: OnceLock::new(),
             tokenizer: OnceLock::new(),
             token_table: OnceLock::new(),
-            grammar_vocabulary: OnceLock::new(),
+            grammar_vocabulary: VocabularyCache::default(),
             costs,
         })
     }
@@ -172,7 +171,7 @@ impl ModelRuntime {
         if let Some(t) = self.token_table.get() {
             return Ok(t);
         }
-        let table = TokenTable::read(&self.pair.target)?;
+        let table = read_token_table(&self.pair.target)?;
         Ok(self.token_table.get_or_init(|| table))
     }
 

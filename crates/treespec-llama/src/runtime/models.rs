@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use treespec_core::TokenId;
 use treespec_engine::TokenBytes;
-use treespec_text::ChatMessage;
 
 use crate::compat::check_compatible;
 use crate::load::{LlamaModel, LoadOptions};
@@ -25,31 +24,6 @@ impl ModelPaths {
     /// The target `model` with an optional `draft`.
     pub fn new(model: impl Into<PathBuf>, draft: Option<PathBuf>) -> Self {
         Self { model: model.into(), draft }
-    }
-}
-
-/// A prompt as the runtime tokenizes it.
-#[derive(Debug, Clone, Copy)]
-pub enum Prompt<'a> {
-    /// Raw text: BOS as the tokenizer config says, no special tokens parsed.
-    Text(&'a str),
-    /// One user turn through the target's chat template (`treespec generate --chat`).
-    User(&'a str),
-    /// Messages through the target's chat template (the server's chat completions).
-    Messages(&'a [ChatMessage]),
-    /// Messages and OpenAI `tools` declarations, both through the template (one that reads
-    /// `tools`; see [`ChatTemplate::renders_tools`](treespec_text::ChatTemplate::renders_tools)).
-    MessagesWithTools(&'a [ChatMessage], &'a serde_json::Value),
-}
-
-impl<'a> Prompt<'a> {
-    /// `text` as one user turn when `chat`, else as raw text: the CLI's `--chat` switch.
-    pub fn text_or_user(text: &'a str, chat: bool) -> Self {
-        if chat {
-            Prompt::User(text)
-        } else {
-            Prompt::Text(text)
-        }
     }
 }
 

@@ -6,15 +6,16 @@
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
-use treespec_engine::{BatchedLm, SharedDraft, TokenBytes, TokenConstraint};
+use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 
-use crate::adapters::llama_cpp::{check_default_method, model_id, prepare, runs_on, LlamaConfig, LlamaText};
+use crate::adapters::llama_cpp::{check_default_method, model_id, runs_on, LlamaConfig, LlamaText};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request::prepare::prepare;
 use crate::request::validate::{JobSpec, Limits};
 use crate::scheduling::methods::ServerMethods;
-use crate::scheduling::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::scheduling::scheduler::{BatchPool, ForLane, LaneModels, Scheduler, SchedulerConfig};
 use crate::tenant::Tenant;
 
 /// Draft cells kept beside the target's context for each lane's pending draft tree.
@@ -67,7 +68,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError> {
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError> {
         let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         // A lane of the shared draft only for a method that drafts with the model.
         let lane = match (&self.draft, method.uses_draft()) {
@@ -75,14 +76,7 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
             _ => None,
         };
         let prepared = prepare(self.runtime, spec, &method, self.lm.context_size(), lane)?;
-        Ok(Prepared {
-            request: prepared.request,
-            method: method.name().to_string(),
-            drafter: prepared.drafter,
-            constraint: prepared.constraint.map(|c| c as Box<dyn TokenConstraint + 'm>),
-            scope: tenant.scope(),
-            fenced_calls: prepared.fenced_calls,
-        })
+        Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
     }
 
     fn bytes(&self) -> &dyn TokenBytes {

@@ -6,15 +6,16 @@
 
 use std::sync::Arc;
 
-use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyLm, ToyModel};
+use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyModel};
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 
-use crate::adapters::toy::{Letters, ToyConfig, ToyText, ToyWorker};
+use crate::adapters::toy::{toy_methods, Letters, ToyConfig, ToyText};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request::prepare::prepare;
 use crate::request::validate::{JobSpec, Limits};
 use crate::scheduling::methods::ServerMethods;
-use crate::scheduling::scheduler::{BatchPool, LaneModels, Prepared, Scheduler, SchedulerConfig};
+use crate::scheduling::scheduler::{BatchPool, ForLane, LaneModels, Scheduler, SchedulerConfig};
 use crate::tenant::Tenant;
 
 /// Toy target lanes and toy drafts.
@@ -30,7 +31,7 @@ impl ToyLanes {
     pub fn new(config: ToyConfig, parallel: usize) -> Self {
         let m = ToyModel::new(config.vocab.min(26), 1, 7);
         let draft = m.draft(0.5, 3);
-        let methods = ToyWorker::methods(config.method.clone());
+        let methods = toy_methods(config.method.clone());
         let draft = SharedDraft::new(ToyDraftLanes::new(draft, config.context, parallel + 1));
         let mut lm = ToyBatchLm::new(m, config.context, parallel);
         if let Some(cells) = config.shared_cells {
@@ -48,24 +49,15 @@ impl LaneModels<'static> for ToyLanes {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'static>, ApiError> {
-        let request = ToyWorker::request(&self.config, spec)?;
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'static>, ApiError> {
         let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
-        let invalid = |e: treespec_engine::EngineError| ApiError::invalid("treespec", e.to_string());
-        let drafter = if method.uses_draft() {
-            let lane = self.draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?;
-            method.build(Some(lane)).map_err(invalid)?
-        } else {
-            method.build::<ToyLm>(None).map_err(invalid)?
+        let lane = match method.uses_draft() {
+            true => Some(self.draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
+            false => None,
         };
-        Ok(Prepared {
-            request,
-            method: method.name().to_string(),
-            drafter,
-            constraint: None,
-            scope: tenant.scope(),
-            fenced_calls: false,
-        })
+        let model = ToyText { vocab: self.config.vocab }.prompt_model();
+        let prepared = prepare(&model, spec, &method, self.config.context, lane)?;
+        Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
     }
 
     fn bytes(&self) -> &dyn TokenBytes {

@@ -289,7 +289,7 @@ pub struct Modalities {
 pub struct Props {
     /// `/completion`'s defaults.
     pub default_generation_settings: DefaultSettings,
-    /// Requests decoded at once (`--parallel`, or the workers of `--scheduler fifo`).
+    /// Requests decoded at once (`--parallel`).
     pub total_slots: usize,
     /// The model file.
     pub model_path: String,

@@ -1,7 +1,9 @@
 //! What a request asks, checked without a model: every field of a completion request
 //! ([`validate`], into a [`validate::JobSpec`]), its sampling fields ([`sampling`]), structured
-//! output and tools ([`structured`]), and the prompt as messages or text ([`prompt`]).
+//! output and tools ([`structured`]), and the prompt as messages or text ([`prompt`]); then a
+//! job made ready for a lane on any model ([`prepare`]).
 
+pub mod prepare;
 pub mod prompt;
 pub(crate) mod sampling;
 pub(crate) mod structured;

@@ -8,9 +8,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use treespec_core::sampling::SamplingParams;
-use treespec_core::TokenId;
-use treespec_engine::{GenerateRequest, MethodSpec, StopConditions};
-use treespec_llama::runtime::{room, PrepareError};
+use treespec_engine::MethodSpec;
+use treespec_request::{room, PrepareError};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
@@ -45,25 +44,6 @@ pub struct JobSpec {
     /// With `tool_choice: "auto"`: the tools, for a chat template that describes tools itself,
     /// else their description as a system note (see [`ToolsPrompt::messages`]).
     pub tools: Option<ToolsPrompt>,
-}
-
-impl JobSpec {
-    /// The engine's request for this job: `prompt` as tokenized, `max_new_tokens` as the
-    /// context allows, the job's sampling, seed and stop strings, and the model's `eos` tokens.
-    pub fn generate_request(
-        &self,
-        prompt: Vec<TokenId>,
-        max_new_tokens: usize,
-        eos: Vec<TokenId>,
-    ) -> GenerateRequest {
-        GenerateRequest {
-            prompt,
-            max_new_tokens,
-            sampling: self.sampling.clone(),
-            seed: self.seed,
-            stop: StopConditions { eos, stop_strings: self.stop.clone() },
-        }
-    }
 }
 
 /// How the tools of a `tool_choice: "auto"` request reach the model.

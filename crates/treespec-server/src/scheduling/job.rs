@@ -1,7 +1,6 @@
 //! What the HTTP layer and the generation backends say to each other: a [`Job`] goes in through
-//! a [`GenerationBackend`], its [`Event`]s come out. Both backends — the FIFO worker pool
-//! (`fifo.rs`) and the batch scheduler (`scheduler.rs`) — speak these types and nothing of each
-//! other.
+//! a [`GenerationBackend`], its [`Event`]s come out. The batch scheduler (`scheduler.rs`) speaks
+//! these types; the HTTP side knows nothing else of it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,8 +53,7 @@ pub struct Finished {
     pub prompt_tokens: usize,
     /// Leading prompt tokens whose KV came from a cached or live prefix (a tenant's earlier
     /// request) instead of being prefilled: OpenAI's `prompt_tokens_details.cached_tokens`,
-    /// llama-server's `timings.cache_n`. Always 0 on the FIFO workers, which prefill every prompt
-    /// whole.
+    /// llama-server's `timings.cache_n`.
     pub cached_tokens: usize,
     /// Generated tokens.
     pub completion_tokens: usize,

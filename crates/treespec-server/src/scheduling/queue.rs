@@ -1,7 +1,6 @@
-//! The bounded wait in front of the model, shared by both backends (the batch scheduler's lanes
-//! and the FIFO workers).
+//! The bounded wait in front of the model's lanes.
 //!
-//! A request waits here until a lane or a worker takes it; beyond `capacity` waiting requests a
+//! A request waits here until a lane takes it; beyond `capacity` waiting requests a
 //! new one gets a 503. A request whose client has gone (its event receiver was dropped: see
 //! `routes::first_event`) must not hold a place: it leaves the queue and stops counting toward
 //! the bound as soon as that is seen — when the model thread looks between steps

@@ -16,8 +16,8 @@ use treespec_engine::batched::{Batch, LaneStep, StepLimits};
 use treespec_engine::measure::serving_gate;
 use treespec_engine::BatchedLm;
 use treespec_engine::SharedDraft;
-use treespec_engine::{Drafter, GenerateRequest, Generation};
-use treespec_engine::{TokenBytes, TokenConstraint, TokenLogprob};
+use treespec_engine::{Generation, Prepared};
+use treespec_engine::{TokenBytes, TokenLogprob};
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
@@ -28,21 +28,16 @@ use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, J
 use crate::scheduling::queue::JobQueue;
 use crate::tenant::Tenant;
 
-/// A request made ready for a lane by [`LaneModels::prepare`].
-pub struct Prepared<'m> {
-    /// The engine's request: prompt tokens, most new tokens (as the lane's context allows),
-    /// sampling, seed, stop strings and end tokens.
-    pub request: GenerateRequest,
+/// A request made ready for a lane by [`LaneModels::prepare`]: the one prepared request, with
+/// what the scheduler reports and scopes it by.
+pub struct ForLane<'m> {
+    /// What the engine runs: the request (prompt tokens, most new tokens as the lane's context
+    /// allows, sampling, seed, stops), its drafter and its grammar state.
+    pub prepared: Prepared<'m>,
     /// The method's name (for events and metrics).
     pub method: String,
-    /// Its drafter.
-    pub drafter: Box<dyn Drafter + 'm>,
-    /// Its grammar state, for structured output.
-    pub constraint: Option<Box<dyn TokenConstraint + 'm>>,
     /// Its tenant's prefix scope: it reuses cached KV prefixes of its own tenant only.
     pub scope: u64,
-    /// An answer opening with a ```` ```json ```` fence is one call (see [`Event::Started`]).
-    pub fenced_calls: bool,
 }
 
 /// The models behind a scheduler: the batched target and what turns a request into a lane.
@@ -51,7 +46,7 @@ pub trait LaneModels<'m> {
     fn lm(&mut self) -> &mut dyn BatchedLm;
     /// Tokenize the prompt, check its lengths against a lane's context, resolve the method for
     /// `tenant` and build its drafter (and grammar).
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<Prepared<'m>, ApiError>;
+    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError>;
     /// Token bytes, for text and stop strings.
     fn bytes(&self) -> &dyn TokenBytes;
     /// What a step needs at once: the batched target, the token bytes, and the draft model the
@@ -191,7 +186,7 @@ pub struct Scheduler<'m, M: LaneModels<'m>> {
 struct Ready<'m> {
     /// The queued job it was made for (it is dropped if that job left the queue).
     job: u64,
-    prepared: Prepared<'m>,
+    lane: ForLane<'m>,
     reserve: usize,
 }
 
@@ -270,17 +265,18 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
 
     /// Prepare queued job `id` and reckon what it reserves.
     fn prepare(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
-        let prepared = self.models.prepare(spec, tenant)?;
-        let (prompt_tokens, max_new) = (prepared.request.prompt.len(), prepared.request.max_new_tokens);
+        let lane = self.models.prepare(spec, tenant)?;
+        let request = &lane.prepared.request;
+        let (prompt_tokens, max_new) = (request.prompt.len(), request.max_new_tokens);
         // Without max_tokens a request may fill the context, but reserves only a share of it
         // (if the cache runs out, the longest request ends with `length`; see `relieve`).
         let reserve =
             prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
-        Ok(Ready { job: id, prepared, reserve })
+        Ok(Ready { job: id, lane, reserve })
     }
 
     fn start(&mut self, job: &Job, ready: Ready<'m>) -> Result<(), RunError> {
-        let Ready { prepared, reserve, .. } = ready;
+        let Ready { lane: ForLane { prepared, method, scope }, reserve, .. } = ready;
         let spec = &job.spec;
         let lm = self.models.lm();
         let context = lm.context_size();
@@ -295,7 +291,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             events: job.events.clone(),
             tenant: job.tenant,
             _serving: serving_gate::Serving::begin(),
-            method: prepared.method.clone(),
+            method: method.clone(),
             prompt_tokens,
             cached: 0,
             reserved: reserve,
@@ -304,19 +300,16 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let lm = self.models.lm();
         let cached = self
             .batch
-            .join(lm, generation, prepared.drafter, prepared.constraint, prepared.scope, served)
+            .join(lm, generation, prepared.drafter, prepared.constraint, scope, served)
             .map_err(engine_error)?;
         let k = self.batch.len() - 1;
         self.batch.data_mut(k).cached = cached;
-        let started = Event::Started {
-            prompt_tokens,
-            method: prepared.method.clone(),
-            fenced_calls: prepared.fenced_calls,
-        };
+        let started =
+            Event::Started { prompt_tokens, method: method.clone(), fenced_calls: prepared.fenced_calls };
         if job.events.send(started).is_err() {
             // Gone before it began: as if it never joined (its drafter learns nothing).
             self.batch.abandon(lm, k);
-            return Err(RunError::Cancelled(prepared.method));
+            return Err(RunError::Cancelled(method));
         }
         self.metrics.in_flight(job.tenant, 1);
         Ok(())

@@ -153,7 +153,7 @@ async fn chat_non_streaming() {
     // "user: hello\nassistant:" is 22 bytes = 22 toy tokens.
     assert_eq!(v["usage"]["prompt_tokens"], 22);
     assert_eq!(v["usage"]["total_tokens"], 30);
-    // The toys never reuse a prefix (nor do FIFO workers).
+    // The toys reuse no prefix unless asked to (`ToyConfig::prefix_cache`).
     assert_eq!(v["usage"]["prompt_tokens_details"], json!({"cached_tokens": 0}));
     assert_eq!(v["treespec"]["method"], "chain");
     let t = &v["timings"];
@@ -456,7 +456,7 @@ async fn api_key() {
 }
 
 /// One worker, a queue of one: a third request gets 503 + Retry-After; dropping a streaming
-/// response cancels its generation and lets the queued one run; FIFO order.
+/// response cancels its generation and lets the queued one run; first come, first served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_full_and_cancel_on_disconnect() {
     let config = ToyConfig { step_delay: Duration::from_millis(20), ..Default::default() };

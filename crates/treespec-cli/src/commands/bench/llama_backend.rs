@@ -6,10 +6,11 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use treespec_bench::{Backend, Prompt, Session};
 use treespec_core::TokenId;
-use treespec_engine::{CausalLm, Method, StopConditions, TokenConstraint};
-use treespec_grammar::GrammarSpec;
-use treespec_llama::runtime::{Prompt as PromptText, RequestPrompt};
+use treespec_engine::CausalLm;
 use treespec_llama::{LlamaLm, ModelRuntime};
+use treespec_request::{
+    prepare, request_tokens, PrepareError, Prompt as PromptText, RequestPrompt, RequestSpec,
+};
 
 /// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
 /// the special tokens written out, so that another tool tokenizing it (special tokens parsed)
@@ -36,8 +37,9 @@ pub fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path:
 
 /// The llama.cpp models behind the runner's seam: one target context and one draft context,
 /// made once and reused by every run (`generate` and the drafters truncate them at the start).
-/// Each part of a request is prepared by the runtime's request preparation (prompt tokens,
-/// grammar, the method's draft-model check), as for `generate` and the server.
+/// Each run is prepared by treespec-request's one preparation (prompt tokens, room, stops, the
+/// method's drafter and draft-model check, the schema's grammar), as for `generate` and the
+/// server.
 pub struct LlamaBackend<'m> {
     models: &'m ModelRuntime,
     target: LlamaLm<'m>,
@@ -56,26 +58,17 @@ impl<'m> LlamaBackend<'m> {
 impl Backend for LlamaBackend<'_> {
     fn prompt_tokens(&mut self, prompt: &Prompt) -> Result<Vec<TokenId>> {
         let text = RequestPrompt::Formatted(PromptText::text_or_user(&prompt.text, self.chat));
-        Ok(self.models.request_tokens(text)?)
+        Ok(request_tokens(self.models, text)?)
     }
     fn context_size(&self) -> usize {
         self.target.context_size()
     }
-    fn stop(&self) -> StopConditions {
-        StopConditions { eos: self.models.eos_tokens().to_vec(), stop_strings: Vec::new() }
-    }
-    fn session(&mut self, method: &Method) -> Result<Session<'_>> {
+    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>> {
         // `auto` uses a draft model when one is given and does without otherwise.
-        self.models.check_method(method)?;
-        let drafter = method.build(self.draft.as_mut().filter(|_| method.uses_draft()))?;
-        Ok(Session { target: Box::new(&mut self.target), drafter })
-    }
-    fn constraint(&mut self, prompt: &Prompt) -> Result<Option<Box<dyn TokenConstraint>>> {
-        let Some(schema) = &prompt.schema else { return Ok(None) };
-        let grammar = self
-            .models
-            .compile_grammar(&GrammarSpec::JsonSchema(schema.clone()))
-            .with_context(|| format!("the schema of prompt {}", prompt.id))?;
-        Ok(Some(Box::new(grammar)))
+        let prepared = prepare(self.models, spec, self.draft.as_mut()).map_err(|e| match e {
+            PrepareError::Grammar(g) => anyhow::Error::new(g).context("compiling the prompt's schema"),
+            e => e.into(),
+        })?;
+        Ok(Session { target: Box::new(&mut self.target), prepared })
     }
 }

@@ -1,9 +1,8 @@
 //! Every token's bytes, for grammar engines (structured output): what a token spells as
-//! generated text, which tokens are control tokens, and which end generation.
+//! generated text, which tokens are control tokens, and which end generation. A backend reads it
+//! off its model (llama.cpp's: `treespec_llama::read_token_table`).
 
 use treespec_core::TokenId;
-
-use crate::load::LlamaModel;
 
 /// The target's vocabulary as bytes.
 #[derive(Debug, Clone)]
@@ -17,27 +16,6 @@ pub struct TokenTable {
 }
 
 impl TokenTable {
-    /// Read the table off a loaded model (≈0.1 s for 50k tokens; the runtime keeps it).
-    pub fn read(model: &LlamaModel) -> treespec_engine::Result<Self> {
-        let n = model.vocab_size() as TokenId;
-        let mut tokens = Vec::with_capacity(n as usize);
-        let mut special = Vec::new();
-        for t in 0..n {
-            let plain = model.token_to_bytes(t, false)?;
-            if plain.is_empty() {
-                let text = model.token_to_bytes(t, true)?;
-                if !text.is_empty() {
-                    special.push(t);
-                }
-                tokens.push(text);
-            } else {
-                tokens.push(plain);
-            }
-        }
-        let eos = (0..n).filter(|&t| model.is_eog(t)).collect();
-        Ok(Self { tokens, eos, special })
-    }
-
     /// The tokens spelling exactly `tags` (an opening and a closing tag), when both are single
     /// tokens of this vocabulary.
     pub fn tag_pair(&self, (open, close): (&str, &str)) -> Option<(TokenId, TokenId)> {
