@@ -118,6 +118,56 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
     }
 }
 
+/// A free policy's first bets in a request are probes of at most 4 nodes, whatever its prices
+/// say; once one of its steps brings what it was predicted to, it drafts at full size. On a
+/// long exact copy the first long-match step is a probe, it is fully accepted, and the chains
+/// after it run to 16 nodes and more; every probe is traced as one.
+#[test]
+fn first_bets_are_probes_and_a_policy_that_paid_bets_in_full() {
+    let greedy = SamplingParams::greedy();
+    for seed in 0..4u64 {
+        let target = ToyModel::new(64, 1 + seed as usize % 2, seed);
+        let head: Vec<TokenId> = (0..20).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
+        let prompt = copying_prompt(&target, &head, 150);
+        let req = GenerateRequest::new(prompt, 120, greedy.clone(), 0);
+        let (trace, buf) = memory_trace();
+        let mut d = auto(costs(30.0, 0.5), SuffixShared::empty(), Some(trace));
+        run_on(&mut ToyLm::new(target.clone(), CTX), &mut d, &req);
+        let lines = trace_lines(&buf);
+        let chosen = |l: &serde_json::Value| {
+            let offers = l["offers"].as_array().unwrap();
+            offers.iter().find(|o| o["policy"] == l["chosen"]).unwrap().clone()
+        };
+        for policy in ["long-match", "suffix"] {
+            let bets: Vec<_> = lines.iter().filter(|l| l["chosen"] == policy).collect();
+            let Some(first) = bets.first() else { continue };
+            assert!(
+                first["verified_nodes"].as_u64().unwrap() <= 4,
+                "seed {seed}: first {policy} bet {first}"
+            );
+            // Until a bet of the policy paid, every offer of it is a probe of at most 4 nodes.
+            let paid = bets.iter().position(|l| {
+                let o = chosen(l);
+                l["emitted"].as_f64().unwrap() >= o["predicted"]["tokens"].as_f64().unwrap()
+                    && l["verified_nodes"].as_u64().unwrap() > 0
+            });
+            for l in &bets[..paid.map_or(bets.len(), |p| p + 1)] {
+                assert!(
+                    chosen(l)["nodes"].as_u64().unwrap() <= 4,
+                    "seed {seed}: a {policy} bet before one paid: {l}"
+                );
+            }
+        }
+        let long: Vec<_> = lines.iter().filter(|l| l["chosen"] == "long-match").collect();
+        assert!(long.len() >= 2, "seed {seed}: the copy was not drafted");
+        assert!(chosen(long[0])["probe"] == true, "seed {seed}: the first chain was not a probe");
+        assert!(
+            long.iter().any(|l| l["verified_nodes"].as_u64().unwrap() >= 16),
+            "seed {seed}: chains stayed probes"
+        );
+    }
+}
+
 /// 240 sampled tokens of `auto` priced on `costs`, on a "machine" where a forward of n rows
 /// takes 1.5 n + 0.3 n² ms, from a periodic prompt that offers imperfect copies at every step;
 /// the decision trace's lines.

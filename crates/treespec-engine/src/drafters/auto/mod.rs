@@ -24,6 +24,7 @@ pub use trace::DecisionTrace;
 use std::sync::Arc;
 use std::time::Instant;
 
+use treespec_core::budget::Economics;
 use treespec_core::policy_bandit::{Policy, PolicyBandit, Prediction, Realised};
 use treespec_core::sampling::Sampler;
 use treespec_core::tree::{Draw, TokenTree, ROOT};
@@ -56,6 +57,15 @@ pub struct AutoConfig {
 /// Steps between chances for a gated-off draft model to show it pays after all.
 const MODEL_RECHECK_EVERY: u64 = 64;
 
+/// Most nodes a free policy (suffix, long match) bets at a step until one of its steps in this
+/// request has brought what it was predicted to: its first bets are probes. Prices learned on
+/// other text over-value a policy's first bet on text that does not copy (a 15-node suffix trie
+/// priced at 6 tokens that brings 0–1), and the books can only learn from a bet once it is
+/// verified; a probe of a few rows costs little more than a plain step where a failed full bet
+/// costs several, while a copy that is real pays on the probe and drafts at full size from the
+/// next step on.
+const PROBE_NODES: usize = 4;
+
 /// A step proposed and not yet observed: what was chosen and predicted, for the books.
 struct Pending {
     policy: Policy,
@@ -81,6 +91,9 @@ pub struct AutoDrafter<M: CausalLm> {
     counts: [u64; 4],
     combined: u64,
     steps: u64,
+    /// Per policy: whether one of its steps in this request brought what it was predicted to
+    /// (until then it bets at most [`PROBE_NODES`] nodes).
+    paid: [bool; 4],
     /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
     batched: bool,
     /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step is booked at the
@@ -119,6 +132,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             counts: [0; 4],
             combined: 0,
             steps: 0,
+            paid: [false; 4],
             batched: false,
             curve_time,
         })
@@ -132,6 +146,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             tree: TokenTree::new(ctx.root()),
             predicted: Prediction { tokens: 1.0, ms: econ.ms(0) },
             values: Some(Vec::new()),
+            probe: false,
         }];
         if suffix_tree.drafted() > 0 {
             let values = self.suffix.cuttable().map(|c| c.values.to_vec());
@@ -140,7 +155,9 @@ impl<M: CausalLm> AutoDrafter<M> {
                 .as_ref()
                 .map_or(self.suffix.last_gain() + econ.rate * ms, |v| 1.0 + v.iter().sum::<f64>());
             let predicted = Prediction { tokens, ms };
-            offers.push(Candidate { policy: Policy::Suffix, tree: suffix_tree, predicted, values });
+            let offer =
+                Candidate { policy: Policy::Suffix, tree: suffix_tree, predicted, values, probe: false };
+            offers.extend(self.probe(offer, &econ)?);
         }
         let room = ctx.max_depth.min(ctx.max_nodes);
         let (chain, values) = self.long.propose(ctx.history, room);
@@ -152,14 +169,36 @@ impl<M: CausalLm> AutoDrafter<M> {
             }
             let tokens = 1.0 + values[..n].iter().sum::<f64>();
             let predicted = Prediction { tokens, ms: econ.ms(n) };
-            offers.push(Candidate {
+            let offer = Candidate {
                 policy: Policy::LongMatch,
                 tree,
                 predicted,
                 values: Some(values[..n].to_vec()),
-            });
+                probe: false,
+            };
+            offers.extend(self.probe(offer, &econ)?);
         }
         Ok(offers)
+    }
+
+    /// `offer` as this request may bet it: whole once its policy has paid here, else cut to
+    /// its best prefix of at most [`PROBE_NODES`] nodes on the curve (None when not even that
+    /// pays). Its nodes are in value order, parents first, so a prefix is a tree.
+    fn probe(&self, mut offer: Candidate, econ: &Economics<'_>) -> Result<Option<Candidate>> {
+        let Some(values) = offer.values.as_ref() else { return Ok(Some(offer)) };
+        if self.paid[offer.policy as usize] || values.len() <= PROBE_NODES {
+            return Ok(Some(offer));
+        }
+        let (n, _) = econ.best_prefix(&values[..PROBE_NODES]);
+        if n == 0 {
+            return Ok(None);
+        }
+        offer.tree.truncate(n + 1)?;
+        let kept = values[..n].to_vec();
+        offer.predicted = Prediction { tokens: 1.0 + kept.iter().sum::<f64>(), ms: econ.ms(n) };
+        offer.values = Some(kept);
+        offer.probe = true;
+        Ok(Some(offer))
     }
 
     fn offer(&self, c: &Candidate, rate: f64) -> Offer {
@@ -169,6 +208,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             predicted: c.predicted,
             correction: self.bandit.correction(c.policy, c.predicted),
             score: self.bandit.score(c.policy, c.predicted, rate),
+            probe: c.probe,
         }
     }
 
@@ -201,6 +241,9 @@ impl<M: CausalLm> AutoDrafter<M> {
         let (ms, rows, forward_ms, curve_ms) = self.step_ms(&pending, predicted.ms);
         let realised = Realised { tokens: outcome.tokens.len() as f64, ms };
         self.bandit.record(pending.policy, predicted, realised);
+        if drafted > 0 && realised.tokens >= predicted.tokens {
+            self.paid[pending.policy as usize] = true;
+        }
         if let (Some(trace), Some(mut step)) = (self.trace.as_ref(), pending.trace.take()) {
             step.verified_nodes = drafted;
             step.emitted = outcome.tokens.len();
@@ -219,6 +262,8 @@ struct Candidate {
     tree: TokenTree,
     predicted: Prediction,
     values: Option<Vec<f64>>,
+    /// Cut to a probe (its policy has not paid in this request yet).
+    probe: bool,
 }
 
 impl<M: CausalLm> Drafter for AutoDrafter<M> {
@@ -250,6 +295,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.counts = [0; 4];
         self.combined = 0;
         self.steps = 0;
+        self.paid = [false; 4];
         if let Some(m) = self.model.as_mut() {
             m.set_forward(0, prompt.len());
             if self.batched || !m.perfect_chain_can_pay() {
@@ -295,6 +341,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
                 predicted: Prediction { tokens: m.last_expected(), ms },
                 tree: model_tree,
                 values: None,
+                probe: false,
             };
             let pair = [(best.policy, best.predicted), (Policy::Model, model_offer.predicted)];
             let model_wins = model_offer.tree.drafted() > 0
@@ -360,7 +407,12 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     /// sampled under sampling, and its drafter maps node ids to draft-model rows).
     fn cuttable(&self) -> Option<Cuttable<'_>> {
         match self.choice {
-            Policy::Suffix => self.suffix.cuttable(),
+            // A probe's values are its kept prefix: a batch budget cuts within the probe.
+            Policy::Suffix => {
+                let c = self.suffix.cuttable()?;
+                let kept = self.pending.as_ref()?.values.as_ref().map_or(c.values.len(), |v| v.len());
+                Some(Cuttable { values: &c.values[..kept.min(c.values.len())], target: c.target })
+            }
             Policy::LongMatch => {
                 let values = self.pending.as_ref()?.values.as_deref().filter(|v| !v.is_empty())?;
                 Some(Cuttable { values, target: self.suffix.cuttable_target()? })

@@ -67,6 +67,9 @@ pub(super) struct Offer {
     pub correction: Correction,
     /// The corrected gain the choice maximised.
     pub score: f64,
+    /// Cut to a probe: its policy has not yet paid in this request, so it bets at most a few
+    /// nodes.
+    pub probe: bool,
 }
 
 /// One step of `auto`, as traced.
