@@ -87,14 +87,19 @@ fn copying_prompt(target: &ToyModel, head: &[TokenId], copy: usize) -> Vec<Token
     [head, &middle[..], head].concat()
 }
 
+/// Seed `seed`'s toy target and a greedy request of 120 tokens whose answer re-emits a
+/// 150-token stretch of its prompt.
+fn copy_case(seed: u64) -> (ToyModel, GenerateRequest) {
+    let target = ToyModel::new(64, 1 + seed as usize % 2, seed);
+    let head: Vec<TokenId> = (0..20).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
+    let prompt = copying_prompt(&target, &head, 150);
+    (target, GenerateRequest::new(prompt, 120, SamplingParams::greedy(), 0))
+}
+
 #[test]
 fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
-    let greedy = SamplingParams::greedy();
     for seed in 0..4u64 {
-        let target = ToyModel::new(64, 1 + seed as usize % 2, seed);
-        let head: Vec<TokenId> = (0..20).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
-        let prompt = copying_prompt(&target, &head, 150);
-        let req = GenerateRequest::new(prompt.clone(), 120, greedy.clone(), 0);
+        let (target, req) = copy_case(seed);
         let plain = run_on(&mut ToyLm::new(target.clone(), CTX), &mut PlainDrafter, &req).tokens;
         // Rows nearly free: long chains pay.
         let (trace, buf) = memory_trace();
@@ -124,12 +129,8 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
 /// after it run to 16 nodes and more; every probe is traced as one.
 #[test]
 fn first_bets_are_probes_and_a_policy_that_paid_bets_in_full() {
-    let greedy = SamplingParams::greedy();
     for seed in 0..4u64 {
-        let target = ToyModel::new(64, 1 + seed as usize % 2, seed);
-        let head: Vec<TokenId> = (0..20).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
-        let prompt = copying_prompt(&target, &head, 150);
-        let req = GenerateRequest::new(prompt, 120, greedy.clone(), 0);
+        let (target, req) = copy_case(seed);
         let (trace, buf) = memory_trace();
         let mut d = auto(costs(30.0, 0.5), SuffixShared::empty(), Some(trace));
         run_on(&mut ToyLm::new(target.clone(), CTX), &mut d, &req);
