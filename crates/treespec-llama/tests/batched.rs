@@ -256,3 +256,39 @@ fn finished_turns_stay_reusable_in_the_cells_then_in_host_memory() {
     assert_eq!(reused, 0);
     lm.close(lane);
 }
+
+/// A request that takes over most of a finished one's prefix leaves that prefix's unshared tail
+/// dead in the cells, where it slows every later forward's attention; once the dead cells'
+/// rent (dead cells summed over the forwards since) reaches twice the cells a compaction keeps,
+/// a compaction frees them — after a few dozen one-row steps here, not only once a thousand
+/// cells have died.
+#[test]
+fn a_dead_tail_is_compacted_away_once_its_rent_is_paid() {
+    if common::skip_model_tests("a_dead_tail_is_compacted_away_once_its_rent_is_paid") {
+        return;
+    }
+    let mut lm = model().new_batch_lm(4096, 2).unwrap();
+    let first = tokens(1, 900);
+    let (lane, _) = lm.open(&first, 1).unwrap();
+    prefill(&mut lm, lane, &first);
+    lm.close(lane);
+    // The same head, another ending: 800 cells shared, the first one's last 100 now dead.
+    let second: Vec<u32> = first[..800].iter().copied().chain(tokens(2, 100)).collect();
+    let (lane, reused) = lm.open(&second, 1).unwrap();
+    assert_eq!(reused, 800);
+    prefill(&mut lm, lane, &second[800..]);
+    let before = lm.counters.compactions;
+    // One-row steps: the rent of 100 dead cells reaches 2 × ~900 kept cells in ~18 of them.
+    let mut steps = 0;
+    for t in tokens(3, 60) {
+        lm.forward(&[LaneWork::Prefill { lane, tokens: &[t] }]).unwrap();
+        lm.settle().unwrap();
+        steps += 1;
+        if lm.counters.compactions > before {
+            break;
+        }
+    }
+    assert!(lm.counters.compactions > before, "no compaction in {steps} steps: {:?}", lm.counters);
+    assert!((10..=30).contains(&steps), "compacted after {steps} steps: {:?}", lm.counters);
+    lm.close(lane);
+}

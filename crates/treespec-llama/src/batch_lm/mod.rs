@@ -159,6 +159,9 @@ pub struct LlamaBatchLm<'m> {
     free_seqs: Vec<i32>,
     /// Occupied cells: exactly `0..used` between steps.
     used: usize,
+    /// Dead cells summed over the forwards since the last compaction: what they have cost in
+    /// attention so far (see `make_room`).
+    dead_rent: u64,
     /// This step's rows, in batch order, while a step is open.
     placed: Vec<Placed>,
     /// Counters.
@@ -214,6 +217,7 @@ impl LlamaModel {
             saved: SavedPrefixes::new(SAVED_PREFIX_BYTES),
             free_seqs: (0..SCRATCH).rev().collect(),
             used: 0,
+            dead_rent: 0,
             placed: Vec::new(),
             counters: BatchCounters::default(),
         })
@@ -343,6 +347,7 @@ impl<'m> LlamaBatchLm<'m> {
                 .map_err(|e| backend_err("cannot restore a sequence after compaction", e))?;
         }
         self.used = self.live_cells() + self.kept_cells();
+        self.dead_rent = 0;
         self.counters.compactions += 1;
         Ok(())
     }
