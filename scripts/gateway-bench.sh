@@ -19,16 +19,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?usage: scripts/gateway-bench.sh OUT [SESSION FILES...]}"
 shift
-files=("$@")
-[[ ${#files[@]} -gt 0 ]] || files=(bench/inputs/sessions/chat.jsonl bench/inputs/sessions/tools.jsonl bench/inputs/sessions/agent-whole.jsonl)
-TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
-METHOD="${METHOD:-auto}"
-C="${CONCURRENCY:-4}"
-CTX="${CTX:-8192}"
+source scripts/lib/sessions.sh
 port="${BASE_PORT:-8300}"
-bin=target/release/treespec
 log() { printf '[gateway-bench] %s\n' "$*" >&2; }
-[[ -x "$bin" ]] || { log "no $bin: cargo build --release -p treespec-cli"; exit 1; }
 mkdir -p "$out"
 pids=()
 dirs=()
@@ -40,7 +33,7 @@ cleanup() {
 trap cleanup EXIT
 
 # One server, 2 threads, all the cells.
-"$bin" serve -m "$TARGET" -t 2 --method "$METHOD" --parallel "$C" -c $((CTX * C)) --port "$port" \
+target/release/treespec serve -m "$TARGET" -t 2 --method "$METHOD" --parallel "$C" -c $((CTX * C)) --port "$port" \
     >"$out/one.log" 2>&1 &
 pids+=($!)
 servers=(--server "one:$METHOD=http://127.0.0.1:$port")
@@ -55,29 +48,9 @@ for pair in rr:round_robin cache:cache_aware sticky:consistent_hashing; do
         -m "$TARGET" -t 1 --method "$METHOD" --parallel "$C" -c $((CTX * C / 2))
     servers+=(--server "smg-$name:$METHOD=http://127.0.0.1:$port")
 done
-if [[ -n "${TURNS:-}${MAX_TOKENS:-}" ]]; then
-    mkdir -p "$out/sessions"
-    cut=()
-    for f in "${files[@]}"; do
-        python3 -c '
-import json, sys
-src, dst, turns, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-with open(dst, "w") as out:
-    for line in open(src):
-        s = json.loads(line)
-        if turns:
-            s["turns"] = s["turns"][:turns]
-        if max_tokens:
-            s["max_tokens"] = min(s.get("max_tokens", max_tokens), max_tokens)
-        out.write(json.dumps(s) + "\n")
-' "$f" "$out/sessions/$(basename "$f")" "${TURNS:-0}" "${MAX_TOKENS:-0}"
-        cut+=("$out/sessions/$(basename "$f")")
-    done
-    files=("${cut[@]}")
-fi
-files_arg="$(IFS=,; echo "${files[*]}")"
+session_files "$out" "$@"
 log "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$bin" bench --sessions "$files_arg" "${servers[@]}" --concurrency "$C" --per-category "${PER_WORKLOAD:-4}" \
+target/release/treespec bench --sessions "$files_arg" "${servers[@]}" --concurrency "$C" --per-category "${PER_WORKLOAD:-4}" \
     --out "$out"
 # Where each replica's conversations were seen before (every later turn `known` when sticky).
 for d in "${dirs[@]}"; do

@@ -5,15 +5,19 @@
 #
 #   scripts/replicas.sh start [-n N] [--policy P] [--port PORT] [--urls URL,URL,…] [-- SERVE-ARGS…]
 #   scripts/replicas.sh stop
+#   scripts/replicas.sh kill I           # replica I dies at once (SIGKILL: no drain, no save)
+#   scripts/replicas.sh revive I         # replica I starts again, with the same arguments
 #   scripts/replicas.sh install          # SMG alone, into its own virtual environment
 #
 # start: N replicas (default 2) on PORT+1…PORT+N, each `target/release/treespec serve
-# SERVE-ARGS --port …` (give the model, threads and method there: -m MODEL -t 1 --method auto),
-# or the replicas at --urls instead; then SMG on PORT (default 8090) with policy P (default
-# consistent_hashing): round_robin, cache_aware (SMG's own prefix tree; no client cooperation),
-# consistent_hashing or manual (sticky by the X-SMG-Routing-Key header, which `treespec bench
-# --sessions` sends with every turn of a conversation), power_of_two or least_load (by each
-# replica's /v1/loads). Waits until every replica is healthy and SMG routes to all of them.
+# SERVE-ARGS --port …` (give the model, threads and method there: -m MODEL -t 1 --method auto;
+# `{i}` in an argument becomes the replica's number, for what each must have of its own, such
+# as --suffix-history /var/lib/treespec/history-{i}.bin), or the replicas at --urls instead;
+# then SMG on PORT (default 8090) with policy P (default consistent_hashing): round_robin,
+# cache_aware (SMG's own prefix tree; no client cooperation), consistent_hashing or manual
+# (sticky by the X-SMG-Routing-Key header, which `treespec bench --sessions` sends with every
+# turn of a conversation), power_of_two or least_load (by each replica's /v1/loads). Waits
+# until every replica is healthy and SMG routes to all of them.
 # State and logs: $REPLICAS_DIR (default /tmp/treespec-replicas).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -60,6 +64,37 @@ stop_all() {
     done
 }
 
+# Start replica $1 on port $2 + $1 with the serve arguments after them (`{i}` → $1); its log
+# grows across revivals.
+launch() {
+    local i=$1 port=$2
+    shift 2
+    local args=("${@//\{i\}/$i}")
+    target/release/treespec serve "${args[@]}" --host 127.0.0.1 --port $((port + i)) >>"$dir/replica-$i.log" 2>&1 &
+    echo $! >"$dir/replica-$i.pid"
+}
+
+kill_one() {
+    local i=${1:?usage: replicas.sh kill I}
+    [[ -f "$dir/replica-$i.pid" ]] || die "no replica $i running (see $dir)"
+    kill -9 "$(cat "$dir/replica-$i.pid")" 2>/dev/null || true
+    rm -f "$dir/replica-$i.pid"
+    log "replica $i killed"
+}
+
+revive() {
+    local i=${1:?usage: replicas.sh revive I}
+    [[ -f "$dir/serve-args" ]] || die "no replicas were started here ($dir)"
+    [[ ! -f "$dir/replica-$i.pid" ]] || die "replica $i is running"
+    local args port
+    mapfile -t args <"$dir/serve-args"
+    port="$(cat "$dir/port")"
+    echo "[replicas] revived $(date -u +%FT%TZ)" >>"$dir/replica-$i.log"
+    launch "$i" "$port" "${args[@]}"
+    wait_for "http://127.0.0.1:$((port + i))/health" 600 || die "replica $i never became healthy again"
+    log "replica $i back on http://127.0.0.1:$((port + i))"
+}
+
 start() {
     local n=2 policy=consistent_hashing port=8090 urls=""
     while [[ $# -gt 0 ]]; do
@@ -76,16 +111,18 @@ start() {
     smg="$(install_smg)"
     stop_all
     mkdir -p "$dir"
+    rm -f "$dir"/replica-*.log
     local workers=()
     if [[ -n "$urls" ]]; then
         IFS=, read -ra workers <<<"$urls"
     else
         [[ -x target/release/treespec ]] || die "no target/release/treespec: cargo build --release -p treespec-cli"
+        # Kept for `revive`: one argument a line.
+        printf '%s\n' "$@" >"$dir/serve-args"
+        echo "$port" >"$dir/port"
         for i in $(seq "$n"); do
-            local p=$((port + i))
-            target/release/treespec serve "$@" --host 127.0.0.1 --port "$p" >"$dir/replica-$i.log" 2>&1 &
-            echo $! >"$dir/replica-$i.pid"
-            workers+=("http://127.0.0.1:$p")
+            launch "$i" "$port" "$@"
+            workers+=("http://127.0.0.1:$((port + i))")
         done
     fi
     for w in "${workers[@]}"; do
@@ -118,5 +155,7 @@ case "${1:-}" in
     install) install_smg ;;
     start) shift; start "$@" ;;
     stop) stop_all; log "stopped" ;;
-    *) sed -n '2,18p' "$0"; exit 2 ;;
+    kill) kill_one "${2:-}" ;;
+    revive) revive "${2:-}" ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
 esac

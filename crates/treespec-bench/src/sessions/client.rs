@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,13 @@ pub struct Reply {
     pub decode_s: f64,
     /// Seconds from sending to the end of the stream.
     pub total_s: f64,
+    /// Times the request was sent again after a failure ([`RETRIES`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Reply {
@@ -173,8 +180,30 @@ impl Accumulated {
     }
 }
 
+/// Times a failed request is sent again, as OpenAI's SDKs do by default: a request that could not
+/// reach a server, lost its connection, or was answered 408, 409, 429 or 5xx (a gateway whose
+/// replica died, a draining replica's retryable 503) is retried twice, after 0.5 s and 1 s. A
+/// stream that broke before its answer finished (cut, or ended by an error event, which is how a
+/// gateway reports a replica lost mid-answer) is sent again too, as an agent re-asks a cut-off
+/// answer. Each [`Reply`] counts its retries, so a run that needed them says so.
+pub const RETRIES: u32 = 2;
+
+/// Why an attempt failed, and whether a client would send the request again.
+enum Failed {
+    /// Worth another try (see [`RETRIES`]).
+    Again(anyhow::Error),
+    /// The server answered, and the answer was an error.
+    For(anyhow::Error),
+}
+
+/// Whether a status is one OpenAI's clients retry.
+fn retryable(status: reqwest::StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 409 | 429) || status.is_server_error()
+}
+
 /// Send `body` (a chat completion request; `stream` and `stream_options` are set here) to
-/// `base_url` and read the streamed answer to its end. `session` names the conversation, in the
+/// `base_url` and read the streamed answer to its end, retrying as OpenAI's clients do
+/// ([`RETRIES`]; the times count from the first try). `session` names the conversation, in the
 /// headers a gateway keeps conversations on one replica by (SMG's `X-SMG-Routing-Key` and a plain
 /// `X-Session-Id`).
 pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value, session: &str) -> Result<Reply> {
@@ -182,26 +211,65 @@ pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value, ses
     body["stream_options"] = json!({ "include_usage": true });
     let url = format!("{}/v1/chat/completions", base_url.trim_end_matches('/'));
     let sent = Instant::now();
-    let request = client.post(&url).header("x-smg-routing-key", session).header("x-session-id", session);
-    let response = request.json(&body).send().await.with_context(|| format!("POST {url}"))?;
+    let mut retries = 0;
+    loop {
+        match attempt(client, &url, &body, session, sent).await {
+            Ok(mut reply) => {
+                reply.retries = retries;
+                return Ok(reply);
+            }
+            Err(Failed::Again(_)) if retries < RETRIES => {
+                retries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(500 << (retries - 1))).await;
+            }
+            Err(Failed::Again(e) | Failed::For(e)) if retries > 0 => {
+                return Err(e.context(format!("after {retries} retries")))
+            }
+            Err(Failed::Again(e) | Failed::For(e)) => return Err(e),
+        }
+    }
+}
+
+/// One try of [`chat`].
+async fn attempt(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    session: &str,
+    sent: Instant,
+) -> std::result::Result<Reply, Failed> {
+    let request = client.post(url).header("x-smg-routing-key", session).header("x-session-id", session);
+    let response = request
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| Failed::Again(anyhow!(e).context(format!("POST {url}"))))?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
-        bail!("POST {url}: HTTP {status}: {}", text.chars().take(400).collect::<String>());
+        let e = anyhow!("POST {url}: HTTP {status}: {}", text.chars().take(400).collect::<String>());
+        return Err(if retryable(status) { Failed::Again(e) } else { Failed::For(e) });
     }
     let mut acc = Accumulated::default();
     let mut events = response.bytes_stream().eventsource();
+    let mut done = false;
     while let Some(event) = events.next().await {
-        let event = event.map_err(|e| anyhow!("POST {url}: reading the stream: {e}"))?;
+        let event = event.map_err(|e| Failed::Again(anyhow!("POST {url}: reading the stream: {e}")))?;
         if event.data.trim() == "[DONE]" {
+            done = true;
             break;
         }
-        let chunk: Value = serde_json::from_str(&event.data)
-            .with_context(|| format!("POST {url}: a chunk is not JSON: {}", event.data))?;
+        let chunk: Value = serde_json::from_str(&event.data).map_err(|e| {
+            Failed::For(anyhow!(e).context(format!("POST {url}: a chunk is not JSON: {}", event.data)))
+        })?;
+        // A gateway reports a replica lost mid-answer this way (SMG: `stream_error`).
         if let Some(err) = chunk.get("error") {
-            bail!("POST {url}: the server failed mid-stream: {err}");
+            return Err(Failed::Again(anyhow!("POST {url}: the server failed mid-stream: {err}")));
         }
         acc.chunk(&chunk, Instant::now());
+    }
+    if !done && acc.reply.finish_reason.is_empty() {
+        return Err(Failed::Again(anyhow!("POST {url}: the stream ended before the answer finished")));
     }
     Ok(acc.finish(sent, Instant::now()))
 }
@@ -225,6 +293,96 @@ pub async fn model_id(client: &reqwest::Client, base_url: &str) -> Result<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server on loopback that answers its n-th connection with `answers[n]` (raw HTTP) and
+    /// closes it; returns its URL and how many connections it took.
+    async fn scripted(
+        answers: Vec<&'static str>,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = taken.clone();
+        tokio::spawn(async move {
+            for answer in answers {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut got = Vec::new();
+                // Read the request head and its body (Content-Length) before answering.
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got);
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if got.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                }
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                socket.shutdown().await.ok();
+            }
+        });
+        (url, taken)
+    }
+
+    const STREAM_HEAD: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    const WHOLE: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+        data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+        data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n\
+        data: [DONE]\n\n";
+
+    #[tokio::test]
+    async fn a_request_is_sent_again_after_a_retryable_failure_and_says_so() {
+        let client = reqwest::Client::new();
+        let body = json!({"messages": []});
+        // A gateway whose replica died (502), then a stream cut before its answer finished.
+        let cut: &'static str = Box::leak(
+            format!("{STREAM_HEAD}data: {{\"choices\":[{{\"delta\":{{\"content\":\"h\"}}}}]}}\n\n")
+                .into_boxed_str(),
+        );
+        let (url, taken) = scripted(vec![
+            "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            cut,
+            WHOLE,
+        ])
+        .await;
+        let reply = chat(&client, &url, body.clone(), "s").await.expect("the third try answers");
+        assert_eq!((reply.text.as_str(), reply.retries), ("hi", 2));
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3);
+        // SMG's report of a replica lost mid-answer: an error event.
+        let lost: &'static str = Box::leak(
+            format!("{STREAM_HEAD}data: {{\"error\":{{\"message\":\"Stream error\",\"type\":\"stream_error\"}}}}\n\n").into_boxed_str(),
+        );
+        let (url, _) = scripted(vec![lost, WHOLE]).await;
+        assert_eq!(chat(&client, &url, body.clone(), "s").await.expect("sent again").retries, 1);
+        // Three failures in a row: the request fails, naming its retries.
+        let busy = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let (url, taken) = scripted(vec![busy, busy, busy, WHOLE]).await;
+        let e = chat(&client, &url, body.clone(), "s").await.expect_err("out of retries");
+        assert!(format!("{e:#}").contains("after 2 retries"), "{e:#}");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3);
+        // A request the server refuses (400) is not sent again.
+        let bad = "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let (url, taken) = scripted(vec![bad, WHOLE]).await;
+        let e = chat(&client, &url, body, "s").await.expect_err("a 400 is final");
+        assert!(format!("{e:#}").contains("400") && !format!("{e:#}").contains("retries"), "{e:#}");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn chunks_accumulate_text_calls_and_server_counts() {

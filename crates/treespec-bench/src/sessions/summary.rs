@@ -10,9 +10,13 @@
 //!   first token + decode, every request of the session): what a user waits for a whole session.
 //!   `session_vs_baseline`: ÷ the baseline server's.
 //! - `ttft_ms`: median time to first token; `cached_share`: Σ prompt tokens served from the
-//!   server's prefix cache ÷ Σ prompt tokens (null when the server does not say);
+//!   server's prefix cache ÷ Σ prompt tokens (null when the server does not say), and
+//!   `later_cached_share` the same over turns 2 and later (what keeping a conversation where its
+//!   cache is decides; a first turn shares at most the system prompt with anything);
 //!   `tokens_per_forward`: Σ tokens ÷ Σ target forwards (null when the server does not say).
 //! - `edits_applied`: agent turns whose answer changed the agent's file.
+//! - `retried`: requests the client had to send again (a replica died, a gateway answered 5xx:
+//!   `client::RETRIES`); they count as answered, their lost time in their TTFT.
 //! - `identical_to_plain`: requests whose answer (text and tool calls, ids aside) equals the family plain's
 //!   answer to the same request (temperature 0 only); once an answer differs the conversations
 //!   differ, so the later turns of that session are not compared.
@@ -49,12 +53,25 @@ pub struct SessionRow {
     pub ttft_ms: Option<f64>,
     /// Σ cached prompt tokens ÷ Σ prompt tokens.
     pub cached_share: Option<f64>,
+    /// The same over turns 2 and later.
+    #[serde(default)]
+    pub later_cached_share: Option<f64>,
     /// Σ tokens ÷ Σ target forwards.
     pub tokens_per_forward: Option<f64>,
     /// Agent turns that changed the file, of agent turns.
     pub edits_applied: Option<(usize, usize)>,
     /// Requests answered as the family plain answered, of requests compared.
     pub identical_to_plain: Option<(usize, usize)>,
+    /// Requests sent again after a failure.
+    #[serde(default)]
+    pub retried: usize,
+}
+
+/// Σ cached ÷ Σ prompt tokens over `group` (None when a request did not say).
+fn cached_share<'a>(group: impl Iterator<Item = &'a &'a RequestRecord> + Clone) -> Option<f64> {
+    let prompt: usize = group.clone().map(|r| r.reply.prompt_tokens).sum();
+    let cached: Option<Vec<usize>> = group.map(|r| r.reply.cached_tokens).collect();
+    cached.filter(|_| prompt > 0).map(|c| c.iter().sum::<usize>() as f64 / prompt as f64)
 }
 
 fn med(v: Vec<f64>) -> Option<f64> {
@@ -141,8 +158,6 @@ pub fn summarize_sessions(
             let plain = of(&plain_name);
             let (t1, later, session) = rates(&group);
             let (p1, plater, _) = if plain.is_empty() { (None, None, None) } else { rates(&plain) };
-            let prompt: usize = group.iter().map(|r| r.reply.prompt_tokens).sum();
-            let cached: Vec<usize> = group.iter().filter_map(|r| r.reply.cached_tokens).collect();
             let forwards: Vec<(usize, u64)> = group
                 .iter()
                 .filter_map(|r| r.reply.target_forwards.map(|f| (r.reply.completion_tokens, f)))
@@ -160,14 +175,15 @@ pub fn summarize_sessions(
                 session_tokens_per_s: session,
                 session_vs_baseline: ratio(session, base.2),
                 ttft_ms: med(group.iter().map(|r| r.reply.ttft_s * 1e3).collect()),
-                cached_share: (cached.len() == group.len() && prompt > 0)
-                    .then(|| cached.iter().sum::<usize>() as f64 / prompt as f64),
+                cached_share: cached_share(group.iter()),
+                later_cached_share: cached_share(group.iter().filter(|r| r.turn > 0)),
                 tokens_per_forward: (fwd > 0)
                     .then(|| forwards.iter().map(|f| f.0).sum::<usize>() as f64 / fwd as f64),
                 edits_applied: (!edits.is_empty())
                     .then(|| (edits.iter().filter(|&&e| e).count(), edits.len())),
                 identical_to_plain: (greedy && !plain.is_empty() && plain_name != s.name)
                     .then(|| identical(&group, &plain)),
+                retried: group.iter().filter(|r| r.reply.retries > 0).count(),
             });
         }
     }
@@ -186,12 +202,12 @@ fn frac(v: Option<(usize, usize)>) -> String {
 pub fn sessions_markdown(rows: &[SessionRow], baseline: &str) -> String {
     let mut s = String::from(
         "| workload | server | decode tok/s, turn 1 / later | ÷ its plain, turn 1 / later | session tok/s (with TTFT) \
-         | ÷ baseline | TTFT ms | prompt cached | tokens/forward | edits applied | same as its plain |\n\
+         | ÷ baseline | TTFT ms | prompt cached, all / later turns | tokens/forward | edits applied | same as its plain |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} / {} | {} / {} | {} | {} | {} | {} / {} | {} | {} | {} |\n",
             r.workload,
             r.server,
             opt(r.turn1_tokens_per_s, 1, ""),
@@ -202,10 +218,19 @@ pub fn sessions_markdown(rows: &[SessionRow], baseline: &str) -> String {
             opt(r.session_vs_baseline, 2, "×"),
             opt(r.ttft_ms, 0, ""),
             opt(r.cached_share.map(|c| c * 100.0), 0, "%"),
+            opt(r.later_cached_share.map(|c| c * 100.0), 0, "%"),
             opt(r.tokens_per_forward, 2, ""),
             frac(r.edits_applied),
             frac(r.identical_to_plain),
         );
+    }
+    let retried: Vec<String> = rows
+        .iter()
+        .filter(|r| r.workload == "all" && r.retried > 0)
+        .map(|r| format!("{} {}", r.server, r.retried))
+        .collect();
+    if !retried.is_empty() {
+        s += &format!("\nRequests the client sent again after a failure: {}.\n", retried.join(", "));
     }
     s += &format!("\nBaseline: `{baseline}`. Definitions: `treespec_bench::sessions::summary`.\n");
     s
@@ -282,6 +307,8 @@ mod tests {
             rec("t:auto", "a", 0, 11, 0.5, "x"),
             rec("t:auto", "a", 1, 11, 0.25, "z"),
         ];
+        let mut records = records;
+        records[3].reply.retries = 1;
         let rows = summarize_sessions(&records, &servers, "t:plain", true);
         let auto = rows.iter().find(|r| r.workload == "chat" && r.server == "t:auto").unwrap();
         assert_eq!((auto.turn1_tokens_per_s, auto.later_tokens_per_s), (Some(20.0), Some(40.0)));
@@ -289,6 +316,8 @@ mod tests {
         // 22 tokens over 1.75 s against 22 over 3 s.
         assert!((auto.session_vs_baseline.unwrap() - 3.0 / 1.75).abs() < 1e-9);
         assert_eq!(auto.cached_share, Some(0.25));
+        assert_eq!(auto.later_cached_share, Some(0.5), "the second turn alone");
+        assert_eq!((auto.retried, rows.iter().find(|r| r.server == "t:plain").unwrap().retried), (1, 0));
         assert_eq!(auto.tokens_per_forward, Some(2.2));
         assert_eq!(auto.identical_to_plain, Some((1, 2)));
         let plain = rows.iter().find(|r| r.server == "t:plain").unwrap();
@@ -296,5 +325,7 @@ mod tests {
         assert!(rows.iter().any(|r| r.workload == "all"));
         let md = sessions_markdown(&rows, "t:plain");
         assert!(md.contains("| chat | t:auto | 20.0 / 40.0 | 2.00× / 4.00× |"), "{md}");
+        assert!(md.contains("| 25% / 50% |"), "{md}");
+        assert!(md.contains("sent again after a failure: t:auto 1."), "{md}");
     }
 }

@@ -173,7 +173,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(path) => {
             let cap = spec.knobs.suffix_cap.unwrap_or(treespec_core::suffix::DEFAULT_CAP_TOKENS);
             let tenants: Vec<Tenant> = keys.tenants().collect();
-            TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?
+            let histories = TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?;
+            for h in histories.held().iter().filter(|h| h.docs > 0) {
+                eprintln!(
+                    "treespec serve: loaded the suffix history {} ({} tokens in {} documents)",
+                    h.path.display(),
+                    h.tokens,
+                    h.docs
+                );
+            }
+            histories
         }
         None => TenantHistories::in_memory(),
     };

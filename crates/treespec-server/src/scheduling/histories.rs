@@ -269,6 +269,17 @@ impl std::fmt::Debug for TenantHistories {
     }
 }
 
+/// What one file-backed history holds ([`TenantHistories::held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The history's file.
+    pub path: PathBuf,
+    /// Documents (requests' texts) in it.
+    pub docs: usize,
+    /// Tokens in it.
+    pub tokens: usize,
+}
+
 /// What one tenant's save wrote (its `history` is the tenant's file).
 pub use treespec_engine::drafters::StoreSave as Saved;
 
@@ -329,6 +340,22 @@ impl TenantHistories {
         let shared = store.shared().clone();
         scopes.insert(tenant, store);
         Ok(shared)
+    }
+
+    /// What every file-backed history holds now (its file, documents, tokens), in file order:
+    /// what a start loaded, so a restarted replica can say its history came back.
+    pub fn held(&self) -> Vec<Held> {
+        let scopes = self.lock();
+        let mut out: Vec<Held> = scopes
+            .values()
+            .filter_map(|store| {
+                let path = store.history_file()?.path().to_path_buf();
+                let history = store.shared().history();
+                Some(Held { path, docs: history.docs(), tokens: history.tokens() })
+            })
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
     }
 
     /// Save every history whose text or learned prices changed since its last save, with its
@@ -406,6 +433,12 @@ mod tests {
         // A restart gives A its prices back exactly; the shared tenant starts from the prior.
         let again = TenantHistories::in_files(&base, TOK, 1 << 16, [a]).unwrap();
         assert_eq!(again.of(a).unwrap().pricing_snapshot(), shared.pricing_snapshot());
+        // What the start loaded is reported: A's one document, the shared tenant's none.
+        let held = again.held();
+        assert_eq!(held.len(), 2, "{held:?}");
+        let of_a = held.iter().find(|h| h.docs == 1).expect("A's history came back");
+        assert_eq!(of_a.tokens, shared.history().tokens());
+        assert!(held.iter().any(|h| h.docs == 0 && h.tokens == 0), "{held:?}");
         assert_eq!(again.of(Tenant::SHARED).unwrap().pricing().total_trials(), 0);
         // Prices for another tokenizer stop the start, naming the prices file.
         let other = TokenizerId { fingerprint: 0x5eee, vocab: 26 };
