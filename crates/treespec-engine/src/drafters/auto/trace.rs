@@ -67,8 +67,8 @@ pub(super) struct Offer {
     pub correction: Correction,
     /// The corrected gain the choice maximised.
     pub score: f64,
-    /// Cut to a probe: its policy has not yet paid in this request, so it bets at most a few
-    /// nodes.
+    /// Cut to what this request lets its policy bet: a few nodes until one of its steps paid,
+    /// then a few times the longest run it had accepted.
     pub probe: bool,
 }
 
