@@ -10,8 +10,11 @@
 #   one:auto        treespec serve -t 2 --parallel C -c CTX·C
 #   smg-rr:auto     SMG round_robin over 2 × (treespec serve -t 1 --parallel C -c CTX·C/2)
 #   smg-cache:auto  SMG cache_aware (its own prefix tree; no client cooperation)
-#   smg-sticky:auto SMG consistent_hashing on X-SMG-Routing-Key (the runner sends each
-#                   conversation's key with every turn)
+#   smg-sticky:auto SMG manual on X-SMG-Routing-Key (the runner sends each conversation's key
+#                   with every turn), a new key placed on the replica with the fewest requests
+# GATEWAYS lists them as NAME:POLICY[/ASSIGNMENT-MODE] (default: rr:round_robin
+# cache:cache_aware sticky:manual/min_load; hash:consistent_hashing is the keyed policy that
+# needs no table, but with 2 replicas its ring can put most conversations on one).
 # Environment: TARGET (the Qwen 1.5B), METHOD (auto), CONCURRENCY (C, 4), PER_WORKLOAD (4),
 # CTX (per session, 8192), BASE_PORT (8300); TURNS and MAX_TOKENS cut every session to its first
 # TURNS turns and answers of at most MAX_TOKENS tokens (copies in OUT/sessions/), for a short run.
@@ -39,12 +42,13 @@ pids+=($!)
 servers=(--server "one:$METHOD=http://127.0.0.1:$port")
 for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" | grep -q '"ready"' && break; sleep 0.5; done
 # Three gateways, each over its own 2 replicas of 1 thread and half the cells.
-for pair in rr:round_robin cache:cache_aware sticky:consistent_hashing; do
-    name="${pair%%:*}" policy="${pair#*:}"
+for pair in ${GATEWAYS:-rr:round_robin cache:cache_aware sticky:manual/min_load}; do
+    name="${pair%%:*}" policy="${pair#*:}" assign=()
+    [[ "$policy" != */* ]] || { assign=(--assign "${policy#*/}"); policy="${policy%%/*}"; }
     port=$((port + 10))
     d="$out/replicas-$name"
     dirs+=("$d")
-    REPLICAS_DIR="$d" bash scripts/replicas.sh start -n 2 --policy "$policy" --port "$port" -- \
+    REPLICAS_DIR="$d" bash scripts/replicas.sh start -n 2 --policy "$policy" "${assign[@]}" --port "$port" -- \
         -m "$TARGET" -t 1 --method "$METHOD" --parallel "$C" -c $((CTX * C / 2))
     servers+=(--server "smg-$name:$METHOD=http://127.0.0.1:$port")
 done
@@ -62,3 +66,5 @@ for d in "${dirs[@]}"; do
         echo
     done
 done | tee "$out/replicas.txt"
+# The routing table: later turns cached, TTFT, whole-session rate, tokens per forward, turns seen.
+python3 scripts/sessions/gateway_table.py "$out" | tee "$out/routing.md"

@@ -3,7 +3,8 @@
 # processes on this machine, or replicas already running elsewhere, with the SMG gateway
 # (Shepherd Model Gateway, PyPI `smg`, pinned below) in front of them.
 #
-#   scripts/replicas.sh start [-n N] [--policy P] [--port PORT] [--urls URL,URL,…] [-- SERVE-ARGS…]
+#   scripts/replicas.sh start [-n N] [--policy P] [--assign MODE] [--port PORT] [--urls URL,URL,…]
+#                             [-- SERVE-ARGS…]
 #   scripts/replicas.sh stop
 #   scripts/replicas.sh kill I           # replica I dies at once (SIGKILL: no drain, no save)
 #   scripts/replicas.sh revive I         # replica I starts again, with the same arguments
@@ -16,8 +17,10 @@
 # then SMG on PORT (default 8090) with policy P (default consistent_hashing): round_robin,
 # cache_aware (SMG's own prefix tree; no client cooperation), consistent_hashing or manual
 # (sticky by the X-SMG-Routing-Key header, which `treespec bench --sessions` sends with every
-# turn of a conversation), power_of_two or least_load (by each replica's /v1/loads). Waits
-# until every replica is healthy and SMG routes to all of them.
+# turn of a conversation), power_of_two or least_load (by each replica's /v1/loads). --assign
+# MODE is SMG's --assignment-mode, where `manual` places a key it has not seen: min_load (the
+# replica with the fewest requests; what keeps replicas even), min_group, random (its default).
+# Waits until every replica is healthy and SMG routes to all of them.
 # State and logs: $REPLICAS_DIR (default /tmp/treespec-replicas).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -96,11 +99,12 @@ revive() {
 }
 
 start() {
-    local n=2 policy=consistent_hashing port=8090 urls=""
+    local n=2 policy=consistent_hashing port=8090 urls="" assign=()
     while [[ $# -gt 0 ]]; do
         case "$1" in
             -n) n=$2; shift 2 ;;
             --policy) policy=$2; shift 2 ;;
+            --assign) assign=(--assignment-mode "$2"); shift 2 ;;
             --port) port=$2; shift 2 ;;
             --urls) urls=$2; shift 2 ;;
             --) shift; break ;;
@@ -135,7 +139,7 @@ start() {
         done
         log "replica $w ready"
     done
-    "$smg" launch --host 127.0.0.1 --port "$port" --worker-urls "${workers[@]}" --policy "$policy" \
+    "$smg" launch --host 127.0.0.1 --port "$port" --worker-urls "${workers[@]}" --policy "$policy" "${assign[@]}" \
         --prometheus-port $((port + 100)) --health-check-interval-secs 2 --log-level warn \
         >"$dir/smg.log" 2>&1 &
     echo $! >"$dir/smg.pid"
@@ -143,7 +147,7 @@ start() {
     for ((i = 0; i < 300; i++)); do
         if curl -fsS "http://127.0.0.1:$port/readiness" 2>/dev/null |
             python3 -c "import json,sys; r=json.load(sys.stdin); sys.exit(0 if r.get('healthy_workers') == $((${#workers[@]})) else 1)" 2>/dev/null; then
-            log "SMG $SMG_VERSION on http://127.0.0.1:$port, policy $policy, ${#workers[@]} replicas"
+            log "SMG $SMG_VERSION on http://127.0.0.1:$port, policy $policy ${assign[*]}, ${#workers[@]} replicas"
             return 0
         fi
         sleep 0.2
@@ -157,5 +161,5 @@ case "${1:-}" in
     stop) stop_all; log "stopped" ;;
     kill) kill_one "${2:-}" ;;
     revive) revive "${2:-}" ;;
-    *) sed -n '2,23p' "$0"; exit 2 ;;
+    *) sed -n '2,27p' "$0"; exit 2 ;;
 esac
