@@ -46,6 +46,7 @@ target/release/treespec bench --sessions "$files_arg" --server "smg:$METHOD=http
 runner=$!
 sleep "${KILL_AFTER:-30}"
 # Kill it while it is answering, so that a request is cut in the middle.
+log "waiting for replica $VICTIM to be answering a request"
 for _ in $(seq 600); do
     running="$(curl -fsS "$victim_url/v1/loads" 2>/dev/null |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["loads"][0]["num_running_reqs"])' 2>/dev/null || echo 0)"

@@ -222,10 +222,9 @@ pub async fn chat(client: &reqwest::Client, base_url: &str, mut body: Value, ses
                 retries += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(500 << (retries - 1))).await;
             }
-            Err(Failed::Again(e) | Failed::For(e)) if retries > 0 => {
-                return Err(e.context(format!("after {retries} retries")))
+            Err(Failed::Again(e) | Failed::For(e)) => {
+                return Err(if retries > 0 { e.context(format!("after {retries} retries")) } else { e })
             }
-            Err(Failed::Again(e) | Failed::For(e)) => return Err(e),
         }
     }
 }

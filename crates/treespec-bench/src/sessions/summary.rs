@@ -301,13 +301,12 @@ mod tests {
             .iter()
             .map(|n| Server { name: n.to_string(), url: String::new() })
             .collect();
-        let records = vec![
+        let mut records = vec![
             rec("t:plain", "a", 0, 11, 1.0, "x"),
             rec("t:plain", "a", 1, 11, 1.0, "y"),
             rec("t:auto", "a", 0, 11, 0.5, "x"),
             rec("t:auto", "a", 1, 11, 0.25, "z"),
         ];
-        let mut records = records;
         records[3].reply.retries = 1;
         let rows = summarize_sessions(&records, &servers, "t:plain", true);
         let auto = rows.iter().find(|r| r.workload == "chat" && r.server == "t:auto").unwrap();

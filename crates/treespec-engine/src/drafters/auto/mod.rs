@@ -68,9 +68,9 @@ const PROBE_NODES: usize = 4;
 
 /// How the free policies' bets grow within a request: a step that brought what it was predicted
 /// to lets the next bets run to this many times the drafted tokens it accepted (the cap never
-/// shrinks, and it is one for both free policies). Slow start, as TCP grows its window: a copy that keeps paying reaches full size
-/// in a few steps (4, 16, 64 nodes), while a bet is never more than this many times the longest
-/// run this text has shown. Measured (Qwen 1.5B, a RAG answer quoting its document, Zen 5):
+/// shrinks, and it is one for both free policies). Slow start, as TCP grows its window: a copy
+/// that keeps paying reaches full size in a few steps (4, 16, 64 nodes), while a bet is never
+/// more than this many times the longest run this text has shown. Measured (Qwen 1.5B, a RAG answer quoting its document, Zen 5):
 /// after a 3-token quote paid, the suffix draft bet 40 nodes priced at 22 tokens, the quote
 /// ended, and the 41-row forward took 398 ms for 1 token — 14 plain steps.
 const BET_GROWTH: usize = 4;
@@ -168,7 +168,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             let predicted = Prediction { tokens, ms };
             let offer =
                 Candidate { policy: Policy::Suffix, tree: suffix_tree, predicted, values, probe: false };
-            offers.extend(self.probe(offer, &econ)?);
+            offers.extend(self.capped(offer, &econ)?);
         }
         let room = ctx.max_depth.min(ctx.max_nodes);
         let (chain, values) = self.long.propose(ctx.history, room);
@@ -187,22 +187,21 @@ impl<M: CausalLm> AutoDrafter<M> {
                 values: Some(values[..n].to_vec()),
                 probe: false,
             };
-            offers.extend(self.probe(offer, &econ)?);
+            offers.extend(self.capped(offer, &econ)?);
         }
         Ok(offers)
     }
 
-    /// `offer` as this request may bet it: whole when it fits the policy's cap here
+    /// `offer` as this request may bet it: whole when it fits the free policies' cap here
     /// (`allowed`), else cut to its best prefix of at most that many nodes on the curve (None
     /// when not even that pays). Its nodes are in value order, parents first, so a prefix is a
     /// tree.
-    fn probe(&self, mut offer: Candidate, econ: &Economics<'_>) -> Result<Option<Candidate>> {
+    fn capped(&self, mut offer: Candidate, econ: &Economics<'_>) -> Result<Option<Candidate>> {
         let Some(values) = offer.values.as_ref() else { return Ok(Some(offer)) };
-        let cap = self.allowed;
-        if values.len() <= cap {
+        if values.len() <= self.allowed {
             return Ok(Some(offer));
         }
-        let (n, _) = econ.best_prefix(&values[..cap]);
+        let (n, _) = econ.best_prefix(&values[..self.allowed]);
         if n == 0 {
             return Ok(None);
         }
