@@ -124,10 +124,10 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
 }
 
 /// The free policies' first bets in a request are probes of at most 4 nodes, whatever their
-/// prices say; each step of either that brings what it was predicted to lets the bets of both
-/// grow to 4 times the drafted tokens that step accepted, never more. On a long exact copy the first long-match
-/// step is a probe, it is fully accepted, and the chains after it grow to 16 nodes and more;
-/// every cut bet is traced as a probe.
+/// prices say; a drafted step that brought what it was predicted to lets the bets of both grow
+/// to twice the drafted tokens it accepted, and once two in a row did, to 4 times, never more. On a long
+/// exact copy the first long-match step is a probe, it is fully accepted, and the chains after
+/// it grow to 16 nodes and more; every cut bet is traced as a probe.
 #[test]
 fn bets_start_as_probes_and_grow_with_what_paid() {
     for seed in 0..4u64 {
@@ -141,17 +141,22 @@ fn bets_start_as_probes_and_grow_with_what_paid() {
             offers.iter().find(|o| o["policy"] == l["chosen"]).unwrap().clone()
         };
         // One cap for both free policies, grown by either one's step that paid.
-        let mut cap = 4;
-        for l in lines.iter().filter(|l| l["chosen"] == "long-match" || l["chosen"] == "suffix") {
+        let (mut cap, mut paid_in_a_row) = (4, 0);
+        for l in lines.iter().filter(|l| l["verified_nodes"].as_u64().unwrap() > 0) {
             let o = chosen(l);
             let nodes = o["nodes"].as_u64().unwrap() as usize;
-            assert!(nodes <= cap, "seed {seed}: a bet of {nodes} nodes over its cap {cap}: {l}");
-            let emitted = l["emitted"].as_f64().unwrap();
-            if l["verified_nodes"].as_u64().unwrap() > 0
-                && emitted >= o["predicted"]["tokens"].as_f64().unwrap()
-            {
-                cap = cap.max(4 * (emitted as usize - 1));
+            if l["chosen"] == "long-match" || l["chosen"] == "suffix" {
+                assert!(nodes <= cap, "seed {seed}: a bet of {nodes} nodes over its cap {cap}: {l}");
             }
+            let emitted = l["emitted"].as_f64().unwrap();
+            paid_in_a_row =
+                if emitted >= o["predicted"]["tokens"].as_f64().unwrap() { paid_in_a_row + 1 } else { 0 };
+            let growth = match paid_in_a_row {
+                0 => 0,
+                1 => 2,
+                _ => 4,
+            };
+            cap = cap.max(growth * (emitted as usize - 1));
         }
         let long: Vec<_> = lines.iter().filter(|l| l["chosen"] == "long-match").collect();
         assert!(long.len() >= 2, "seed {seed}: the copy was not drafted");
