@@ -125,9 +125,9 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
 
 /// The free policies' first bets in a request are probes of at most 4 nodes, whatever their
 /// prices say; a drafted step that brought what it was predicted to lets the bets of both grow
-/// to twice the drafted tokens it accepted, and once two in a row did, to 4 times, never more. On a long
-/// exact copy the first long-match step is a probe, it is fully accepted, and the chains after
-/// it grow to 16 nodes and more; every cut bet is traced as a probe.
+/// to twice the drafted tokens it accepted, and once two in a row did, to 4 times, never more.
+/// On a long exact copy the first long-match step is a probe, it is fully accepted, and the
+/// chains after it grow to 16 nodes and more; every cut bet is traced as a probe.
 #[test]
 fn bets_start_as_probes_and_grow_with_what_paid() {
     for seed in 0..4u64 {

@@ -71,9 +71,10 @@ const PROBE_NODES: usize = 4;
 /// drafted tokens the last of them accepted (a single paid step: [`FIRST_GROWTH`] times; the
 /// cap never shrinks, and it is one for both free policies). Slow start, as TCP grows its
 /// window: a copy that keeps paying reaches full size in a few steps (4, 8, 32, 64 nodes), while
-/// a bet is never more than this many times the longest run this text has shown. Measured (Qwen 1.5B, a RAG answer quoting its document, Zen 5): after a
-/// 3-token quote paid, the suffix draft bet 40 nodes priced at 22 tokens, the quote ended, and
-/// the 41-row forward took 398 ms for 1 token — 14 plain steps.
+/// a bet is never more than this many times the longest run this text has shown. Measured (Qwen
+/// 1.5B, a RAG answer quoting its document, Zen 5): after a 3-token quote paid, the suffix draft
+/// bet 40 nodes priced at 22 tokens, the quote ended, and the 41-row forward took 398 ms for 1
+/// token — 14 plain steps.
 const BET_GROWTH: usize = 4;
 
 /// Drafted steps in a row that must bring what they were predicted to before the free bets may
@@ -125,9 +126,9 @@ pub struct AutoDrafter<M: CausalLm> {
     paid_in_a_row: u32,
     /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
     batched: bool,
-    /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step is booked at the
-    /// curve's time, not this machine's wall time, so the choices are the ones that machine
-    /// would make.
+    /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step
+    /// is booked at the curve's time, not this machine's wall time, so the choices are the ones
+    /// that machine would make.
     curve_time: bool,
 }
 
@@ -244,8 +245,9 @@ impl<M: CausalLm> AutoDrafter<M> {
     }
 
     /// What the verified step cost this request, in ms: alone, its wall time from proposal to
-    /// verification (the curve's time when the curves are another machine's); in a batch, its predicted share of the forward scaled by how the whole
-    /// forward's time compared with the curve.
+    /// verification (the curve's time when the curves are another machine's); in a batch, its
+    /// predicted share of the forward scaled by how the whole forward's time compared with the
+    /// curve.
     fn step_ms(&self, pending: &Pending, predicted_ms: f64) -> (f64, usize, f64, f64) {
         let (rows, forward_ms) = pending.forward.unwrap_or((0, 0.0));
         let curve_ms = self.suffix.economics().map_or(0.0, |e| e.target.ms(rows.max(1)));
