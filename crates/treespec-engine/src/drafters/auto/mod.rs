@@ -275,13 +275,12 @@ impl<M: CausalLm> AutoDrafter<M> {
         let realised = Realised { tokens: outcome.tokens.len() as f64, ms };
         self.bandit.record(pending.policy, predicted, realised);
         if drafted > 0 {
-            self.paid_in_a_row = if realised.tokens >= predicted.tokens { self.paid_in_a_row + 1 } else { 0 };
-            let growth = match self.paid_in_a_row {
-                0 => 0,
-                n if n < PAID_TO_GROW => FIRST_GROWTH,
-                _ => BET_GROWTH,
-            };
-            self.allowed = self.allowed.max(growth * outcome.tokens.len().saturating_sub(1));
+            let paid = realised.tokens >= predicted.tokens;
+            self.paid_in_a_row = if paid { self.paid_in_a_row + 1 } else { 0 };
+            if paid {
+                let growth = if self.paid_in_a_row >= PAID_TO_GROW { BET_GROWTH } else { FIRST_GROWTH };
+                self.allowed = self.allowed.max(growth * outcome.tokens.len().saturating_sub(1));
+            }
         }
         if let (Some(trace), Some(mut step)) = (self.trace.as_ref(), pending.trace.take()) {
             step.verified_nodes = drafted;

@@ -67,8 +67,8 @@ pub(super) struct Offer {
     pub correction: Correction,
     /// The corrected gain the choice maximised.
     pub score: f64,
-    /// Cut to what this request lets its policy bet: a few nodes until one of its steps paid,
-    /// then a few times the longest run it had accepted.
+    /// Cut to what this request lets the free policies bet: a few nodes until a drafted step
+    /// paid, then a few times the run such steps accepted (see `BET_GROWTH`).
     pub probe: bool,
 }
 
