@@ -48,6 +48,8 @@ pub struct Generation {
     /// The emitted tokens' text, cut at the first stop string (its scanner decides `Stop`).
     text: TextStream,
     finish: Option<FinishReason>,
+    /// The last step ended on an end-of-generation token ([`GenerateOutput::end_token`]).
+    end_token: bool,
     /// The tree proposed this step, waiting for its scores.
     proposed: Option<Proposed>,
     /// Report log-probabilities of the emitted tokens, with this many alternatives each.
@@ -172,6 +174,7 @@ impl Generation {
             out: Vec::new(),
             text,
             finish: None,
+            end_token: false,
             proposed: None,
             logprobs: None,
         })
@@ -329,6 +332,7 @@ impl Generation {
         let Emitted { tokens: emitted, reason, text } =
             emit(&outcome.tokens, by, &self.stop.eos, bytes, &mut self.text, room);
         self.out.extend_from_slice(&emitted);
+        self.end_token = reason == FinishReason::Eos;
         if reason != FinishReason::Length || self.out.len() >= self.max_new {
             self.finish = Some(reason);
         }
@@ -351,6 +355,7 @@ impl Generation {
         GenerateOutput {
             tokens: self.out,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
+            end_token: self.end_token,
             text_cut: self.text.cut_at(),
             text: self.text.released(),
             tail,

@@ -64,6 +64,10 @@ pub struct GenerateOutput {
     pub tokens: Vec<TokenId>,
     /// Why generation ended.
     pub finish_reason: FinishReason,
+    /// The generation ended on an end-of-generation token the model generated (not in
+    /// [`tokens`](Self::tokens)); false when it ended at the length, a stop string or a complete
+    /// grammar (which also report [`FinishReason::Eos`] but took no forward for it).
+    pub end_token: bool,
     /// With a stop string: the byte length the decoded text must be cut to.
     pub text_cut: Option<usize>,
     /// The whole text (whole characters, cut at the stop string; empty when the generation had

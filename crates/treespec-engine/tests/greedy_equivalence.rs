@@ -82,4 +82,11 @@ fn eos_ends_generation_without_emitting_it() {
     let out = generate(&mut ToyLm::new(target.clone(), 64), &mut chain, &req, None, &mut |_| true).unwrap();
     assert_eq!(out.tokens, plain[..first].to_vec());
     assert_eq!(out.finish_reason.as_str(), "eos");
+    assert!(out.end_token, "the answer ended on a generated end-of-generation token");
+    // Cut by the length one token before that token: no end token was generated.
+    let mut short = request(prompt, first);
+    short.stop.eos = vec![eos];
+    let out = generate(&mut ToyLm::new(target.clone(), 64), &mut PlainDrafter, &short, None, &mut |_| true)
+        .unwrap();
+    assert_eq!((out.tokens.len(), out.finish_reason.as_str(), out.end_token), (first, "length", false));
 }

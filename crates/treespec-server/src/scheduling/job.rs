@@ -55,7 +55,9 @@ pub struct Finished {
     /// request) instead of being prefilled: OpenAI's `prompt_tokens_details.cached_tokens`,
     /// llama-server's `timings.cache_n`.
     pub cached_tokens: usize,
-    /// Generated tokens.
+    /// Generated tokens, the end-of-generation token that ended the answer included: llama-server
+    /// and vLLM count it (it took a forward like any other), so usage, `predicted_n` and the
+    /// rates built on them compare one to one with theirs.
     pub completion_tokens: usize,
     /// The method.
     pub method: String,
@@ -173,7 +175,7 @@ pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, cached
         finish_reason,
         prompt_tokens,
         cached_tokens,
-        completion_tokens: out.tokens.len(),
+        completion_tokens: out.tokens.len() + usize::from(out.end_token),
         method: method.to_string(),
         stats: out.stats.clone(),
         stopping_word: out.stopped_by.clone(),
@@ -235,5 +237,36 @@ impl Finished {
             draft_n: f.stats.drafted,
             draft_n_accepted: f.stats.accepted,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use treespec_engine::FinishReason;
+
+    fn output(tokens: usize, finish_reason: FinishReason, end_token: bool) -> GenerateOutput {
+        GenerateOutput {
+            tokens: vec![7; tokens],
+            finish_reason,
+            end_token,
+            text_cut: None,
+            text: String::new(),
+            tail: String::new(),
+            stopped_by: None,
+            stats: DecodeStats::default(),
+        }
+    }
+
+    /// The end-of-generation token the model generated counts, as llama-server counts it; a
+    /// complete grammar (reported as `eos`, no token generated) and a length cut do not add one.
+    #[test]
+    fn completion_tokens_count_a_generated_end_token() {
+        let count = |o: &GenerateOutput| finished(o, "plain", 10, 0).completion_tokens;
+        assert_eq!(count(&output(5, FinishReason::Eos, true)), 6);
+        assert_eq!(count(&output(5, FinishReason::Eos, false)), 5);
+        assert_eq!(count(&output(5, FinishReason::Length, false)), 5);
+        let done = finished(&output(5, FinishReason::Eos, true), "plain", 10, 0);
+        assert_eq!(done.timings().predicted_n, 6);
     }
 }
