@@ -35,12 +35,10 @@ use crate::load::LlamaModel;
 
 mod forward;
 mod saved_prefixes;
-mod state_buffer;
 
 use forward::StepPlan;
 pub use saved_prefixes::SAVED_PREFIX_BYTES;
 use saved_prefixes::{SavedPrefix, SavedPrefixes};
-use state_buffer::StateBuffer;
 
 /// llama.cpp's limit on sequence ids in one context.
 pub(crate) const SEQ_IDS: usize = 256;
@@ -180,8 +178,6 @@ pub struct LlamaBatchLm<'m> {
     /// Dead cells summed over the forwards since the last compaction: what they have cost in
     /// attention so far (see `make_room`).
     dead_rent: u64,
-    /// The buffer compactions pass the kept sequences through.
-    compacting: StateBuffer,
     /// This step's rows, in batch order, while a step is open.
     placed: Vec<Placed>,
     /// Counters.
@@ -238,7 +234,6 @@ impl LlamaModel {
             free_seqs: (0..SCRATCH).rev().collect(),
             used: 0,
             dead_rent: 0,
-            compacting: StateBuffer::default(),
             placed: Vec::new(),
             counters: BatchCounters::default(),
         })
@@ -346,7 +341,10 @@ impl<'m> LlamaBatchLm<'m> {
             .map(|l| l.seq)
             .chain(kept.iter().map(|c| c.seq))
             .collect();
-        let blobs = self.compacting.save(&self.ctx, &seqs)?;
+        let mut blobs = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            blobs.push((seq, self.seq_state(seq, "cannot save a sequence for compaction")?));
+        }
         let mut saving = Vec::with_capacity(leaving.len());
         for c in &leaving {
             saving.push(self.seq_state(c.seq, "cannot save a cached prefix to host memory")?);
@@ -362,7 +360,12 @@ impl<'m> LlamaBatchLm<'m> {
         }
         self.counters.saved_bytes = self.saved.bytes() as u64;
         self.cached = kept;
-        self.compacting.restore(&mut self.ctx, &blobs)?;
+        for (seq, blob) in &blobs {
+            backend::clear_captured();
+            self.ctx
+                .state_seq_set(blob, *seq)
+                .map_err(|e| backend_err("cannot restore a sequence after compaction", e))?;
+        }
         self.used = self.live_cells() + self.kept_cells();
         self.dead_rent = 0;
         self.counters.compactions += 1;
