@@ -77,7 +77,8 @@ struct Cached {
     tokens: Vec<TokenId>,
     scope: u64,
     /// Rows the forwards since it was cached have fed: what its cells have cost in attention
-    /// (see [`KEEP_CACHED_ROWS`]); set to that bound once a later lane took most of it over.
+    /// (see [`KEEP_CACHED_ROWS`]); set to that bound once it is given up (a later lane took
+    /// most of it over, or room ran short).
     rent: u64,
     /// A later lane took most of it over ([`TAKE_OVER_SHARE`]): the next compaction drops it
     /// instead of moving it to host memory.
@@ -326,8 +327,8 @@ impl<'m> LlamaBatchLm<'m> {
 
     /// Rewrite the live lanes and the cached prefixes still worth their keep contiguously from
     /// cell 0, moving the other cached prefixes to host memory (dropping those a later lane took
-    /// over): frees the cells nobody reads now
-    /// (and the cells two sequences shared, each now holding its own).
+    /// over): frees the cells nobody reads now (and the cells two sequences shared, each now
+    /// holding its own).
     fn compact(&mut self) -> Result<()> {
         let (kept, leaving): (Vec<Cached>, Vec<Cached>) =
             std::mem::take(&mut self.cached).into_iter().partition(Cached::kept);
