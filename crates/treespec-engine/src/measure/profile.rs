@@ -269,6 +269,10 @@ const WATCH_MS: u64 = 200;
 /// See [`WATCH_MS`].
 const FREE_CORES_SLACK: f64 = 0.3;
 
+/// A machine is busy when more than one forward in this many shared its cores
+/// ([`Interference::busy`]).
+const BUSY_SHARE: usize = 20;
+
 /// Where a measurement stands, for a progress display.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Progress {
@@ -309,6 +313,8 @@ pub struct Interference {
     pub spikes: Vec<usize>,
     /// Extra rounds run.
     pub extra_rounds: usize,
+    /// Forwards timed, alone or not.
+    pub timed: usize,
     /// Forwards that shared their cores with another process (timed again after a pause).
     pub shared: usize,
     /// Of those, the ones kept because the wait for free cores ran out.
@@ -328,17 +334,26 @@ impl Interference {
         self.load.is_some_and(|l| l > self.threads as f64 + 0.5)
     }
 
-    /// Whether the measurement is suspect: the machine says it was busy (the load average, or
-    /// forwards whose threads were off their cores and had to be timed again), spikes the fit
-    /// could not explain, or sizes never timed alone. Sizes whose fastest repeats still differ
-    /// by over 5% are a VM's steady jitter — the curve's spread, not a fault — unless the machine
-    /// also says it was busy: a quiet Zen 3 VM left 18 of 46 sizes unsettled at its first
-    /// measurement and 25 of 64 at a `--reprofile`, with nothing else running, and a warning
-    /// nobody could act on followed every run. Then many unsettled sizes (over a quarter) count.
+    /// Whether the machine itself says it was busy: the load average, or more than one forward
+    /// in [`BUSY_SHARE`] whose threads were off their cores and had to be timed again. A VM's
+    /// hypervisor takes a core away now and then with nothing else running (a quiet Zen 3 VM:
+    /// one forward of about 200, twice in a row), which says nothing of the others.
+    pub fn busy(&self) -> bool {
+        self.loaded() || self.shared * BUSY_SHARE > self.timed
+    }
+
+    /// Whether the measurement is suspect: forwards kept although they shared their cores,
+    /// sizes never timed alone, or a machine that says it was busy ([`Self::busy`]) and whose
+    /// timings also show it. Sizes whose fastest repeats still differ by over 5%, and spikes
+    /// the fit removed (it predicts those sizes from the curve's shape), are a VM's steady
+    /// jitter — the curve's spread, not a fault — unless the machine also says it was busy: a
+    /// quiet Zen 3 VM left 18 of 46 sizes unsettled at its first measurement and 25 of 64 at a
+    /// `--reprofile`, and another fresh one 20 unsettled and 4 spikes of 46 (the draft model:
+    /// 35 and 4), with nothing else running, and a warning nobody could act on followed every
+    /// run. Then a spike, or many unsettled sizes (over a quarter), count.
     pub fn noisy(&self) -> bool {
         self.loaded()
-            || (self.shared > 0 && self.unsettled.len() * 4 > self.sizes)
-            || !self.spikes.is_empty()
+            || (self.busy() && (self.unsettled.len() * 4 > self.sizes || !self.spikes.is_empty()))
             || self.kept_shared > 0
             || !self.unmeasured.is_empty()
     }
@@ -349,6 +364,13 @@ impl Interference {
         if self.loaded() {
             let load = self.load.unwrap_or(0.0);
             why.push(format!("load average {load:.1} with {} threads of ours", self.threads));
+        }
+        if self.shared > self.kept_shared {
+            why.push(format!(
+                "{} of {} forwards shared their cores with another process and were timed again",
+                self.shared - self.kept_shared,
+                self.timed
+            ));
         }
         if !self.unsettled.is_empty() {
             why.push(format!("repeats disagree at n = {:?}", self.unsettled));
@@ -377,6 +399,7 @@ impl Interference {
         self.unsettled.extend(other.unsettled);
         self.spikes.extend(other.spikes);
         self.extra_rounds += other.extra_rounds;
+        self.timed += other.timed;
         self.shared += other.shared;
         self.kept_shared += other.kept_shared;
         self.waited_ms += other.waited_ms;
@@ -537,6 +560,7 @@ fn time_alone(
 ) -> Result<(f64, bool)> {
     loop {
         let t = timer.time(n)?;
+        noise.timed += 1;
         if t.on_cpu.is_none_or(|share| share >= opts.min_on_cpu) {
             return Ok((t.ms, true));
         }
@@ -792,6 +816,17 @@ mod tests {
         assert!(!shared((1..=11).collect()).noisy(), "a few, with forwards timed again: jitter");
         assert!(shared((1..=12).collect()).noisy(), "over a quarter while forwards shared their cores");
         assert!(Interference { sizes: 46, kept_shared: 1, ..Default::default() }.noisy());
+        // Spikes the fit removed: jitter on a quiet machine, a fault on a busy one.
+        let spikes = Interference { spikes: vec![8, 10, 13, 44], ..noise((1..=20).collect()) };
+        assert!(!spikes.noisy(), "a fresh Zen 3 VM, nothing else running");
+        assert!(
+            Interference { shared: 1, ..spikes.clone() }.noisy(),
+            "spikes while forwards shared their cores"
+        );
+        let timed = Interference { timed: 200, ..spikes.clone() };
+        assert!(!Interference { shared: 1, ..timed.clone() }.noisy(), "one forward in 200: the hypervisor");
+        assert!(Interference { shared: 11, ..timed }.noisy(), "one in 20: another process");
+        assert!(Interference { load: Some(2.6), ..spikes }.noisy());
         assert!(Interference { threads: 2, sizes: 46, load: Some(2.6), ..Default::default() }.noisy());
     }
 }
