@@ -459,7 +459,9 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
         t.elapsed().as_secs_f64()
     );
     let i = &measured.interference;
-    if i.shared > 0 {
+    let noisy = if i.noisy() { i.describe() } else { String::new() };
+    // A noisy curve's warning below names the shared forwards itself.
+    if i.shared > 0 && noisy.is_empty() {
         eprintln!(
             "[treespec]   {} forwards shared their cores with another process and were timed again \
              ({:.0} s spent waiting for the cores)",
@@ -467,7 +469,6 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
             i.waited_ms / 1e3
         );
     }
-    let noisy = if i.noisy() { i.describe() } else { String::new() };
     if !noisy.is_empty() {
         eprintln!(
             "[treespec] warning: the machine was busy while the cost curve was measured ({noisy}); \
