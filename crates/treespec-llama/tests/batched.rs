@@ -257,6 +257,50 @@ fn finished_turns_stay_reusable_in_the_cells_then_in_host_memory() {
     lm.close(lane);
 }
 
+/// A saved prefix comes back even when prefixes kept in the cells leave no room above them: the
+/// oldest kept one goes to host memory instead (it comes back the same way). Before, the restore
+/// was refused and the prompt prefilled again, and in a small context under load (the test
+/// above, on AVX2 kernels) no saved prefix ever came back.
+#[test]
+fn a_saved_prefix_comes_back_when_kept_prefixes_fill_the_cells() {
+    if common::skip_model_tests("a_saved_prefix_comes_back_when_kept_prefixes_fill_the_cells") {
+        return;
+    }
+    let mut lm = model().new_batch_lm(1024, 3).unwrap();
+    // A finishes; F's rows pay A's keep, and a compaction moves A to host memory.
+    let first = tokens(1, 300);
+    for turn in [first.clone(), tokens(2, 300)] {
+        let (lane, _) = lm.open(&turn, 1).unwrap();
+        prefill(&mut lm, lane, &turn);
+        lm.close(lane);
+    }
+    assert_eq!(lm.counters.saved_prefixes, 1, "{:?}", lm.counters);
+    // Two requests read together and finish: both kept, 900 of the 1,024 cells held.
+    let (b1, b2) = (tokens(3, 450), tokens(4, 450));
+    let (l1, _) = lm.open(&b1, 1).unwrap();
+    let (l2, _) = lm.open(&b2, 1).unwrap();
+    for (c1, c2) in b1.chunks(256).zip(b2.chunks(256)) {
+        let work = [LaneWork::Prefill { lane: l1, tokens: c1 }, LaneWork::Prefill { lane: l2, tokens: c2 }];
+        lm.forward(&work).unwrap();
+        lm.settle().unwrap();
+    }
+    lm.close(l1);
+    lm.close(l2);
+    let saved = lm.counters.saved_prefixes;
+    // A's next turn restores all of A: the older kept request leaves for host memory.
+    let next: Vec<u32> = first.iter().copied().chain(tokens(5, 50)).collect();
+    let (lane, reused) = lm.open(&next, 1).unwrap();
+    assert_eq!(reused, first.len(), "{:?}", lm.counters);
+    assert_eq!(lm.counters.restored_prefixes, 1, "{:?}", lm.counters);
+    assert_eq!(lm.counters.saved_prefixes, saved + 1, "{:?}", lm.counters);
+    prefill(&mut lm, lane, &next[reused..]);
+    lm.close(lane);
+    // The one moved out comes back whole in turn.
+    let (lane, reused) = lm.open(&b1, 1).unwrap();
+    assert_eq!(reused, b1.len(), "{:?}", lm.counters);
+    lm.close(lane);
+}
+
 /// A request that takes over most of a finished one's prefix leaves that prefix's unshared tail
 /// dead in the cells, where it slows every later forward's attention; once the dead cells'
 /// rent (dead cells summed over the forwards since) reaches twice the cells a compaction keeps,

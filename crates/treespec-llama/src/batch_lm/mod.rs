@@ -124,6 +124,13 @@ pub const KEEP_CACHED_ROWS: u64 = 256;
 /// cost 290 ms per 3,600-token turn of a document Q&A on the 1.5B (Zen 5), inside a decode.
 const TAKE_OVER_SHARE: f64 = 0.5;
 
+/// The most cells a compaction made to restore a saved prefix may rewrite per token restored.
+/// A compaction copies each live and kept cell out and back (250–340 ms for 3,600 cells of the
+/// 1.5B on 2 Zen 5 cores, about 0.08 ms a cell), while each token restored is a prompt row not
+/// computed again (several ms a row on those cores): at 32 cells a token the compaction costs
+/// well under the rows it spares.
+const RESTORE_COMPACT_CELLS_PER_TOKEN: usize = 32;
+
 /// Where a step's rows went: `rows` rows of `lane` from row `start` (cell `used + start`).
 #[derive(Debug, Clone, Copy)]
 struct Placed {
@@ -380,27 +387,68 @@ impl<'m> LlamaBatchLm<'m> {
     }
 
     /// Reuse the first `n` tokens of the saved prefix `i` as sequence `seq`: restored above the
-    /// occupied cells, its tail past `n` cut off (the topmost cells: no hole). False when the
-    /// context has no room for the whole saved prefix, or restoring failed (nothing reused).
-    fn restore_saved(&mut self, i: usize, seq: i32, n: usize) -> bool {
-        let Some(prefix) = self.saved.get(i) else { return false };
+    /// occupied cells, its tail past `n` cut off (the topmost cells: no hole). When the cells
+    /// above are too few, room is made as [`Self::make_room`] makes it for a forward: the oldest
+    /// cached prefixes still kept go to host memory (from where they come back the same way) and
+    /// a compaction frees the dead cells — a reuse that is sure now outranks one that may come,
+    /// and without this a saved prefix never came back while kept ones filled the cells. False
+    /// when the live lanes leave no room for the whole saved prefix, when the compaction would
+    /// rewrite more than [`RESTORE_COMPACT_CELLS_PER_TOKEN`] cells for each token reused, or when
+    /// restoring failed (nothing reused; the prefix stays saved).
+    fn restore_saved(&mut self, i: usize, seq: i32, n: usize) -> Result<bool> {
+        let Some(prefix) = self.saved.take(i) else { return Ok(false) };
         let len = prefix.tokens.len();
         if self.used + len > self.n_ctx {
-            return false;
+            let live = self.live_cells();
+            if live + len > self.n_ctx {
+                self.keep_saved(prefix);
+                return Ok(false);
+            }
+            while live + self.kept_cells() + len > self.n_ctx && self.give_up_oldest_cached() {}
+            if n * RESTORE_COMPACT_CELLS_PER_TOKEN < live + self.kept_cells() {
+                self.keep_saved(prefix);
+                return Ok(false);
+            }
+            self.compact()?;
         }
         backend::clear_captured();
         let restored = self.ctx.state_seq_set(&prefix.state, seq).is_ok();
         if !restored || self.seq_rm(seq, Some(n), None).is_err() {
             let _ = self.seq_rm(seq, None, None);
-            return false;
+            self.keep_saved(prefix);
+            return Ok(false);
         }
         self.used += n;
         self.counters.restored_prefixes += 1;
-        if n as f64 >= TAKE_OVER_SHARE * len as f64 {
-            self.saved.remove(i);
-            self.counters.saved_bytes = self.saved.bytes() as u64;
+        if (n as f64) < TAKE_OVER_SHARE * len as f64 {
+            self.keep_saved(prefix);
         }
-        true
+        self.counters.saved_bytes = self.saved.bytes() as u64;
+        Ok(true)
+    }
+
+    /// Put a saved prefix back (as the newest: it was just wanted).
+    fn keep_saved(&mut self, prefix: SavedPrefix) {
+        self.counters.dropped_prefixes += self.saved.push(prefix) as u64;
+        self.counters.saved_bytes = self.saved.bytes() as u64;
+    }
+
+    /// The live lane or cached prefix of `scope` in the cells sharing the longest start with
+    /// `prompt`: its sequence and the tokens shared.
+    fn best_in_cells(&self, prompt: &[TokenId], scope: u64) -> Option<(i32, usize)> {
+        self.cached
+            .iter()
+            .filter(|c| c.scope == scope)
+            .map(|c| (c.seq, common_prefix(&c.tokens, prompt)))
+            .chain(
+                self.lanes
+                    .iter()
+                    .flatten()
+                    .filter(|l| l.scope == scope)
+                    .map(|l| (l.seq, common_prefix(&l.tokens, prompt))),
+            )
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > 0)
     }
 }
 
@@ -437,35 +485,24 @@ impl BatchedLm for LlamaBatchLm<'_> {
         let seq = self.free_seqs.pop().ok_or_else(|| EngineError::State("no free sequence id".into()))?;
         // Reuse the longest cached (in the cells or in memory) or live prefix of the prompt
         // within its scope.
-        let in_cells = self
-            .cached
-            .iter()
-            .filter(|c| c.scope == scope)
-            .map(|c| (c.seq, common_prefix(&c.tokens, prompt_head)))
-            .chain(
-                self.lanes
-                    .iter()
-                    .flatten()
-                    .filter(|l| l.scope == scope)
-                    .map(|l| (l.seq, common_prefix(&l.tokens, prompt_head))),
-            )
-            .max_by_key(|&(_, n)| n)
-            .filter(|&(_, n)| n > 0);
-        let in_memory = self.saved.best(prompt_head, scope).filter(|&(_, n)| n > 0);
-        let mut reused = 0;
-        match (in_cells, in_memory) {
-            (cells, Some((i, n))) if n > cells.map_or(0, |(_, m)| m) && self.restore_saved(i, seq, n) => {
-                reused = n;
-            }
-            (Some((src, n)), _) if self.seq_cp(src, seq, None, Some(n)).is_ok() => {
-                reused = n;
-                if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
-                    if n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64 {
-                        c.take_over();
+        let in_cells = self.best_in_cells(prompt_head, scope).map_or(0, |(_, n)| n);
+        let in_memory = self.saved.best(prompt_head, scope).filter(|&(_, n)| n > in_cells);
+        let mut reused = match in_memory {
+            Some((i, n)) if self.restore_saved(i, seq, n)? => n,
+            _ => 0,
+        };
+        // Looked up again: making room for a restore may have moved a cached prefix out.
+        if reused == 0 {
+            if let Some((src, n)) = self.best_in_cells(prompt_head, scope) {
+                if self.seq_cp(src, seq, None, Some(n)).is_ok() {
+                    reused = n;
+                    if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src) {
+                        if n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64 {
+                            c.take_over();
+                        }
                     }
                 }
             }
-            _ => {}
         }
         self.counters.reused_tokens += reused as u64;
         self.lanes[slot] = Some(LaneSeq {

@@ -61,15 +61,12 @@ impl SavedPrefixes {
             .max_by_key(|&(_, n)| n)
     }
 
-    pub(super) fn get(&self, i: usize) -> Option<&SavedPrefix> {
-        self.entries.get(i)
-    }
-
-    /// Forget entry `i` (a lane took it over: its own tokens carry it on).
-    pub(super) fn remove(&mut self, i: usize) {
-        if let Some(p) = self.entries.remove(i) {
-            self.bytes -= p.state.byte_len();
-        }
+    /// Take entry `i` out (to restore it; a lane that takes it over does not put it back: its
+    /// own tokens carry it on).
+    pub(super) fn take(&mut self, i: usize) -> Option<SavedPrefix> {
+        let p = self.entries.remove(i)?;
+        self.bytes -= p.state.byte_len();
+        Some(p)
     }
 
     /// A new bound (the oldest leave now if they exceed it); returns how many left.
