@@ -43,6 +43,8 @@ struct Machine {
     reports_cpu: bool,
     calls: Vec<usize>,
     paused_ms: f64,
+    /// The load average the machine reports (None: it reports none).
+    load: Option<f64>,
 }
 
 impl Machine {
@@ -57,6 +59,7 @@ impl Machine {
             reports_cpu: false,
             calls: Vec::new(),
             paused_ms: 0.0,
+            load: None,
         }
     }
 }
@@ -91,6 +94,10 @@ impl ForwardTimer for Machine {
         }
         self.paused_ms += waited;
         waited
+    }
+
+    fn load_average(&self) -> Option<f64> {
+        self.load
     }
 }
 
@@ -167,20 +174,42 @@ fn the_rounds_interleave_the_sizes_and_extra_rounds_time_only_the_doubtful_ones(
 
 #[test]
 fn a_machine_that_stays_noisy_is_reported_after_a_bounded_number_of_extra_rounds() {
-    // Every other forward slowed 1.2–21×: the two fastest repeats of most sizes keep
-    // disagreeing in the first rounds; the extra rounds are bounded.
-    let mut m = Machine::new(11, 0.9);
-    m.spike = 1.2;
+    // Nine forwards in ten slowed 1.2–21×: the two fastest repeats of most sizes keep
+    // disagreeing; the extra rounds are bounded.
     let opts = MeasureOptions { extra_rounds: 2, ..MeasureOptions::default() };
+    let spiky = |seed| {
+        let mut m = Machine::new(seed, 0.9);
+        m.spike = 1.2;
+        m
+    };
+    let mut m = spiky(11);
     let mut last = None;
     let timed = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |p| last = Some(*p)).unwrap();
     let i = &timed.interference;
     assert_eq!(i.extra_rounds, 2);
-    assert!(i.noisy(), "{i:?}");
-    assert!(!i.describe().is_empty());
+    assert!(i.unsettled.len() * 4 > i.sizes, "{i:?}");
     assert!(m.calls.len() <= 5 * PROFILE_SIZES.len());
     let p = last.unwrap();
     assert_eq!((p.round, p.rounds, p.work_done), (5, 5, p.work_total));
+    // On a machine that says it is quiet this is a VM's steady jitter: no warning.
+    assert!(!i.noisy(), "{i:?}");
+
+    // The same spikes on a machine whose load average says others ran are reported.
+    let mut m = spiky(11);
+    m.load = Some(2.6);
+    let i = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap().interference;
+    assert!(i.noisy() && i.describe().contains("load average 2.6"), "{i:?}");
+
+    // So are they where the load average stays low but our threads were off their cores in
+    // more than one forward in twenty (short bursts of another process): the spikes count then.
+    let mut m = spiky(11);
+    m.load = Some(0.9);
+    m.bursts = duty_cycle(300.0, 3_000.0, 1e9);
+    m.burst = 3.0;
+    m.reports_cpu = true;
+    let i = time_rounds(&mut m, PROFILE_SIZES, &opts, &mut |_| {}).unwrap().interference;
+    assert!(!i.loaded() && i.busy() && i.kept_shared == 0, "{i:?}");
+    assert!(i.noisy() && i.describe().contains("repeats disagree"), "{i:?}");
 }
 
 /// Another process busy on every core for seconds at a time, half of the time (an IDE
@@ -210,11 +239,12 @@ fn forwards_that_shared_their_cores_are_timed_again_once_the_cores_are_free() {
         let i = &timed.interference;
         assert!(i.shared > 0 && i.kept_shared == 0, "seed {seed}: {i:?}");
         assert!(i.waited_ms > m.paused_ms && m.paused_ms > 0.0, "{i:?}");
-        // (Not `noisy()`: that also reads this machine's real load average.)
         assert!(
             i.unsettled.is_empty() && i.spikes.is_empty() && i.unmeasured.is_empty() && !i.stood_in,
             "seed {seed}: {i:?}"
         );
+        // Forwards timed again once the cores were free leave a clean curve: no warning.
+        assert!(!i.noisy(), "seed {seed}: {i:?}");
     }
 }
 

@@ -88,6 +88,12 @@ pub trait ForwardTimer {
     /// Wait, at most `max_ms`, until no other process keeps the cores busy; the milliseconds
     /// waited. (A synthetic machine advances its clock instead.)
     fn wait_for_cores(&mut self, max_ms: f64) -> f64;
+
+    /// The machine's 1-minute load average, if it reports one. A synthetic machine says its
+    /// own, so that what a test checks does not hang on how busy the host running it is.
+    fn load_average(&self) -> Option<f64> {
+        load_average()
+    }
 }
 
 /// Times chain forwards on a model, on top of a committed prefix (after a warm-up of the
@@ -358,7 +364,8 @@ impl Interference {
             || !self.unmeasured.is_empty()
     }
 
-    /// One line for a warning ("" when not noisy).
+    /// Every sign of interference seen, in one line ("" when none); a warning shows it when
+    /// [`Self::noisy`] says the signs count.
     pub fn describe(&self) -> String {
         let mut why = Vec::new();
         if self.loaded() {
@@ -458,7 +465,7 @@ fn time_rounds_in(
     let mut noise = Interference {
         threads: opts.threads,
         sizes: sizes.len(),
-        load: load_average(),
+        load: timer.load_average(),
         ..Interference::default()
     };
     let mut p = Progress {
@@ -474,7 +481,8 @@ fn time_rounds_in(
     plan(p.work_total);
     // Forwards kept although they shared their cores (once the wait for free cores is spent).
     let mut shared: Vec<(usize, Vec<f64>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
-    let mut round = |which: &[usize],
+    let mut round = |timer: &mut dyn ForwardTimer,
+                     which: &[usize],
                      p: &mut Progress,
                      samples: &mut Vec<(usize, Vec<f64>)>,
                      noise: &mut Interference|
@@ -500,8 +508,8 @@ fn time_rounds_in(
         Ok(())
     };
     for _ in 0..opts.rounds {
-        round(sizes, &mut p, &mut samples, &mut noise)?;
-        noise.merge(Interference { load: load_average(), ..Interference::default() });
+        round(&mut *timer, sizes, &mut p, &mut samples, &mut noise)?;
+        noise.merge(Interference { load: timer.load_average(), ..Interference::default() });
     }
     let unsettled = |samples: &[(usize, Vec<f64>)]| -> Vec<usize> {
         let spikes = fit_samples(samples).spikes;
@@ -513,8 +521,8 @@ fn time_rounds_in(
         p.rounds += 1;
         p.work_total += work(&redo);
         plan(work(&redo));
-        round(&redo, &mut p, &mut samples, &mut noise)?;
-        noise.merge(Interference { load: load_average(), ..Interference::default() });
+        round(&mut *timer, &redo, &mut p, &mut samples, &mut noise)?;
+        noise.merge(Interference { load: timer.load_average(), ..Interference::default() });
         redo = unsettled(&samples);
     }
     let spikes = fit_samples(&samples).spikes;
