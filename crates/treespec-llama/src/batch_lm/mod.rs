@@ -492,15 +492,14 @@ impl BatchedLm for LlamaBatchLm<'_> {
             _ => 0,
         };
         // Looked up again: making room for a restore may have moved a cached prefix out.
-        let copied = match reused {
-            0 => self.best_in_cells(prompt_head, scope),
-            _ => None,
-        };
-        if let Some((src, n)) = copied.filter(|&(src, n)| self.seq_cp(src, seq, None, Some(n)).is_ok()) {
-            reused = n;
-            let most = |c: &Cached| n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64;
-            if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src && most(c)) {
-                c.take_over();
+        let found = if reused == 0 { self.best_in_cells(prompt_head, scope) } else { None };
+        if let Some((src, n)) = found {
+            if self.seq_cp(src, seq, None, Some(n)).is_ok() {
+                reused = n;
+                let most = |c: &Cached| n as f64 >= TAKE_OVER_SHARE * c.tokens.len() as f64;
+                if let Some(c) = self.cached.iter_mut().find(|c| c.seq == src && most(c)) {
+                    c.take_over();
+                }
             }
         }
         self.counters.reused_tokens += reused as u64;
