@@ -21,6 +21,7 @@
 #         llama.cpp draft      llama-speculative-simple --spec-type draft-simple -md DRAFT (3 drafted
 #                              tokens; with -md only)
 #       and writes one JSON line per run: prompt id, category, tool, decode tokens/s.
+#       $PEER_TOOLS picks a subset (e.g. "plain ngram-mod"; default: all of them that apply).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 peers="${TREESPEC_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec/peers}"
@@ -116,6 +117,7 @@ run() {
         jq -j .text <<<"$line" >"$tmp/prompt.txt"
         local tools=(plain ngram-mod lookup)
         [[ -n "$draft" ]] && tools+=(draft)
+        [[ -n "${PEER_TOOLS:-}" ]] && read -r -a tools <<<"$PEER_TOOLS"
         # Structured: plain decoding under the prompt's JSON Schema (llama.cpp's grammar sampler).
         ((structured)) && tools=(json-schema)
         for tool in "${tools[@]}"; do
@@ -125,7 +127,9 @@ run() {
                 json-schema) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt" -j "$(jq -c .schema <<<"$line")") ;;
                 ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
                 lookup) cmd=("$bin/llama-lookup" "${common[@]}" --spec-draft-n-max 8 -f "$tmp/prompt.txt") ;;
-                draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
+                draft) [[ -n "$draft" ]] || die "PEER_TOOLS names draft: give the draft with -md"
+                    cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
+                *) die "unknown tool '$tool' in PEER_TOOLS (plain, ngram-mod, lookup, draft)" ;;
             esac
             local speed
             speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed || true)"

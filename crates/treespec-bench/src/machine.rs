@@ -68,10 +68,8 @@ pub struct MachineInfo {
     pub device: Option<String>,
 }
 
-/// The 1-minute load average (/proc/loadavg), when known.
-pub fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
-}
+/// The 1-minute load average, read where the cost-curve measurement reads it.
+pub use treespec_engine::measure::profile::load_average;
 
 const SIMD: &[&str] = &["avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "neon"];
 
