@@ -102,6 +102,20 @@ run() {
     done
     [[ -f "$model" ]] || die "give the target with -m MODEL.gguf"
     [[ -x "$bin/llama-completion" ]] || die "the tools are not built: run $0 build"
+    # The tools, chosen and checked once, before any of them runs.
+    local tools=(plain ngram-mod lookup)
+    [[ -n "$draft" ]] && tools+=(draft)
+    [[ -n "${PEER_TOOLS:-}" ]] && read -r -a tools <<<"$PEER_TOOLS"
+    local tool
+    for tool in "${tools[@]}"; do
+        case "$tool" in
+            plain | ngram-mod | lookup) ;;
+            draft) [[ -n "$draft" ]] || die "PEER_TOOLS names draft: give the draft with -md" ;;
+            *) die "unknown tool '$tool' in PEER_TOOLS (plain, ngram-mod, lookup, draft)" ;;
+        esac
+    done
+    # Structured: plain decoding under the prompt's JSON Schema (llama.cpp's grammar sampler).
+    ((structured)) && tools=(json-schema)
     local common=(-m "$model" -t "$threads" -c 4096 -n "$n" --temp 0)
     local tmp
     tmp="$(mktemp -d)"
@@ -115,11 +129,6 @@ run() {
         id="$(jq -r .id <<<"$line")"
         category="$(jq -r .category <<<"$line")"
         jq -j .text <<<"$line" >"$tmp/prompt.txt"
-        local tools=(plain ngram-mod lookup)
-        [[ -n "$draft" ]] && tools+=(draft)
-        [[ -n "${PEER_TOOLS:-}" ]] && read -r -a tools <<<"$PEER_TOOLS"
-        # Structured: plain decoding under the prompt's JSON Schema (llama.cpp's grammar sampler).
-        ((structured)) && tools=(json-schema)
         for tool in "${tools[@]}"; do
             local cmd
             case "$tool" in
@@ -127,9 +136,7 @@ run() {
                 json-schema) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt" -j "$(jq -c .schema <<<"$line")") ;;
                 ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
                 lookup) cmd=("$bin/llama-lookup" "${common[@]}" --spec-draft-n-max 8 -f "$tmp/prompt.txt") ;;
-                draft) [[ -n "$draft" ]] || die "PEER_TOOLS names draft: give the draft with -md"
-                    cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
-                *) die "unknown tool '$tool' in PEER_TOOLS (plain, ngram-mod, lookup, draft)" ;;
+                draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
             esac
             local speed
             speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed || true)"
