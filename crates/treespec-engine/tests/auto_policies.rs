@@ -125,9 +125,11 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
 
 /// The free policies' first bets in a request are probes of at most 4 nodes, whatever their
 /// prices say; a drafted step that brought what it was predicted to lets the bets of both grow
-/// to twice the drafted tokens it accepted, and once two in a row did, to 4 times, never more.
-/// On a long exact copy the first long-match step is a probe, it is fully accepted, and the
-/// chains after it grow to 16 nodes and more; every cut bet is traced as a probe.
+/// to twice the drafted tokens it accepted, once two in a row did to 4 times, and from the third
+/// in a row on a step taken whole doubles the cap; nothing else moves it. The trace's `bet_cap`
+/// says so at every step. On a long exact copy the first long-match step is a probe, it is
+/// fully accepted, and the chains after it grow to 16 nodes and more; every cut bet is traced as
+/// a probe.
 #[test]
 fn bets_start_as_probes_and_grow_with_what_paid() {
     for seed in 0..4u64 {
@@ -140,23 +142,42 @@ fn bets_start_as_probes_and_grow_with_what_paid() {
             let offers = l["offers"].as_array().unwrap();
             offers.iter().find(|o| o["policy"] == l["chosen"]).unwrap().clone()
         };
+        let cap_of = |l: &serde_json::Value| l["bet_cap"].as_u64().unwrap() as usize;
+        assert_eq!(cap_of(&lines[0]), 4, "seed {seed}: the first bets are not probes");
         // One cap for both free policies, grown by either one's step that paid.
-        let (mut cap, mut paid_in_a_row) = (4, 0);
-        for l in lines.iter().filter(|l| l["verified_nodes"].as_u64().unwrap() > 0) {
+        let mut paid_in_a_row = 0;
+        for (l, next) in lines.iter().zip(&lines[1..]) {
+            let (cap, next_cap) = (cap_of(l), cap_of(next));
             let o = chosen(l);
             let nodes = o["nodes"].as_u64().unwrap() as usize;
             if l["chosen"] == "long-match" || l["chosen"] == "suffix" {
                 assert!(nodes <= cap, "seed {seed}: a bet of {nodes} nodes over its cap {cap}: {l}");
             }
-            let emitted = l["emitted"].as_f64().unwrap();
-            paid_in_a_row =
-                if emitted >= o["predicted"]["tokens"].as_f64().unwrap() { paid_in_a_row + 1 } else { 0 };
-            let growth = match paid_in_a_row {
-                0 => 0,
-                1 => 2,
-                _ => 4,
+            if l["verified_nodes"].as_u64().unwrap() == 0 {
+                assert_eq!(next_cap, cap, "seed {seed}: a plain step moved the cap: {l}");
+                continue;
+            }
+            let accepted = l["emitted"].as_u64().unwrap() as usize - 1;
+            let paid = accepted as f64 + 1.0 >= o["predicted"]["tokens"].as_f64().unwrap();
+            paid_in_a_row = if paid { paid_in_a_row + 1 } else { 0 };
+            let mut expected = match paid_in_a_row {
+                0 => cap,
+                1 => cap.max(2 * accepted),
+                _ => cap.max(4 * accepted),
             };
-            cap = cap.max(growth * (emitted as usize - 1));
+            // Taken whole: a chain's every node accepted (long-match steps are chains).
+            if paid_in_a_row > 2 && l["chosen"] == "long-match" && accepted == nodes {
+                expected = expected.max((2 * expected).min(128));
+            }
+            if l["chosen"] == "long-match" || paid_in_a_row <= 2 {
+                assert_eq!(next_cap, expected, "seed {seed}: the cap after {l}");
+            } else {
+                // A suffix trie's depth is not traced: taken whole or not, the cap lies between.
+                assert!(
+                    (expected..=expected.max((2 * expected).min(128))).contains(&next_cap),
+                    "seed {seed}: the cap after {l} is {next_cap}"
+                );
+            }
         }
         let long: Vec<_> = lines.iter().filter(|l| l["chosen"] == "long-match").collect();
         assert!(long.len() >= 2, "seed {seed}: the copy was not drafted");

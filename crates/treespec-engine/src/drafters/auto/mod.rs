@@ -16,6 +16,7 @@
 //! whatever the books say. `--decision-trace FILE` writes each step's offers and outcome
 //! ([`trace`]).
 
+mod bet_cap;
 mod long_match;
 mod trace;
 
@@ -31,6 +32,7 @@ use treespec_core::tree::{Draw, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 
+use self::bet_cap::BetCap;
 use self::long_match::LongMatch;
 use self::trace::{Offer, StepTrace};
 use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared};
@@ -57,41 +59,6 @@ pub struct AutoConfig {
 /// Steps between chances for a gated-off draft model to show it pays after all.
 const MODEL_RECHECK_EVERY: u64 = 64;
 
-/// Most nodes a free policy (suffix, long match) bets at a step until a free policy's step in
-/// this request has brought what it was predicted to: the first bets are probes. Prices learned on
-/// other text over-value a policy's first bet on text that does not copy (a 15-node suffix trie
-/// priced at 6 tokens that brings 0–1), and the books can only learn from a bet once it is
-/// verified; a probe of a few rows costs little more than a plain step where a failed full bet
-/// costs several, while a copy that is real pays on the probe and drafts at full size a few
-/// steps later ([`BET_GROWTH`]).
-const PROBE_NODES: usize = 4;
-
-/// How the free policies' bets grow within a request: once [`PAID_TO_GROW`] drafted steps in a
-/// row brought what they were predicted to, the next bets may run to this many times the
-/// drafted tokens the last of them accepted (a single paid step: [`FIRST_GROWTH`] times; the
-/// cap never shrinks, and it is one for both free policies). Slow start, as TCP grows its
-/// window: a copy that keeps paying reaches full size in a few steps (4, 8, 32, 64 nodes), while
-/// a bet is never more than this many times the longest run this text has shown. Measured (Qwen
-/// 1.5B, a RAG answer quoting its document, Zen 5): after a 3-token quote paid, the suffix draft
-/// bet 40 nodes priced at 22 tokens, the quote ended, and the 41-row forward took 398 ms for 1
-/// token — 14 plain steps.
-const BET_GROWTH: usize = 4;
-
-/// Drafted steps in a row that must bring what they were predicted to before the free bets may
-/// grow by [`BET_GROWTH`]; one paid step grows them by [`FIRST_GROWTH`] only. One paid probe
-/// says little in prose: an answer quotes three words of its question and moves on. Measured
-/// cold on 15 prose prompts (Qwen 1.5B, Zen 5): 3-node probes brought 0.94 of their predicted
-/// tokens, and the 7–12-node bets that one fully accepted probe licensed brought 0.76 (1, 3, 4
-/// tokens for 140–190 ms), on answers of 15–40 tokens where one such step is 5–13% of the
-/// whole; in code completions the same bets brought 1.5 of their prediction. The copies of
-/// qa, math, rag and translation answers went from 13.9 plain steps lost over 12 prompts to
-/// 3.8; three code completions' copies saved 197 plain steps instead of 208.
-const PAID_TO_GROW: u32 = 2;
-
-/// How far one paid step (not yet [`PAID_TO_GROW`] in a row) lets the bets grow: to twice the
-/// drafted tokens it accepted, so a copy that goes on still grows, at half the pace.
-const FIRST_GROWTH: usize = 2;
-
 /// A step proposed and not yet observed: what was chosen and predicted, for the books.
 struct Pending {
     policy: Policy,
@@ -117,13 +84,9 @@ pub struct AutoDrafter<M: CausalLm> {
     counts: [u64; 4],
     combined: u64,
     steps: u64,
-    /// The most nodes a free policy may bet in this request now ([`PROBE_NODES`] until a free
-    /// policy's step brought what it was predicted to, then growing by [`BET_GROWTH`]). One cap
-    /// for both free policies: each copies the same text, so what one showed of it holds for
-    /// the other.
-    allowed: usize,
-    /// Drafted steps in a row that brought what they were predicted to ([`PAID_TO_GROW`]).
-    paid_in_a_row: u32,
+    /// The most nodes a free policy may bet in this request now. One cap for both free
+    /// policies: each copies the same text, so what one showed of it holds for the other.
+    cap: BetCap,
     /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
     batched: bool,
     /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step
@@ -162,8 +125,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             counts: [0; 4],
             combined: 0,
             steps: 0,
-            allowed: PROBE_NODES,
-            paid_in_a_row: 0,
+            cap: BetCap::new(),
             batched: false,
             curve_time,
         })
@@ -213,15 +175,16 @@ impl<M: CausalLm> AutoDrafter<M> {
     }
 
     /// `offer` as this request may bet it: whole when it fits the free policies' cap here
-    /// (`allowed`), else cut to its best prefix of at most that many nodes on the curve (None
+    /// (`cap`), else cut to its best prefix of at most that many nodes on the curve (None
     /// when not even that pays). Its nodes are in value order, parents first, so a prefix is a
     /// tree.
     fn capped(&self, mut offer: Candidate, econ: &Economics<'_>) -> Result<Option<Candidate>> {
         let Some(values) = offer.values.as_ref() else { return Ok(Some(offer)) };
-        if values.len() <= self.allowed {
+        let allowed = self.cap.nodes();
+        if values.len() <= allowed {
             return Ok(Some(offer));
         }
-        let (n, _) = econ.best_prefix(&values[..self.allowed]);
+        let (n, _) = econ.best_prefix(&values[..allowed]);
         if n == 0 {
             return Ok(None);
         }
@@ -275,12 +238,8 @@ impl<M: CausalLm> AutoDrafter<M> {
         let realised = Realised { tokens: outcome.tokens.len() as f64, ms };
         self.bandit.record(pending.policy, predicted, realised);
         if drafted > 0 {
-            let paid = realised.tokens >= predicted.tokens;
-            self.paid_in_a_row = if paid { self.paid_in_a_row + 1 } else { 0 };
-            if paid {
-                let growth = if self.paid_in_a_row >= PAID_TO_GROW { BET_GROWTH } else { FIRST_GROWTH };
-                self.allowed = self.allowed.max(growth * outcome.tokens.len().saturating_sub(1));
-            }
+            let accepted = outcome.tokens.len().saturating_sub(1);
+            self.cap.after_step(accepted, tree.max_depth(), realised.tokens >= predicted.tokens);
         }
         if let (Some(trace), Some(mut step)) = (self.trace.as_ref(), pending.trace.take()) {
             step.verified_nodes = drafted;
@@ -300,7 +259,7 @@ struct Candidate {
     tree: TokenTree,
     predicted: Prediction,
     values: Option<Vec<f64>>,
-    /// Cut to what this request lets its policy bet (see [`BET_GROWTH`]).
+    /// Cut to what this request lets its policy bet (see [`BetCap`]).
     probe: bool,
 }
 
@@ -333,8 +292,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.counts = [0; 4];
         self.combined = 0;
         self.steps = 0;
-        self.allowed = PROBE_NODES;
-        self.paid_in_a_row = 0;
+        self.cap = BetCap::new();
         if let Some(m) = self.model.as_mut() {
             m.set_forward(0, prompt.len());
             if self.batched || !m.perfect_chain_can_pay() {
@@ -422,6 +380,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             rate,
             long_match_chain: self.long.last_chain_len(),
             long_match_acceptance: self.long.acceptance(),
+            bet_cap: self.cap.nodes(),
             offers: traced,
             chosen: best.policy,
             verified_nodes: 0,

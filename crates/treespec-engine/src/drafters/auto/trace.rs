@@ -68,7 +68,7 @@ pub(super) struct Offer {
     /// The corrected gain the choice maximised.
     pub score: f64,
     /// Cut to what this request lets the free policies bet: a few nodes until a drafted step
-    /// paid, then a few times the run such steps accepted (see `BET_GROWTH`).
+    /// paid, then a few times the run such steps accepted (see `bet_cap`).
     pub probe: bool,
 }
 
@@ -88,6 +88,9 @@ pub(super) struct StepTrace {
     pub long_match_chain: usize,
     /// The long-match policy's learned per-token acceptance.
     pub long_match_acceptance: f64,
+    /// The most nodes a free policy may bet at this step (see `bet_cap`): an offer above it
+    /// is cut and marked `probe`.
+    pub bet_cap: usize,
     pub offers: Vec<Offer>,
     pub chosen: Policy,
     /// Drafted nodes verified (after any batch cut).
