@@ -82,15 +82,16 @@ while IFS= read -r line; do
     text="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["turns"][0])' "$line")"
     id="$(python3 -c 'import json,sys; q=json.loads(sys.argv[1]); print(q.get("question_id", q.get("id")))' "$line")"
     category="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["category"])' "$line")"
-    runs=("plain:$bin:treespec plain" "auto:$bin:treespec auto")
+    runs=("plain:$bin:treespec plain")
+    new="auto:$bin:treespec auto"
     # The two builds take turns running first: in a fixed order the later one read 4-7% ahead
     # on answers where both decide the same (bench/results/cold-qwen-zen3-whole).
-    if [[ -n "${BEFORE:-}" ]]; then
-        if ((i % 2)); then
-            runs+=("auto:$BEFORE:treespec auto (before)")
-        else
-            runs=("plain:$bin:treespec plain" "auto:$BEFORE:treespec auto (before)" "auto:$bin:treespec auto")
-        fi
+    if [[ -z "${BEFORE:-}" ]]; then
+        runs+=("$new")
+    elif ((i % 2)); then
+        runs+=("$new" "auto:$BEFORE:treespec auto (before)")
+    else
+        runs+=("auto:$BEFORE:treespec auto (before)" "$new")
     fi
     for run in "${runs[@]}"; do
         IFS=: read -r method exe tool <<<"$run"

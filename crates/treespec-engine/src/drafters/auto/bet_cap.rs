@@ -9,7 +9,7 @@
 /// of a few rows costs little more than a plain step where a failed full bet costs several,
 /// while a copy that is real pays on the probe and drafts at full size a few steps later
 /// ([`BET_GROWTH`]).
-pub(super) const PROBE_NODES: usize = 4;
+const PROBE_NODES: usize = 4;
 
 /// How the bets grow within a request: once [`PAID_TO_GROW`] drafted steps in a row brought
 /// what they were predicted to, the next bets may run to this many times the drafted tokens the
