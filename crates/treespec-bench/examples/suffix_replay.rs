@@ -117,6 +117,7 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trac
             sampler: &sampler,
             batch_rows: 0,
             batch_cut: false,
+            eos: &[],
         };
         let tree = drafter.propose(&ctx)?;
         let mut answer = Answer { tree: &tree, answer: &history[at..] };

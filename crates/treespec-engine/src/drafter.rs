@@ -59,6 +59,10 @@ pub struct ProposeContext<'a> {
     /// True when a batch budget will cut [`Drafter::cuttable`] proposals across every request of
     /// the forward: such a proposal is priced as if alone and the batch keeps what pays.
     pub batch_cut: bool,
+    /// Tokens that end generation. A copy that reaches one stops there: nothing after it can be
+    /// emitted, so a chain drafted through it (a prompt's end of turn, say) bets rows that cannot
+    /// pay.
+    pub eos: &'a [TokenId],
 }
 
 impl ProposeContext<'_> {

@@ -242,6 +242,7 @@ impl Generation {
             sampler: &self.sampler,
             batch_rows: at.batch_rows,
             batch_cut: at.batch_cut,
+            eos: &self.stop.eos,
         };
         let Some(proposed) = propose(drafter, constraint, &ctx, &mut self.stats)? else {
             self.finish = Some(FinishReason::Eos);

@@ -22,7 +22,9 @@ use treespec_engine::drafters::{
 };
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
 use treespec_engine::Prepared;
-use treespec_engine::{generate, CausalLm, Drafter, GenerateOutput, GenerateRequest, PlainDrafter};
+use treespec_engine::{
+    generate, CausalLm, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions,
+};
 
 const CTX: usize = 1024;
 
@@ -187,6 +189,81 @@ fn bets_start_as_probes_and_grow_with_what_paid() {
             "seed {seed}: chains stayed probes"
         );
     }
+}
+
+/// A draft model's trees taken whole do not grow the free policies' cap: they say the text is
+/// predictable, not that it copies. With a perfect draft on text that never repeats, every
+/// model step is accepted whole and the cap stays at the probe size (under the rule that grew
+/// it from any drafted step, the first such step doubled it).
+#[test]
+fn a_draft_models_steps_leave_the_free_bets_cap_alone() {
+    for seed in 0..3u64 {
+        let target = ToyModel::new(64, 1, seed);
+        let costs = SharedCosts::new(CostModel {
+            target: CostCurve::linear(30.0, 0.5, 128).unwrap(),
+            draft: Some(CostCurve::linear(2.0, 1.0, 128).unwrap()),
+            refine: false,
+            elsewhere: false,
+        });
+        let (trace, buf) = memory_trace();
+        let config = AutoConfig {
+            costs,
+            suffix: SuffixConfig { max_depth: 6, shared: SuffixShared::empty(), ..Default::default() },
+            dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
+            trace: Some(trace),
+        };
+        let mut d = AutoDrafter::new(Some(ToyLm::new(target.draft(0.0, seed), CTX)), config).unwrap();
+        let prompt: Vec<TokenId> = (0..12).map(|i| ((i * 7 + seed) % 64) as TokenId).collect();
+        let req = GenerateRequest::new(prompt, 60, SamplingParams::greedy(), 0);
+        let out = run_on(&mut ToyLm::new(target.clone(), CTX), &mut d, &req);
+        let plain = run_on(&mut ToyLm::new(target, CTX), &mut PlainDrafter, &req).tokens;
+        assert_eq!(out.tokens, plain, "seed {seed}");
+        let lines = trace_lines(&buf);
+        let whole_model_steps =
+            lines.iter().filter(|l| l["chosen"] == "model" && l["emitted"].as_u64().unwrap() >= 3).count();
+        assert!(whole_model_steps > 0, "seed {seed}: the draft model never won a long step");
+        for l in lines.iter().take_while(|l| l["chosen"] == "model" || l["chosen"] == "plain") {
+            assert_eq!(l["bet_cap"], 4, "seed {seed}: a model step moved the cap: {l}");
+        }
+    }
+}
+
+/// A long-match chain ends at a token that ends generation: drafted past it, it would bet rows
+/// the answer can never emit. The answer re-emits a stretch of its prompt until it emits the
+/// request's end token, which that stretch holds; no step's chain runs past it.
+#[test]
+fn a_chain_ends_at_the_requests_end_token() {
+    let mut checked = 0;
+    for seed in 0..12u64 {
+        let (target, mut req) = copy_case(seed);
+        // The copied stretch starts after the first 20-token head; the end token is the first
+        // token of it whose first appearance there is 24 or more tokens in.
+        let middle = &req.prompt[20..170];
+        let Some(k) = (24..middle.len())
+            .find(|&k| !middle[..k].contains(&middle[k]) && !req.prompt[..20].contains(&middle[k]))
+        else {
+            continue;
+        };
+        let end = middle[k];
+        req.stop = StopConditions { eos: vec![end], ..Default::default() };
+        let (trace, buf) = memory_trace();
+        let mut d = auto(costs(30.0, 0.5), SuffixShared::empty(), Some(trace));
+        let out = run_on(&mut ToyLm::new(target.clone(), CTX), &mut d, &req);
+        let plain = run_on(&mut ToyLm::new(target, CTX), &mut PlainDrafter, &req).tokens;
+        assert_eq!(out.tokens, plain, "seed {seed}");
+        assert_eq!(plain.len(), k, "seed {seed}: the answer did not end at its end token");
+        let lines = trace_lines(&buf);
+        for l in &lines {
+            // The root is answer token `emitted_so_far - 1`; the chain drafts from the next one,
+            // and may draft the end token itself (at answer position k).
+            let so_far = l["context"].as_u64().unwrap() as usize - req.prompt.len();
+            let chain = l["long_match_chain"].as_u64().unwrap() as usize;
+            assert!(chain <= k + 1 - so_far, "seed {seed}: a chain of {chain} past the end token: {l}");
+        }
+        assert!(lines.iter().any(|l| l["long_match_chain"].as_u64().unwrap() > 0), "seed {seed}");
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} seeds had an end token to test");
 }
 
 /// 240 sampled tokens of `auto` priced on `costs`, on a "machine" where a forward of n rows

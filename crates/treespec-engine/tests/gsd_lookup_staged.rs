@@ -214,6 +214,7 @@ fn lookup_falls_back_to_the_static_table() {
         sampler: &sampler,
         batch_rows: 0,
         batch_cut: false,
+        eos: &[],
     };
     let mut bare = LookupDrafter::new(LookupConfig::default()).unwrap();
     let mut backed = LookupDrafter::with_table(LookupConfig::default(), table).unwrap();

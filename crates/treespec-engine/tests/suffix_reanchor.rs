@@ -321,6 +321,7 @@ fn replay_recorded_answers_with_and_without_re_anchoring() {
                     sampler: &sampler,
                     batch_rows: 0,
                     batch_cut: false,
+                    eos: &[],
                 };
                 let tree = drafter.propose(&ctx).unwrap();
                 let mut answer = Answer { tree: &tree, answer: &history[at..] };

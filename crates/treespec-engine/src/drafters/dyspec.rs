@@ -468,6 +468,7 @@ mod tests {
             sampler,
             batch_rows: 0,
             batch_cut: false,
+            eos: &[],
         }
     }
 

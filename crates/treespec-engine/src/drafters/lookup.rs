@@ -252,6 +252,7 @@ mod tests {
             sampler: &sampler,
             batch_rows: 0,
             batch_cut: false,
+            eos: &[],
         };
         let tree = d.propose(&ctx).unwrap();
         let mut paths: Vec<Vec<TokenId>> = tree.leaves().into_iter().map(|l| tree.path_tokens(l)).collect();

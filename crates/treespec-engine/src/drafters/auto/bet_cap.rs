@@ -1,6 +1,9 @@
 //! How many nodes `auto`'s free policies (suffix, long match) may bet at a step of a request:
 //! slow start, as TCP grows its window. The first bets are probes; what the target accepted
-//! lets the bets grow; nothing makes them shrink within a request.
+//! lets the bets grow; nothing makes them shrink within a request. Only the free policies' own
+//! steps move it: a draft model's tree taken whole says the text is predictable, not that it
+//! copies (a code answer whose 9-node model trees were accepted let a 22-node suffix bet through
+//! that brought 2 tokens for 15 plain steps' time).
 
 /// Most nodes a free policy bets at a step until a free policy's step in this request has
 /// brought what it was predicted to: the first bets are probes. Prices learned on other text
@@ -68,7 +71,7 @@ impl BetCap {
         self.nodes
     }
 
-    /// A verified step that drafted: `accepted` drafted tokens taken, of a draft whose deepest
+    /// A verified step of a free policy that drafted: `accepted` drafted tokens taken, of a draft whose deepest
     /// path was `depth` nodes; `paid` when it brought at least its predicted tokens.
     pub(super) fn after_step(&mut self, accepted: usize, depth: usize, paid: bool) {
         if !paid {

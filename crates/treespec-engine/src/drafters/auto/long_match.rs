@@ -2,7 +2,9 @@
 //! `ngram-mod` kind. The last [`MATCH_TOKENS`] tokens are looked up among every earlier
 //! position of the request's text (prompt and output), the token that followed the most recent
 //! occurrence is drafted, and the lookup goes on from the drafted text, up to [`MAX_CHAIN`]
-//! tokens: one chain, no tree, no pricing cell per context.
+//! tokens: one chain, no tree, no pricing cell per context. A chain ends at a token that ends
+//! generation: copied past a prompt's end of turn it would bet the chat template's next header,
+//! which an answer never emits.
 //!
 //! Its one estimate is how often such a chain's next token is right: a per-token acceptance `p`
 //! (node i of the chain is worth `p^i`), learned for free from every step, drafted or not — the
@@ -89,9 +91,15 @@ impl LongMatch {
         self.right / (self.right + self.wrong)
     }
 
-    /// This step's chain for `history` (at most `depth` tokens), and each node's value `p^i`.
-    /// Empty when the last tokens have no earlier occurrence.
-    pub fn propose(&mut self, history: &[TokenId], depth: usize) -> (Vec<TokenId>, Vec<f64>) {
+    /// This step's chain for `history` (at most `depth` tokens, ending at the first of `eos` it
+    /// drafts), and each node's value `p^i`. Empty when the last tokens have no earlier
+    /// occurrence.
+    pub fn propose(
+        &mut self,
+        history: &[TokenId],
+        depth: usize,
+        eos: &[TokenId],
+    ) -> (Vec<TokenId>, Vec<f64>) {
         self.sync(history);
         let mut chain: Vec<TokenId> = Vec::new();
         let limit = depth.min(MAX_CHAIN);
@@ -105,6 +113,9 @@ impl LongMatch {
             }
             let token = self.text[pos];
             chain.push(token);
+            if eos.contains(&token) {
+                break;
+            }
             tail.remove(0);
             tail.push(token);
         }
@@ -150,7 +161,7 @@ mod tests {
         history.extend_from_slice(&source[..30]);
         let mut lm = LongMatch::new();
         lm.begin(&history[..25]);
-        let (chain, values) = lm.propose(&history, 200);
+        let (chain, values) = lm.propose(&history, 200, &[]);
         assert_eq!(chain, source[30..30 + MAX_CHAIN]);
         assert_eq!(values.len(), chain.len());
         assert!(values.windows(2).all(|w| w[1] < w[0]) && values[0] < 1.0);
@@ -164,10 +175,34 @@ mod tests {
         history.extend_from_slice(&source[40..40 + MATCH_TOKENS - 1]);
         let mut lm = LongMatch::new();
         lm.begin(&history);
-        assert!(lm.propose(&history, 64).0.is_empty());
+        assert!(lm.propose(&history, 64, &[]).0.is_empty());
         history.push(source[40 + MATCH_TOKENS - 1]);
-        let (chain, _) = lm.propose(&history, 5);
+        let (chain, _) = lm.propose(&history, 5, &[]);
         assert_eq!(chain, source[40 + MATCH_TOKENS..40 + MATCH_TOKENS + 5]);
+    }
+
+    #[test]
+    fn a_chain_ends_at_a_token_that_ends_generation() {
+        // A chat prompt quoting a file ends its turn (EOT) and opens the answer's header; the
+        // answer re-emits the file. Near the file's end the chain may draft EOT (the answer
+        // could end there) but never the header after it.
+        const EOT: TokenId = 60_000;
+        let file = text(40, 1);
+        let mut history = text(10, 2);
+        history.extend_from_slice(&file);
+        history.push(EOT);
+        history.extend_from_slice(&text(3, 3));
+        history.extend_from_slice(&file[..30]);
+        let mut lm = LongMatch::new();
+        lm.begin(&history);
+        let (chain, values) = lm.propose(&history, 64, &[EOT]);
+        let mut expect = file[30..].to_vec();
+        expect.push(EOT);
+        assert_eq!(chain, expect);
+        assert_eq!(values.len(), chain.len());
+        // Without the stop it copies on through the header and the answer's own start.
+        let (through, _) = lm.propose(&history, 64, &[]);
+        assert!(through.len() > chain.len() && through[..chain.len()] == chain[..]);
     }
 
     #[test]
@@ -177,7 +212,7 @@ mod tests {
         let history: Vec<TokenId> = period.iter().cycle().take(45).copied().collect();
         let mut lm = LongMatch::new();
         lm.begin(&history);
-        let (chain, _) = lm.propose(&history, 64);
+        let (chain, _) = lm.propose(&history, 64, &[]);
         let expect: Vec<TokenId> = period.iter().cycle().skip(45).take(64).copied().collect();
         assert_eq!(chain, expect);
     }
@@ -192,13 +227,13 @@ mod tests {
         let before = lm.acceptance();
         // The target leaves the copy at once, ten steps running.
         for _ in 0..10 {
-            let (chain, _) = lm.propose(&history, 64);
+            let (chain, _) = lm.propose(&history, 64, &[]);
             assert!(!chain.is_empty());
             lm.learn(&[chain[0] + 1]);
         }
         assert!(lm.acceptance() < before - 0.15, "{} → {}", before, lm.acceptance());
         // A chain right over all the emitted tokens adds right ones and no wrong one.
-        let (chain, _) = lm.propose(&history, 64);
+        let (chain, _) = lm.propose(&history, 64, &[]);
         let wrong = lm.wrong;
         lm.learn(&chain[..3]);
         assert_eq!(lm.wrong, wrong);
@@ -210,7 +245,7 @@ mod tests {
         let mut lm = LongMatch::new();
         lm.begin(&a);
         let b = text(60, 2);
-        let (chain, _) = lm.propose(&b, 64);
+        let (chain, _) = lm.propose(&b, 64, &[]);
         assert!(chain.is_empty());
         assert_eq!(lm.text, b);
     }

@@ -153,7 +153,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             offers.extend(self.capped(offer, &econ)?);
         }
         let room = ctx.max_depth.min(ctx.max_nodes);
-        let (chain, values) = self.long.propose(ctx.history, room);
+        let (chain, values) = self.long.propose(ctx.history, room, ctx.eos);
         let (n, _) = econ.best_prefix(&values);
         if n > 0 {
             let mut tree = TokenTree::new(ctx.root());
@@ -237,7 +237,9 @@ impl<M: CausalLm> AutoDrafter<M> {
         let (ms, rows, forward_ms, curve_ms) = self.step_ms(&pending, predicted.ms);
         let realised = Realised { tokens: outcome.tokens.len() as f64, ms };
         self.bandit.record(pending.policy, predicted, realised);
-        if drafted > 0 {
+        // A model tree taken whole says the text is predictable, not that it is a copy: only the
+        // free policies' own steps move their cap.
+        if drafted > 0 && pending.policy != Policy::Model {
             let accepted = outcome.tokens.len().saturating_sub(1);
             self.cap.after_step(accepted, tree.max_depth(), realised.tokens >= predicted.tokens);
         }

@@ -227,7 +227,7 @@ impl Drafter for SuffixDrafter {
         if let Some(shadow) = self.shadow.take() {
             shadow.learn(ctx.history, &mut self.config.shared.pricing(), &mut self.calibration);
         }
-        let (trie, features) = self.trie(ctx.history, depth)?;
+        let (trie, features) = self.trie(ctx.history, depth, ctx.eos)?;
         let explore = self.config.explore_every > 0
             && self.stats.steps.is_multiple_of(self.config.explore_every as u64);
         self.stats.explore_steps += explore as u64;

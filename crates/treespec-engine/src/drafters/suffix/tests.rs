@@ -50,7 +50,15 @@ fn uninformed() -> Arc<SuffixShared> {
 }
 
 fn ctx<'a>(history: &'a [TokenId], sampler: &'a Sampler) -> ProposeContext<'a> {
-    ProposeContext { history, max_nodes: 64, max_depth: 64, sampler, batch_rows: 0, batch_cut: false }
+    ProposeContext {
+        history,
+        max_nodes: 64,
+        max_depth: 64,
+        sampler,
+        batch_rows: 0,
+        batch_cut: false,
+        eos: &[],
+    }
 }
 
 #[test]
@@ -88,6 +96,34 @@ fn a_long_copy_is_drafted_far_and_a_weak_match_not_at_all() {
     let weak = vec![7, 8, 1, 7, 8, 2, 7, 8];
     d.begin(&weak, &sampler, 0).unwrap();
     assert_eq!(d.propose(&ctx(&weak, &sampler)).unwrap().drafted(), 0);
+}
+
+/// A token that ends generation ends the copy: it may be drafted (the answer may end there) but
+/// nothing under it.
+#[test]
+fn nothing_is_drafted_under_a_token_that_ends_generation() {
+    let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+    let shared = uninformed();
+    trained(&shared);
+    let config = SuffixConfig { explore_every: 0, shared, ..Default::default() };
+    let mut d = SuffixDrafter::new(config).unwrap();
+    // After the quote come 3 and 4: with 3 an end token, the copy stops at it.
+    let (quote, history) = copying(&[1, 2]);
+    d.begin(&history, &sampler, 0).unwrap();
+    let under_3 = |tree: &TokenTree| {
+        tree.nodes().iter().filter(|n| n.parent.is_some_and(|p| p != ROOT && tree.node(p).token == 3)).count()
+    };
+    let through = d.propose(&ctx(&history, &sampler)).unwrap();
+    d.discard_proposal();
+    assert!(under_3(&through) > 0, "without an end token the copy runs on past 3");
+    let ends = [3];
+    let tree = d.propose(&ProposeContext { eos: &ends, ..ctx(&history, &sampler) }).unwrap();
+    assert_eq!(under_3(&tree), 0);
+    let path = tree.path_tokens(tree.leaves()[0]);
+    assert_eq!(path[..20], quote[20..]);
+    assert_eq!(path[20..], [3]);
+    // The pricing features stay one per node.
+    assert_eq!(d.cuttable().map_or(tree.drafted(), |c| c.values.len()), tree.drafted());
 }
 
 #[test]

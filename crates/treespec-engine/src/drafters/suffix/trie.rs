@@ -1,9 +1,10 @@
 //! A step's candidates: the continuations of the history's suffix matches in the request's own
 //! text and in the global history, merged into one trie (plus the re-anchoring chains), as a
-//! token tree with each node's pricing features.
+//! token tree with each node's pricing features. Nothing is drafted under a token that ends
+//! generation: a copy of a prompt's turn would run on into the chat template's next header.
 
 use treespec_core::suffix::{continuation_trie, Features, LookupLimits, Matches};
-use treespec_core::tree::{Draw, TokenTree};
+use treespec_core::tree::{Draw, TokenTree, ROOT};
 use treespec_core::TokenId;
 
 use super::SuffixDrafter;
@@ -14,8 +15,14 @@ pub(super) const TRIE_NODES: usize = 256;
 
 impl SuffixDrafter {
     /// The merged continuation trie for `history` as a token tree, with each node's features:
-    /// the suffix matches' continuations, and the re-anchoring chains.
-    pub(super) fn trie(&mut self, history: &[TokenId], depth: usize) -> Result<(TokenTree, Vec<Features>)> {
+    /// the suffix matches' continuations, and the re-anchoring chains, with nothing under a
+    /// token of `eos`.
+    pub(super) fn trie(
+        &mut self,
+        history: &[TokenId],
+        depth: usize,
+        eos: &[TokenId],
+    ) -> Result<(TokenTree, Vec<Features>)> {
         let limits =
             LookupLimits { want: self.config.occurrences, scan: 64, max_match: self.config.max_match };
         let local = self.local.lookup(history, limits);
@@ -36,10 +43,21 @@ impl SuffixDrafter {
         if self.config.reanchor {
             self.graft_resume_chains(&mut trie, history, local.first().copied(), depth);
         }
+        // Each trie node's id in the tree (None: under an end token, dropped); parents come
+        // first in the trie.
         let mut tree = TokenTree::new(root);
-        for node in &trie[1..] {
-            tree.add(node.parent, node.token, Draw::Deterministic, 0.0)?;
+        let mut features = vec![trie[0].priced()];
+        let mut image = vec![Some(ROOT); trie.len()];
+        for (i, node) in trie.iter().enumerate().skip(1) {
+            let ends = node.parent != 0 && eos.contains(&trie[node.parent].token);
+            image[i] = match image[node.parent].filter(|_| !ends) {
+                Some(parent) => {
+                    features.push(node.priced());
+                    Some(tree.add(parent, node.token, Draw::Deterministic, 0.0)?)
+                }
+                None => None,
+            };
         }
-        Ok((tree, trie.iter().map(|n| n.priced()).collect()))
+        Ok((tree, features))
     }
 }
