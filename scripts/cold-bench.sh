@@ -20,7 +20,9 @@
 # Environment: TARGET, DRAFT (the Qwen pair by default), N (128), REPEAT (passes over the
 # prompts, 1; each (prompt, tool) counts as the median of its runs); BEFORE=BIN adds the runs of
 # another treespec build's `auto` (row "treespec auto (before)"), to compare two builds cold;
-# the two builds alternate which runs first, prompt by prompt.
+# the two builds alternate which runs first, prompt by prompt. PEERS=0 leaves llama.cpp's tools
+# out (treespec plain against `auto` only, for more passes in the same time); then plain and
+# `auto` alternate which runs first, prompt by prompt and pass by pass.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?usage: scripts/cold-bench.sh OUT [PROMPTS.jsonl]}"
@@ -84,6 +86,7 @@ while IFS= read -r line; do
     category="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["category"])' "$line")"
     runs=("plain:$bin:treespec plain")
     new="auto:$bin:treespec auto"
+    peers="${PEERS:-1}"
     # The two builds take turns running first: in a fixed order the later one read 4-7% ahead
     # on answers where both decide the same (bench/results/cold-qwen-zen3-whole).
     if [[ -z "${BEFORE:-}" ]]; then
@@ -92,6 +95,11 @@ while IFS= read -r line; do
         runs+=("$new" "auto:$BEFORE:treespec auto (before)")
     else
         runs+=("auto:$BEFORE:treespec auto (before)" "$new")
+    fi
+    # Without the peers the first run of a prompt has nothing before it to follow: plain and
+    # `auto` take turns going first.
+    if [[ "$peers" == 0 ]] && (((i + pass) % 2)); then
+        runs=("${runs[@]:1}" "${runs[0]}")
     fi
     for run in "${runs[@]}"; do
         IFS=: read -r method exe tool <<<"$run"
@@ -103,9 +111,11 @@ while IFS= read -r line; do
             python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'id':'$id','category':'$category','tool':'$tool','tokens_per_s':r['stats']['tokens_per_s']}))" \
             >>"$out/cold.jsonl"
     done
-    jq -c --arg id "$id" 'select(.id == $id)' "$out/formatted.jsonl" >"$out/one.jsonl"
-    bash scripts/peer-bench.sh run "$out/one.jsonl" "$out/one-peers.jsonl" -m "$TARGET" -n "$N" -t 2 2>/dev/null
-    cat "$out/one-peers.jsonl" >>"$out/cold.jsonl"
+    if [[ "$peers" != 0 ]]; then
+        jq -c --arg id "$id" 'select(.id == $id)' "$out/formatted.jsonl" >"$out/one.jsonl"
+        bash scripts/peer-bench.sh run "$out/one.jsonl" "$out/one-peers.jsonl" -m "$TARGET" -n "$N" -t 2 2>/dev/null
+        cat "$out/one-peers.jsonl" >>"$out/cold.jsonl"
+    fi
     echo "[cold-bench] $i: $category $id (pass $pass)" >&2
 done <"$prompts"
 done
