@@ -150,10 +150,14 @@ for tool, plain in tools:
 a = med(ratios("treespec auto", "treespec plain", ids))
 n = med(ratios("llama.cpp ngram-mod", "llama.cpp plain", ids))
 gain = lambda g: med(ratios("treespec auto", "treespec plain", g)) / med(ratios("llama.cpp ngram-mod", "llama.cpp plain", g))
-lines.append("| `auto`'s ÷ ngram-mod's | " + " | ".join(f"{gain(g):.2f}×" for _, g in groups) + " |")
-lines += ["", f"Median over {len(ids)} prompts of each prompt's speed-up (a tool's tokens/s on a prompt: the median of its {max(len(v) for v in runs.values())} runs). `auto` ÷ ngram-mod's gain: {a / n:.3f}×.",
-          "treespec plain ÷ llama.cpp plain: " + f"{med([by[(i, 'treespec plain')] / by[(i, 'llama.cpp plain')] for i in ids if (i, 'treespec plain') in by and (i, 'llama.cpp plain') in by]):.2f}×.",
-          "", open(f"{out}/load.txt").read().strip()]
+peers = any(k[1] == "llama.cpp ngram-mod" for k in by)
+if peers:
+    lines.append("| `auto`'s ÷ ngram-mod's | " + " | ".join(f"{gain(g):.2f}×" for _, g in groups) + " |")
+lines += ["", f"Median over {len(ids)} prompts of each prompt's speed-up (a tool's tokens/s on a prompt: the median of its {max(len(v) for v in runs.values())} runs)."]
+if peers:
+    lines += [f"`auto` ÷ ngram-mod's gain: {a / n:.3f}×.",
+              "treespec plain ÷ llama.cpp plain: " + f"{med([by[(i, 'treespec plain')] / by[(i, 'llama.cpp plain')] for i in ids if (i, 'treespec plain') in by and (i, 'llama.cpp plain') in by]):.2f}×."]
+lines += ["", open(f"{out}/load.txt").read().strip()]
 open(f"{out}/cold.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
