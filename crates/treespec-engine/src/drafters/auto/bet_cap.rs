@@ -71,8 +71,8 @@ impl BetCap {
         self.nodes
     }
 
-    /// A verified step of a free policy that drafted: `accepted` drafted tokens taken, of a draft whose deepest
-    /// path was `depth` nodes; `paid` when it brought at least its predicted tokens.
+    /// A verified step of a free policy that drafted: `accepted` drafted tokens taken, of a draft
+    /// whose deepest path was `depth` nodes; `paid` when it brought at least its predicted tokens.
     pub(super) fn after_step(&mut self, accepted: usize, depth: usize, paid: bool) {
         if !paid {
             self.paid_in_a_row = 0;
