@@ -68,10 +68,9 @@ open(out, "w").write("".join(json.dumps(q) + "\n" for q in lines))
 EOF
 fi
 # The cost curves only: a cache of this machine's curves, nothing learned.
+source scripts/lib/cold-cache.sh
 cache="$out/cache"
-rm -rf "$cache" && mkdir -p "$cache/costs"
-src="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}/costs"
-cp "$src"/*.json "$cache/costs/" 2>/dev/null || true
+curves_only_cache "$cache"
 "$bin" bench -m "$TARGET" --prompts "$prompts" --dump-prompts "$out/formatted.jsonl" 2>/dev/null
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$out/load.txt"
 : >"$out/cold.jsonl"
@@ -106,8 +105,7 @@ while IFS= read -r line; do
         args=(-m "$TARGET" -t 2 --method "$method" --chat -n "$N" --json -p "$text")
         [[ "$method" == auto ]] && args+=("${draft[@]}")
         # A fresh cache per run: each one starts cold, with the curves.
-        rm -rf "$cache/prices" "$cache/history"
-        TREESPEC_CACHE_DIR="$cache" "$exe" generate "${args[@]}" 2>/dev/null |
+        cold_generate "$cache" "$exe" "${args[@]}" |
             python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'id':'$id','category':'$category','tool':'$tool','tokens_per_s':r['stats']['tokens_per_s']}))" \
             >>"$out/cold.jsonl"
     done

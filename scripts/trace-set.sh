@@ -21,10 +21,9 @@ DRAFT="${DRAFT-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
 N="${N:-128}"
 [[ -x "$bin" ]] || { echo "no $bin: cargo build --release -p treespec-cli" >&2; exit 1; }
 mkdir -p "$out"
+source scripts/lib/cold-cache.sh
 cache="$out/cache"
-rm -rf "$cache" && mkdir -p "$cache/costs"
-src="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}/costs"
-cp "$src"/*.json "$cache/costs/" 2>/dev/null || true
+curves_only_cache "$cache"
 draft=()
 [[ -n "$DRAFT" ]] && draft=(--draft "$DRAFT")
 : >"$out/runs.jsonl"
@@ -33,9 +32,8 @@ while IFS= read -r line; do
     category="$(jq -r '.category' <<<"$line")"
     text="$(jq -r '.turns[0]' <<<"$line")"
     name="${id//\//_}"
-    rm -rf "$cache/prices" "$cache/history"
-    TREESPEC_CACHE_DIR="$cache" "$bin" generate -m "$TARGET" -t 2 --method auto --chat -n "$N" --json \
-        "${draft[@]}" --decision-trace "$out/$name.trace" -p "$text" 2>/dev/null |
+    cold_generate "$cache" "$bin" -m "$TARGET" -t 2 --method auto --chat -n "$N" --json \
+        "${draft[@]}" --decision-trace "$out/$name.trace" -p "$text" |
         jq -c --arg id "$id" --arg c "$category" --arg f "$name" \
             '{id: $id, category: $c, trace: $f, tokens_per_s: .stats.tokens_per_s}' >>"$out/runs.jsonl"
     echo "[trace-set] $category $id" >&2
