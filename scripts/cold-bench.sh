@@ -20,7 +20,8 @@
 # Environment: TARGET, DRAFT (the Qwen pair by default), N (128), REPEAT (passes over the
 # prompts, 1; each (prompt, tool) counts as the median of its runs); BEFORE=BIN adds the runs of
 # another treespec build's `auto` (row "treespec auto (before)"), to compare two builds cold;
-# the two builds alternate which runs first, prompt by prompt. PEERS=0 leaves llama.cpp's tools
+# the two builds alternate which runs first, prompt by prompt, and each refines its own copy of
+# the curves (OUT/cache-before for the build before). PEERS=0 leaves llama.cpp's tools
 # out (treespec plain against `auto` only, for more passes in the same time); then plain and
 # `auto` alternate which runs first, prompt by prompt and pass by pass.
 set -euo pipefail
@@ -71,6 +72,9 @@ fi
 source scripts/lib/cold-cache.sh
 cache="$out/cache"
 curves_only_cache "$cache"
+# The build before refines its own copy of the curves: runs write the curves they refine back to
+# the cache, and a build that refines them differently must not price on the other's.
+curves_only_cache "$out/cache-before"
 "$bin" bench -m "$TARGET" --prompts "$prompts" --dump-prompts "$out/formatted.jsonl" 2>/dev/null
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$out/load.txt"
 : >"$out/cold.jsonl"
@@ -105,7 +109,9 @@ while IFS= read -r line; do
         args=(-m "$TARGET" -t 2 --method "$method" --chat -n "$N" --json -p "$text")
         [[ "$method" == auto ]] && args+=("${draft[@]}")
         # A fresh cache per run: each one starts cold, with the curves.
-        cold_generate "$cache" "$exe" "${args[@]}" |
+        run_cache="$cache"
+        [[ "$tool" == *"(before)"* ]] && run_cache="$out/cache-before"
+        cold_generate "$run_cache" "$exe" "${args[@]}" |
             python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'id':'$id','category':'$category','tool':'$tool','tokens_per_s':r['stats']['tokens_per_s']}))" \
             >>"$out/cold.jsonl"
     done
@@ -118,7 +124,7 @@ while IFS= read -r line; do
 done <"$prompts"
 done
 rm -f "$out/one.jsonl" "$out/one-peers.jsonl"
-rm -rf "$cache"
+rm -rf "$cache" "$out/cache-before"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/load.txt"
 
 python3 - "$out" <<'EOF'
