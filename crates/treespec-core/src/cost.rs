@@ -217,30 +217,31 @@ impl CostCurve {
         }
         let over = context.saturating_sub(self.profiled_context);
         let t = self.ms[n - 1];
-        if over <= NEAR_CONTEXT {
-            let base = ms - n as f64 * self.row_surcharge(context);
-            if base > 0.0 {
-                self.refine(n, base);
+        let far = over > NEAR_CONTEXT;
+        if far {
+            // What this forward says one row costs per committed token, weighted by how much it
+            // can say: a few ms of noise over a small surcharge would swing the slope.
+            let leverage = ((n * over) as f64 / SLOPE_LEVERAGE).min(1.0);
+            let seen = ((ms - t) / (n * over) as f64).max(0.0);
+            let s = self.row_ms_per_context_token;
+            let weight = if seen < s { FASTER_WEIGHT / 2.0 } else { ONLINE_WEIGHT };
+            self.row_ms_per_context_token = s + leverage * weight * (seen - s);
+            if ms < t {
+                self.refine(n, ms);
+                return true;
             }
-            return base > 0.0;
         }
-        // What this forward says one row costs per committed token, weighted by how much it
-        // can say: a few ms of noise over a small surcharge would swing the slope.
-        let leverage = ((n * over) as f64 / SLOPE_LEVERAGE).min(1.0);
-        let seen = ((ms - t) / (n * over) as f64).max(0.0);
-        let s = self.row_ms_per_context_token;
-        let weight = if seen < s { FASTER_WEIGHT / 2.0 } else { ONLINE_WEIGHT };
-        self.row_ms_per_context_token = s + leverage * weight * (seen - s);
-        if ms < t {
-            self.refine(n, ms);
+        let base = ms - n as f64 * self.row_surcharge(context);
+        if base <= 0.0 {
+            return far;
+        }
+        if far {
+            // What the slope leaves for T(n) itself (a size whose kernels the profile misread),
+            // followed at the slow weight either way: below T(n) it is the slope's error, not a
+            // fast forward, and trusting it as one dragged T(n) down with every long prompt.
+            self.ms[n - 1] = t + ONLINE_WEIGHT * (base - t);
         } else {
-            // What is left for T(n) itself (a size whose kernels the profile misread), followed
-            // at the slow weight either way: below T(n) it is the slope's error, not a fast
-            // forward, and trusting it as one dragged T(n) down with every long prompt.
-            let base = ms - n as f64 * self.row_surcharge(context);
-            if base > 0.0 {
-                self.ms[n - 1] = t + ONLINE_WEIGHT * (base - t);
-            }
+            self.refine(n, base);
         }
         true
     }
