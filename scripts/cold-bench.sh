@@ -15,7 +15,8 @@
 # For each prompt, in turn: treespec plain, treespec auto (with the draft), then llama.cpp plain,
 # ngram-mod and lookup through `scripts/peer-bench.sh run` on that one prompt (same chat-formatted
 # tokens: `treespec bench --dump-prompts`). Greedy, N new tokens (default 128), 2 threads.
-# OUT/cold.jsonl holds one line per run; OUT/cold.md the medians, each family ÷ its plain.
+# OUT/cold.jsonl holds one line per run; OUT/cold.md the medians, each family ÷ its plain, and
+# treespec `auto`'s whole request (prefill included) against plain's.
 #
 # Environment: TARGET, DRAFT (the Qwen pair by default), N (128), REPEAT (passes over the
 # prompts, 1; each (prompt, tool) counts as the median of its runs); BEFORE=BIN adds the runs of
@@ -112,7 +113,7 @@ while IFS= read -r line; do
         run_cache="$cache"
         [[ "$tool" == *"(before)"* ]] && run_cache="$out/cache-before"
         cold_generate "$run_cache" "$exe" "${args[@]}" |
-            python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'id':'$id','category':'$category','tool':'$tool','tokens_per_s':r['stats']['tokens_per_s']}))" \
+            python3 -c "import json,sys; r=json.load(sys.stdin); s=r['stats']; print(json.dumps({'id':'$id','category':'$category','tool':'$tool','tokens_per_s':s['tokens_per_s'],'wall_s':s['wall_s']}))" \
             >>"$out/cold.jsonl"
     done
     if [[ "$peers" != 0 ]]; then
@@ -161,6 +162,17 @@ lines += ["", f"Median over {len(ids)} prompts of each prompt's speed-up (a tool
 if peers:
     lines += [f"`auto` ÷ ngram-mod's gain: {a / n:.3f}×.",
               "treespec plain ÷ llama.cpp plain: " + f"{med([by[(i, 'treespec plain')] / by[(i, 'llama.cpp plain')] for i in ids if (i, 'treespec plain') in by and (i, 'llama.cpp plain') in by]):.2f}×."]
+# The whole request (prompt read, every draft model's prefill included) as a user waits for it:
+# treespec's runs only (llama.cpp's tools report decoding alone).
+walls = {}
+for r in rows:
+    if r.get("wall_s"):
+        walls.setdefault((r["id"], r["tool"]), []).append(r["wall_s"])
+wall = {k: statistics.median(v) for k, v in walls.items()}
+for tool in ("treespec auto", "treespec auto (before)"):
+    w = [wall[(i, "treespec plain")] / wall[(i, tool)] for i in ids if (i, tool) in wall and (i, "treespec plain") in wall]
+    if w:
+        lines.append(f"Whole request (prefill included), {tool} ÷ treespec plain: median {med(w):.2f}×, lowest {min(w):.2f}×.")
 lines += ["", open(f"{out}/load.txt").read().strip()]
 open(f"{out}/cold.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -222,18 +222,6 @@ impl AutoBudget {
         self.costs.draft.as_ref().map_or(0.0, |c| c.ms_at(n, self.context))
     }
 
-    /// Whether a perfect draft model — every token it proposes accepted — could beat the rate to
-    /// beat along some chain, at the draft's measured cost per token. A chain is the best any
-    /// tree can do when every node is accepted (a branch adds rows, not tokens), and a tree
-    /// costs at least one draft forward per depth, so where this says no no draft the model
-    /// makes can pay on this machine, however well it predicts: it should not take the prompt.
-    /// Unlike
-    /// [`Self::chain_can_pay`] it needs no trials, only the curves, so it holds from a cold
-    /// start on. Always yes for model-free drafters.
-    pub fn perfect_chain_can_pay(&self) -> bool {
-        self.chain_beats_rate(&[1.0])
-    }
-
     /// Whether any chain of draft-model tokens could beat the rate to beat, at the acceptance
     /// observed per depth and the draft's measured cost per token (the bound `treespec bound`
     /// prints). It answers yes until enough trials were seen, and for model-free drafters. When

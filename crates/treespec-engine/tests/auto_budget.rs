@@ -9,7 +9,7 @@
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use common::{chi_square, FAMILY_ALPHA};
 use treespec_core::cost::CostCurve;
@@ -19,7 +19,7 @@ use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{
     AutoConfig, AutoDrafter, DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared,
 };
-use treespec_engine::toy::{Support, ToyLm, ToyModel, WatchedLm};
+use treespec_engine::toy::{Support, ToyLm, ToyModel, Watch, WatchedLm};
 use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
 
 const CTX: usize = 512;
@@ -191,25 +191,35 @@ fn greedy_auto_grafts_suffix_drafts_onto_the_model_tree_and_stays_exact() {
     assert_eq!(dear.extra_stats().auto.unwrap().combined_steps, 0);
 }
 
+/// `auto` with `draft` as its model, watched (what it was given to prefill), its DySpec tree up
+/// to `depth` deep.
+fn watched_auto(
+    draft: &ToyModel,
+    costs: Arc<SharedCosts>,
+    depth: usize,
+) -> (AutoDrafter<WatchedLm>, Arc<Mutex<Watch>>) {
+    let (lm, watch) = WatchedLm::new(ToyLm::new(draft.clone(), CTX));
+    let config = AutoConfig {
+        costs,
+        suffix: SuffixConfig { max_depth: 6, ..Default::default() },
+        dyspec: DySpecConfig { budget: 12, max_depth: depth, ..Default::default() },
+        trace: None,
+    };
+    (AutoDrafter::new(Some(lm), config).unwrap(), watch)
+}
+
 #[test]
 fn a_draft_model_that_could_not_pay_even_when_perfect_never_takes_the_prompt() {
     // T(n) = 30n and a perfect draft at 3 ms a token: every chain costs more per token than
-    // plain decoding, whatever is accepted. `auto` alone gives the draft model the prompt at
-    // the start (a prefill before the first token) only where a perfect draft could pay.
+    // plain decoding, whatever is accepted. `auto` gives the draft model the prompt only when
+    // a step finds that drafting pays (the prefill included): here never.
     let greedy = SamplingParams::greedy();
     let target = ToyModel::new(16, 1, 7);
     let perfect = target.draft(0.0, 7);
     let prompt: Vec<TokenId> = (0..40).map(|i| (i * 7 % 16) as TokenId).collect();
     let plain = run(&target, &mut PlainDrafter, &prompt, 200, &greedy, 0).tokens;
     let counted = |costs: Arc<SharedCosts>| {
-        let (lm, watch) = WatchedLm::new(ToyLm::new(perfect.clone(), CTX));
-        let config = AutoConfig {
-            costs,
-            suffix: SuffixConfig { max_depth: 6, ..Default::default() },
-            dyspec: DySpecConfig { budget: 12, max_depth: 6, ..Default::default() },
-            trace: None,
-        };
-        let mut d = AutoDrafter::new(Some(lm), config).unwrap();
+        let (mut d, watch) = watched_auto(&perfect, costs, 6);
         let out = run(&target, &mut d, &prompt, 200, &greedy, 0);
         let prefilled = watch.lock().unwrap().prefilled;
         (out.tokens, d, prefilled)
@@ -223,6 +233,40 @@ fn a_draft_model_that_could_not_pay_even_when_perfect_never_takes_the_prompt() {
     assert_eq!(tokens, plain);
     assert!(prefilled >= prompt.len() - 1, "{prefilled}");
     assert!(cheap.draft_forwards() > 0 && cheap.extra_stats().auto.unwrap().model_steps > 0);
+}
+
+#[test]
+fn a_draft_model_takes_a_prompt_only_when_its_extra_tokens_repay_reading_it() {
+    // T(n) = 30 + 5n and a perfect draft at 20 ms a token: a perfect chain pays (12 deep, 3.3
+    // tokens a step more than its time is worth at plain decoding's rate). Two drafts with that
+    // step cost: one reads a prompt at 1 ms a token, the other at 8. `auto` starts the model
+    // without the prompt and catches it up only when the gain over the steps still to come
+    // repays that prefill: the cheap reader takes a 400-token prompt (0.4 s, twelve tokens'
+    // worth) a few tokens into the answer; the dear one (3.2 s, 92 tokens' worth) cannot repay
+    // it within 64 tokens and never reads it, where a prefill at the start would have delayed
+    // the first token by all of it.
+    let greedy = SamplingParams::greedy();
+    let target = ToyModel::new(32, 2, 7);
+    let perfect = target.draft(0.0, 7);
+    let prompt: Vec<TokenId> = (0..400).map(|i| ((i * 7 + i / 16) % 16) as TokenId).collect();
+    let plain = run(&target, &mut PlainDrafter, &prompt, 64, &greedy, 0).tokens;
+    let reading = |draft: CostCurve| {
+        let costs = SharedCosts::new(CostModel {
+            target: CostCurve::linear(30.0, 5.0, 32).unwrap(),
+            draft: Some(draft),
+            refine: false,
+            elsewhere: false,
+        });
+        let (mut d, watch) = watched_auto(&perfect, costs, 12);
+        let out = run(&target, &mut d, &prompt, 64, &greedy, 0);
+        assert_eq!(out.tokens, plain);
+        let prefilled = watch.lock().unwrap().prefilled;
+        (prefilled, d.extra_stats().auto.unwrap().model_steps)
+    };
+    let (prefilled, _) = reading(CostCurve::linear(19.0, 1.0, 32).unwrap());
+    assert!(prefilled >= prompt.len(), "the cheap reader read {prefilled} tokens");
+    let (prefilled, model_steps) = reading(CostCurve::linear(12.0, 8.0, 32).unwrap());
+    assert_eq!((prefilled, model_steps), (0, 0), "a prefill of 3.2 s that 64 tokens cannot repay");
 }
 
 const RUNS: u64 = 20_000;

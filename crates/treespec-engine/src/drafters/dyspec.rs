@@ -36,6 +36,7 @@
 
 use std::collections::BinaryHeap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use treespec_core::dist::Dist;
 use treespec_core::rng::{Stream, StreamRng};
@@ -147,6 +148,12 @@ pub struct DySpecDrafter<M: CausalLm> {
     /// a generation without it ([`Self::begin_deferred`]): the draft's prompt prefill is then
     /// spent only when a cost-aware step finds that drafting pays for it.
     synced: bool,
+    /// Prompt tokens of this generation (set by [`Self::begin_deferred`]): what the history
+    /// holds beyond them is the answer so far.
+    prompt_len: usize,
+    /// How long the last catch-up ([`Self::sync`] of a deferred start) took, until taken by
+    /// [`Self::take_catch_up`].
+    catch_up: Duration,
 }
 
 impl<M: CausalLm> DySpecDrafter<M> {
@@ -164,12 +171,15 @@ impl<M: CausalLm> DySpecDrafter<M> {
             last_gain: 0.0,
             last_expected: 1.0,
             synced: false,
+            prompt_len: 0,
+            catch_up: Duration::ZERO,
         })
     }
 
     /// Start a generation like [`Drafter::begin`] but leave the draft model empty: the
     /// cost-aware step fills it with the whole history ([`Self::sync`]) when it first drafts.
-    pub(crate) fn begin_deferred(&mut self, seed: u64) {
+    pub(crate) fn begin_deferred(&mut self, seed: u64, prompt_len: usize) {
+        self.prompt_len = prompt_len;
         self.rng = StreamRng::new(seed, Stream::Draft);
         self.stats = DySpecStats::default();
         if let Some(a) = self.auto.as_mut() {
@@ -182,10 +192,17 @@ impl<M: CausalLm> DySpecDrafter<M> {
     /// deferred start left it empty.
     pub(crate) fn sync(&mut self, history: &[TokenId]) -> Result<()> {
         if !self.synced {
+            let started = Instant::now();
             self.draft.begin(history)?;
+            self.catch_up += started.elapsed();
             self.synced = true;
         }
         Ok(())
+    }
+
+    /// The time spent catching a deferred start up since the last call (zero if none).
+    pub(crate) fn take_catch_up(&mut self) -> Duration {
+        std::mem::take(&mut self.catch_up)
     }
 
     /// The configuration.
@@ -205,7 +222,7 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
     }
 
     fn begin(&mut self, prompt: &[TokenId], _: &Sampler, seed: u64) -> Result<()> {
-        self.begin_deferred(seed);
+        self.begin_deferred(seed, prompt.len());
         self.sync(prompt)
     }
 

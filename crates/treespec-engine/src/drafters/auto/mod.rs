@@ -23,7 +23,7 @@ mod trace;
 pub use trace::DecisionTrace;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use treespec_core::budget::Economics;
 use treespec_core::policy_bandit::{Policy, PolicyBandit, Prediction, Realised};
@@ -282,10 +282,12 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.batched = true;
     }
 
-    /// Alone, the draft model takes the prompt now, as part of prefill. In a batch its prompt
-    /// prefill would stall every other request's step, so it gets the text only when a step
-    /// finds that the model's extra tokens over the steps left pay for that prefill. Where not
-    /// even a perfect draft could pay on this machine's curves, it never gets it.
+    /// The draft model starts without the text, alone as in a batch: it gets it only when a
+    /// step finds that the model's extra tokens over the steps left pay for that prefill (in a
+    /// batch it would stall every other request's step; alone it delays the first token). A
+    /// prefill at the start, whenever a perfect draft could pay, read a 1,700-token RAG prompt
+    /// into a model that never drafted: the first token 2.4 s later on a 2-core Zen 5, where the
+    /// 0.5B draft's perfect chain pays, but not enough to repay that prefill.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.long.begin(prompt);
@@ -297,17 +299,13 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         self.cap = BetCap::new();
         if let Some(m) = self.model.as_mut() {
             m.set_forward(0, prompt.len());
-            if self.batched || !m.perfect_chain_can_pay() {
-                m.begin_deferred(seed);
-            } else {
-                m.begin(prompt, sampler, seed)?;
-            }
+            m.begin_deferred(seed, prompt.len());
         }
         Ok(())
     }
 
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
-        let started = Instant::now();
+        let mut started = Instant::now();
         let suffix_tree = self.suffix.propose(ctx)?;
         self.steps += 1;
         let rate = self.suffix.economics().map_or(0.0, |e| e.rate);
@@ -370,6 +368,10 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
                 m.discard_proposal(model_offer.tree.len());
             }
         }
+        // A catch-up is a one-off that its rule priced over the steps left: the step is booked
+        // (and the model's policy judged) without it.
+        let catch_up = self.model.as_mut().map_or(Duration::ZERO, |m| m.take_catch_up());
+        started += catch_up;
         if best.policy != Policy::Suffix {
             self.suffix.discard_proposal();
         }
@@ -391,6 +393,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             forward_ms: 0.0,
             curve_ms: 0.0,
             step_ms: 0.0,
+            catch_up_ms: catch_up.as_secs_f64() * 1e3,
         });
         self.pending = Some(Pending {
             policy: best.policy,

@@ -103,6 +103,10 @@ pub(super) struct StepTrace {
     /// The curve's T(forward rows) for that forward.
     pub curve_ms: f64,
     /// What the step cost this request, as the books record it (alone: the step's wall time
-    /// from proposal to verification).
+    /// from proposal to verification, less any catch-up).
     pub step_ms: f64,
+    /// The draft model's catch-up at this step: the prefill of the whole text it was started
+    /// without (0 at every other step). A one-off the catch-up rule priced when it chose it,
+    /// so the books leave it out of the step's time.
+    pub catch_up_ms: f64,
 }

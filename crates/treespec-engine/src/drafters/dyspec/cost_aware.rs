@@ -61,9 +61,14 @@ impl<M: CausalLm> DySpecDrafter<M> {
         let mut draft = pays || (could_pay && self.synced && auto.probe_due());
         if draft && !self.synced {
             // A deferred model must first be caught up: a prefill of the whole history, paid once
-            // and earned back over the steps left (at most one per two tokens still wanted).
+            // and earned back over the steps left, at most one per two tokens still to come. How
+            // many will come is unknown until the answer ends: at most what is wanted, and, by the
+            // Copernican rule, about as many as the answer has had so far. Priced over all 128
+            // tokens wanted, a 47-token prompt's catch-up (160 ms, six target steps on a 2-core
+            // Zen 5) was taken at the first step of a 22-token answer and never earned back.
             let catch_up = auto.draft_cost(ctx.history.len());
-            let steps_left = (ctx.max_depth + 1) as f64 / 2.0;
+            let answered = ctx.history.len().saturating_sub(self.prompt_len).max(1);
+            let steps_left = (ctx.max_depth + 1).min(answered) as f64 / 2.0;
             draft = (look - self.bar) * steps_left > econ.rate * catch_up;
         }
         let pays = pays && draft;
@@ -133,13 +138,6 @@ impl<M: CausalLm> DySpecDrafter<M> {
     /// [`crate::auto_budget::AutoBudget::chain_can_pay`]); always yes without a cost model.
     pub(crate) fn chain_can_pay(&self) -> bool {
         self.auto.as_ref().is_none_or(|a| a.chain_can_pay())
-    }
-
-    /// Whether a perfect draft could beat the rate to beat (see
-    /// [`crate::auto_budget::AutoBudget::perfect_chain_can_pay`]); always yes without a cost
-    /// model.
-    pub(crate) fn perfect_chain_can_pay(&self) -> bool {
-        self.auto.as_ref().is_none_or(|a| a.perfect_chain_can_pay())
     }
 
     /// Set the gain a proposal must beat before the draft model runs (see [`Self::last_gain`]).
