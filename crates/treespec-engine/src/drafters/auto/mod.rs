@@ -87,7 +87,8 @@ pub struct AutoDrafter<M: CausalLm> {
     /// The most nodes a free policy may bet in this request now. One cap for both free
     /// policies: each copies the same text, so what one showed of it holds for the other.
     cap: BetCap,
-    /// Serving in a continuous batch ([`Drafter::join_batch`]): the draft model starts deferred.
+    /// Serving in a continuous batch ([`Drafter::join_batch`]): a step is booked at its share
+    /// of the batch's forward, not at its wall time.
     batched: bool,
     /// The curves are another machine's ([`crate::auto_budget::CostModel::elsewhere`]): a step
     /// is booked at the curve's time, not this machine's wall time, so the choices are the ones
@@ -283,11 +284,12 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
     }
 
     /// The draft model starts without the text, alone as in a batch: it gets it only when a
-    /// step finds that the model's extra tokens over the steps left pay for that prefill (in a
-    /// batch it would stall every other request's step; alone it delays the first token). A
-    /// prefill at the start, whenever a perfect draft could pay, read a 1,700-token RAG prompt
-    /// into a model that never drafted: the first token 2.4 s later on a 2-core Zen 5, where the
-    /// 0.5B draft's perfect chain pays, but not enough to repay that prefill.
+    /// step finds that the model's extra tokens over the tokens still to come (at most as many
+    /// as the answer has had so far) pay for that prefill. In a batch the prefill would stall
+    /// every other request's step; alone it delays the first token. A prefill at the start,
+    /// whenever a perfect draft could pay, read a 1,700-token RAG prompt into a model that never
+    /// drafted: the first token 2.4 s later on a 2-core Zen 5, where the 0.5B draft's perfect
+    /// chain pays, but not enough to repay that prefill.
     fn begin(&mut self, prompt: &[TokenId], sampler: &Sampler, seed: u64) -> Result<()> {
         self.suffix.begin(prompt, sampler, seed)?;
         self.long.begin(prompt);
