@@ -264,7 +264,7 @@ fn a_draft_model_takes_a_prompt_only_when_its_extra_tokens_repay_reading_it() {
         (prefilled, d.extra_stats().auto.unwrap().model_steps)
     };
     let (prefilled, _) = reading(CostCurve::linear(19.0, 1.0, 32).unwrap());
-    assert!(prefilled >= prompt.len(), "the cheap reader read {prefilled} tokens");
+    assert!(prefilled >= prompt.len() - 1, "the cheap reader read {prefilled} tokens");
     let (prefilled, model_steps) = reading(CostCurve::linear(12.0, 8.0, 32).unwrap());
     assert_eq!((prefilled, model_steps), (0, 0), "a prefill of 3.2 s that 64 tokens cannot repay");
 }
