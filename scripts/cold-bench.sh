@@ -134,10 +134,14 @@ out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/cold.jsonl") if l.strip()]
 # Several runs of a (prompt, tool) — REPEAT, or the lines of several runs of this script
 # concatenated — count as their median.
-runs = {}
-for r in rows:
-    if r["tokens_per_s"]:
-        runs.setdefault((r["id"], r["tool"]), []).append(r["tokens_per_s"])
+def runs_of(field):
+    """{(prompt, tool): [the field's value in each run that has it]}."""
+    runs = {}
+    for r in rows:
+        if r.get(field):
+            runs.setdefault((r["id"], r["tool"]), []).append(r[field])
+    return runs
+runs = runs_of("tokens_per_s")
 by = {k: statistics.median(v) for k, v in runs.items()}
 ids = sorted({r["id"] for r in rows})
 cats = {r["id"]: r["category"] for r in rows}
@@ -164,11 +168,7 @@ if peers:
               "treespec plain ÷ llama.cpp plain: " + f"{med([by[(i, 'treespec plain')] / by[(i, 'llama.cpp plain')] for i in ids if (i, 'treespec plain') in by and (i, 'llama.cpp plain') in by]):.2f}×."]
 # The whole request (prompt read, every draft model's prefill included) as a user waits for it:
 # treespec's runs only (llama.cpp's tools report decoding alone).
-walls = {}
-for r in rows:
-    if r.get("wall_s"):
-        walls.setdefault((r["id"], r["tool"]), []).append(r["wall_s"])
-wall = {k: statistics.median(v) for k, v in walls.items()}
+wall = {k: statistics.median(v) for k, v in runs_of("wall_s").items()}
 for tool in ("treespec auto", "treespec auto (before)"):
     w = [wall[(i, "treespec plain")] / wall[(i, tool)] for i in ids if (i, tool) in wall and (i, "treespec plain") in wall]
     if w:
