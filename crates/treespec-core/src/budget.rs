@@ -71,6 +71,13 @@ impl<'a> Economics<'a> {
         rows + (n + 1) as f64 * self.row_ms
     }
 
+    /// What the curve says a whole forward of `rows` rows takes on this request's context (every
+    /// row at its surcharge, the batch's other rows taken at the same context as in
+    /// [`Economics::in_batch_at`]): the time a timed forward is compared with.
+    pub fn forward_ms(&self, rows: usize) -> f64 {
+        self.target.ms(rows) + rows as f64 * self.row_ms
+    }
+
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
     pub fn gain(&self, n: usize, accepted: f64) -> f64 {
         1.0 + accepted - self.rate * self.ms(n)

@@ -125,6 +125,36 @@ fn long_copies_are_drafted_as_chains_and_greedy_output_equals_plain_decoding() {
     }
 }
 
+/// A step is compared with the curve at its own context, as it was priced: on a curve whose rows
+/// cost more the more tokens they attend to, the trace's `curve_ms` for each forward is T(n) plus
+/// n rows' surcharge at the step's context (it was T(n) on the profiled short cache, so every
+/// long prompt's forwards read as the curve running late — and a batch booked them so).
+#[test]
+fn each_forward_is_compared_with_the_curve_at_its_context() {
+    let curve = CostCurve::linear(30.0, 0.5, 128).unwrap().with_context_cost(0.01, 64).unwrap();
+    let costs =
+        SharedCosts::new(CostModel { target: curve.clone(), draft: None, refine: false, elsewhere: false });
+    let (target, req) = copy_case(1);
+    let (trace, buf) = memory_trace();
+    let mut d = auto(costs, SuffixShared::empty(), Some(trace));
+    run_on(&mut ToyLm::new(target, CTX), &mut d, &req);
+    let lines = trace_lines(&buf);
+    let mut drafted = 0;
+    for l in &lines {
+        let rows = l["forward_rows"].as_u64().unwrap() as usize;
+        let context = l["context"].as_u64().unwrap() as usize;
+        assert!(context > 150, "the prompt is long: {l}");
+        let expected = curve.ms_at(rows.max(1), context);
+        let traced = l["curve_ms"].as_f64().unwrap();
+        assert!(
+            (traced - expected).abs() < 1e-6,
+            "curve_ms {traced} for {rows} rows at {context}: {expected}"
+        );
+        drafted += usize::from(rows > 1);
+    }
+    assert!(drafted > 0, "no step drafted: nothing to compare");
+}
+
 /// The free policies' first bets in a request are probes of at most 4 nodes, whatever their
 /// prices say; a drafted step that brought what it was predicted to lets the bets of both grow
 /// to twice the drafted tokens it accepted, once two in a row did to 4 times, and from the third

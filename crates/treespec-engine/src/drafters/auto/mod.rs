@@ -211,10 +211,14 @@ impl<M: CausalLm> AutoDrafter<M> {
     /// What the verified step cost this request, in ms: alone, its wall time from proposal to
     /// verification (the curve's time when the curves are another machine's); in a batch, its
     /// predicted share of the forward scaled by how the whole forward's time compared with the
-    /// curve.
+    /// curve. The curve is read at the request's context, as the prediction was: read on the
+    /// profiled short cache, a forward on a long one looked slower than the curve by the
+    /// context's whole share (16 rows at 800 tokens: 176 ms against 144 on Zen 5, where the
+    /// curve at that context says 168), which a batch booked as every policy's steps running
+    /// late, and the trace showed as a curve that was wrong.
     fn step_ms(&self, pending: &Pending, predicted_ms: f64) -> (f64, usize, f64, f64) {
         let (rows, forward_ms) = pending.forward.unwrap_or((0, 0.0));
-        let curve_ms = self.suffix.economics().map_or(0.0, |e| e.target.ms(rows.max(1)));
+        let curve_ms = self.suffix.economics().map_or(0.0, |e| e.forward_ms(rows.max(1)));
         let ms = if self.curve_time {
             predicted_ms
         } else if self.batched && curve_ms > 0.0 {
