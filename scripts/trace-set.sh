@@ -64,6 +64,42 @@ lines += ["", "| category | prompts | mean tok/s | mean saved | mean lost |", "|
 for c, v in sorted(by_cat.items()):
     lines.append(f"| {c} | {len(v)} | {statistics.mean(x[0] for x in v):.1f} | "
                  f"{statistics.mean(x[1] for x in v):+.1f}% | {statistics.mean(x[2] for x in v):+.1f}% |")
+
+# Whether the bets the decision found close to plain decoding paid: each drafted step by its
+# predicted edge, the rate its policy was read to bring (the bandit's corrected rate) ÷ plain
+# decoding's at that step, against the plain steps it saved (+) or lost (−) and the tokens it
+# brought ÷ those predicted. A margin on close bets would be right where the lowest rows lose.
+def corrected_rate(offer):
+    c = offer["correction"]
+    tokens = min(c["tokens"] * (1 + c["bonus"]), 1.0) if c["tokens"] < 1.0 else c["tokens"]
+    return offer["predicted"]["tokens"] * tokens / max(offer["predicted"]["ms"] * c["ms"], 1e-12)
+
+edges = [1.05, 1.10, 1.25, 1.5, 2.0]
+rows = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+for r in runs:
+    steps = [json.loads(l) for l in open(f"{out}/{r['trace']}.trace") if l.strip()]
+    plain = [s["step_ms"] for s in steps if s["chosen"] == "plain"]
+    if not plain:
+        continue
+    per_token = statistics.median(plain)
+    for s in steps:
+        offers = {o["policy"]: o for o in s["offers"]}
+        if s["chosen"] == "plain" or s["chosen"] not in offers:
+            continue
+        chosen = offers[s["chosen"]]
+        edge = corrected_rate(chosen) / corrected_rate(offers["plain"])
+        b = sum(edge >= e for e in edges)
+        row = rows[b]
+        row[0] += 1
+        row[1] += s["emitted"] - s["step_ms"] / per_token
+        row[2] += chosen["predicted"]["tokens"]
+        row[3] += s["emitted"]
+names = ["< 1.05×"] + [f"{lo:.2f}–{hi:.2f}×" for lo, hi in zip(edges, edges[1:])] + [f"≥ {edges[-1]:.2f}×"]
+lines += ["", "| predicted edge over plain | bets | plain steps saved | brought ÷ predicted tokens |",
+          "|---|---:|---:|---:|"]
+for b in sorted(rows):
+    n, saved_steps, predicted, emitted = rows[b]
+    lines.append(f"| {names[b]} | {n} | {saved_steps:+.1f} | {emitted / predicted:.2f} |")
 open(f"{out}/regret.md", "w").write("\n".join(lines) + "\n")
-print("\n".join(lines[-len(by_cat) - 2:]))
+print("\n".join(lines[-len(by_cat) - len(rows) - 5:]))
 EOF
