@@ -10,6 +10,7 @@
 #   treespec:plain      treespec serve -m T -t 2 --method plain
 #   treespec:auto       treespec serve -m T --draft D -t 2 --method auto   (without D: --method suffix)
 #   treespec:suffix     treespec serve -m T -t 2 --method suffix            (optional)
+#   treespec:auto-before  treespec:auto run by another build, $BEFORE_BIN     (optional: an A/B of two builds)
 #   treespec:auto-chunkN  treespec:auto with --prefill-chunk N                 (optional)
 #   treespec:plain-decodeN, treespec:auto-decodeN  plain / auto with --decode-chunk N (optional)
 #   llama:plain         llama-server -m T -t 2 -tb 2 -ngl 0 --jinja --no-webui
@@ -70,6 +71,11 @@ server_cmd() {
         fi
         ;;
     treespec:suffix) echo "$TREESPEC_BIN" serve -m "$TARGET" -t 2 --method suffix --port "$port" "${ts_slots[@]}" ;;
+    treespec:auto-before)
+        # Another build's `auto` beside this one's, interleaved session by session (A/B of two builds).
+        [[ -x "${BEFORE_BIN:-}" ]] || { log "treespec:auto-before needs BEFORE_BIN, another build's treespec"; exit 1; }
+        echo "$BEFORE_BIN" serve -m "$TARGET" "${draft[@]}" -t 2 --method auto --port "$port" "${ts_slots[@]}"
+        ;;
     treespec:auto-chunk*)
         # `auto` with a larger prefill chunk (treespec:auto-chunk2048: --prefill-chunk 2048).
         echo "$TREESPEC_BIN" serve -m "$TARGET" "${draft[@]}" -t 2 --method auto --prefill-chunk "${name#treespec:auto-chunk}" \
