@@ -10,6 +10,9 @@
 # OUT/regret.md per prompt and category: the steps that drafted, by policy, and the time they
 # saved (+) or lost (−) against the run's own median plain step (a drafted step emitting e tokens
 # in t ms saved e·plain − t), as a share of the run's decode time; "lost" sums the steps that lost.
+# Then every drafted step by its predicted edge over plain decoding (the bandit's corrected rates,
+# as the decision read them): plain steps saved and tokens brought ÷ predicted, per band — whether
+# the close bets pay on this text.
 # Two builds compared: run it once per build (BIN) into two OUT folders.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

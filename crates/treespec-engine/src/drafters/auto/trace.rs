@@ -100,7 +100,8 @@ pub(super) struct StepTrace {
     /// Rows and ms of the target forward (the whole batch's in a batch).
     pub forward_rows: usize,
     pub forward_ms: f64,
-    /// The curve's T(forward rows) for that forward.
+    /// What the curve says that forward takes: T(forward rows) plus every row's surcharge for the
+    /// step's context (the time the step was priced on).
     pub curve_ms: f64,
     /// What the step cost this request, as the books record it (alone: the step's wall time
     /// from proposal to verification, less any catch-up).
