@@ -49,24 +49,6 @@ out = sys.argv[1]
 runs = [json.loads(l) for l in open(f"{out}/runs.jsonl") if l.strip()]
 lines = ["| category | prompt | tok/s | steps | drafted steps | saved | lost |", "|---|---|---:|---:|---|---:|---:|"]
 by_cat = collections.defaultdict(list)
-for r in runs:
-    steps = [json.loads(l) for l in open(f"{out}/{r['trace']}.trace") if l.strip()]
-    if not steps:
-        continue
-    plain = [s["step_ms"] for s in steps if s["chosen"] == "plain"]
-    per_token = statistics.median(plain) if plain else statistics.median(s["curve_ms"] for s in steps)
-    total = sum(s["step_ms"] for s in steps)
-    bets = [s for s in steps if s["chosen"] != "plain"]
-    delta = [s["emitted"] * per_token - s["step_ms"] for s in bets]
-    saved = 100 * sum(delta) / total
-    lost = 100 * sum(d for d in delta if d < 0) / total
-    policies = ", ".join(f"{p} {n}" for p, n in sorted(collections.Counter(s["chosen"] for s in bets).items()))
-    by_cat[r["category"]].append((r["tokens_per_s"], saved, lost))
-    lines.append(f"| {r['category']} | {r['id']} | {r['tokens_per_s']:.1f} | {len(steps)} | {policies or '—'} | {saved:+.1f}% | {lost:+.1f}% |")
-lines += ["", "| category | prompts | mean tok/s | mean saved | mean lost |", "|---|---:|---:|---:|---:|"]
-for c, v in sorted(by_cat.items()):
-    lines.append(f"| {c} | {len(v)} | {statistics.mean(x[0] for x in v):.1f} | "
-                 f"{statistics.mean(x[1] for x in v):+.1f}% | {statistics.mean(x[2] for x in v):+.1f}% |")
 
 # Whether the bets the decision found close to plain decoding paid: each drafted step by its
 # predicted edge, the rate its policy was read to bring (the bandit's corrected rate) ÷ plain
@@ -81,22 +63,34 @@ edges = [1.05, 1.10, 1.25, 1.5, 2.0]
 rows = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 for r in runs:
     steps = [json.loads(l) for l in open(f"{out}/{r['trace']}.trace") if l.strip()]
-    plain = [s["step_ms"] for s in steps if s["chosen"] == "plain"]
-    if not plain:
+    if not steps:
         continue
-    per_token = statistics.median(plain)
-    for s in steps:
+    plain = [s["step_ms"] for s in steps if s["chosen"] == "plain"]
+    per_token = statistics.median(plain) if plain else statistics.median(s["curve_ms"] for s in steps)
+    total = sum(s["step_ms"] for s in steps)
+    bets = [s for s in steps if s["chosen"] != "plain"]
+    delta = [s["emitted"] * per_token - s["step_ms"] for s in bets]
+    saved = 100 * sum(delta) / total
+    lost = 100 * sum(d for d in delta if d < 0) / total
+    policies = ", ".join(f"{p} {n}" for p, n in sorted(collections.Counter(s["chosen"] for s in bets).items()))
+    by_cat[r["category"]].append((r["tokens_per_s"], saved, lost))
+    lines.append(f"| {r['category']} | {r['id']} | {r['tokens_per_s']:.1f} | {len(steps)} | {policies or '—'} | {saved:+.1f}% | {lost:+.1f}% |")
+    # The edge table counts runs with a plain step to measure the bets against.
+    for s in bets if plain else []:
         offers = {o["policy"]: o for o in s["offers"]}
-        if s["chosen"] == "plain" or s["chosen"] not in offers:
+        if s["chosen"] not in offers:
             continue
         chosen = offers[s["chosen"]]
         edge = corrected_rate(chosen) / corrected_rate(offers["plain"])
-        b = sum(edge >= e for e in edges)
-        row = rows[b]
+        row = rows[sum(edge >= e for e in edges)]
         row[0] += 1
         row[1] += s["emitted"] - s["step_ms"] / per_token
         row[2] += chosen["predicted"]["tokens"]
         row[3] += s["emitted"]
+lines += ["", "| category | prompts | mean tok/s | mean saved | mean lost |", "|---|---:|---:|---:|---:|"]
+for c, v in sorted(by_cat.items()):
+    lines.append(f"| {c} | {len(v)} | {statistics.mean(x[0] for x in v):.1f} | "
+                 f"{statistics.mean(x[1] for x in v):+.1f}% | {statistics.mean(x[2] for x in v):+.1f}% |")
 names = ["< 1.05×"] + [f"{lo:.2f}–{hi:.2f}×" for lo, hi in zip(edges, edges[1:])] + [f"≥ {edges[-1]:.2f}×"]
 lines += ["", "| predicted edge over plain | bets | plain steps saved | brought ÷ predicted tokens |",
           "|---|---:|---:|---:|"]
