@@ -112,6 +112,19 @@ EOF
     log "ready: run(command=\"bash scripts/gpu-check.sh device\", carry=[\"$BUNDLE\"], timeout_s=560)"
 }
 
+# The CUDA compiler: on PATH, in the usual toolkit folders, or in Python's CUDA packages.
+find_nvcc() {
+    local c
+    for c in "$(command -v nvcc 2>/dev/null)" /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
+        [[ -n $c && -x $c ]] && {
+            echo "$c"
+            return 0
+        }
+    done
+    c=$(find /opt /usr -name nvcc -type f -perm -u+x 2>/dev/null | head -1)
+    [[ -n $c ]] && echo "$c"
+}
+
 # Build llama.cpp's shared libraries (and llama-batched-bench) from the bundle's sources.
 build_libraries() {
     local build=$1 cuda=$2
@@ -120,9 +133,12 @@ build_libraries() {
     fi
     local gpu=(-DGGML_CUDA=OFF)
     if [[ $cuda == 1 ]]; then
-        command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
-        command -v nvcc >/dev/null || die "nvcc is not on PATH (nor in /usr/local/cuda/bin)"
-        gpu=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
+        local nvcc
+        nvcc=$(find_nvcc) || die "no nvcc: not on PATH, nor under /usr/local/cuda*, /opt or Python's nvidia packages"
+        log "CUDA compiler: $nvcc ($("$nvcc" --version | tail -1))"
+        # CMake's FindCUDAToolkit looks for the runtime and cuBLAS beside the compiler.
+        gpu=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DCMAKE_CUDA_COMPILER="$nvcc"
+            -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")")
     fi
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
@@ -138,18 +154,38 @@ build_libraries() {
     fi
     local targets=(llama ggml-cpu)
     [[ $cuda == 1 ]] && targets+=(ggml-cuda)
-    log "building ${targets[*]} ($(nproc) cores)"
+    # llama-batched-bench in the same parallel build; should it fail, the libraries alone.
+    local tools=()
+    [[ -f $WORK/src/tools/batched-bench/CMakeLists.txt ]] && tools=(llama-batched-bench)
+    log "building ${targets[*]} ${tools[*]} ($(nproc) cores)"
     local t0=$SECONDS
-    cmake --build "$build" --config Release -j "$(nproc)" --target "${targets[@]}" >"$build.build.log" 2>&1 || {
-        tail -40 "$build.build.log" >&2
-        die "build failed"
-    }
-    log "built in $((SECONDS - t0)) s"
-    if [[ -f $WORK/src/tools/batched-bench/CMakeLists.txt ]]; then
-        cmake --build "$build" --config Release -j "$(nproc)" --target llama-batched-bench >>"$build.build.log" 2>&1 ||
-            log "llama-batched-bench did not build (see $build.build.log); going on without it"
+    if ! cmake --build "$build" --config Release -j "$(nproc)" --target "${targets[@]}" "${tools[@]}" >"$build.build.log" 2>&1; then
+        [[ ${#tools[@]} -gt 0 ]] && log "the build with llama-batched-bench failed; the libraries alone (see $build.build.log)"
+        cmake --build "$build" --config Release -j "$(nproc)" --target "${targets[@]}" >>"$build.build.log" 2>&1 || {
+            tail -40 "$build.build.log" >&2
+            die "build failed"
+        }
     fi
+    log "built in $((SECONDS - t0)) s"
     cp "$BUNDLE/treespec" "$build/bin/treespec"
+}
+
+# Seconds left of the device step's own budget (DEADLINE, counted from its start): a stage
+# that would not fit is skipped, named in the log, and what came before still comes back.
+fits() {
+    local need=$1 what=$2
+    if ((SECONDS + need > DEADLINE)); then
+        log "skipped: $what (needs about ${need} s, $((DEADLINE - SECONDS)) s left)"
+        return 1
+    fi
+}
+
+# Everything gathered so far goes back after each stage, so a run cut short still returns it.
+checkpoint() {
+    local out=$1 back=$2
+    summarize "$out" >"$out/summary.md" 2>"$out/summary.err" || true
+    cp "$out/summary.md" "$back/summary.md"
+    tar -C "$out" -czf "$back/gpu-check.tar.gz" .
 }
 
 device() {
@@ -157,6 +193,7 @@ device() {
     if [[ ${1:-} == --cpu ]]; then
         cuda=0 ngl=()
     fi
+    DEADLINE=${DEADLINE:-540}
     [[ -f $BUNDLE/treespec ]] || die "no $BUNDLE/ here: run 'scripts/gpu-check.sh prepare' first and carry $BUNDLE"
     # The device tool brings back at most 8 files from $OUT: the results are gathered in one
     # folder and come back as one archive beside the summary and the log.
@@ -164,6 +201,8 @@ device() {
     rm -rf "$out" && mkdir -p "$out" "$back"
     exec > >(tee "$back/log.txt") 2>&1
     nvidia-smi -L 2>/dev/null || true
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>/dev/null >"$out/gpu.txt" || true
+    { lscpu | grep -E 'Model name|^CPU\(s\)'; } >>"$out/gpu.txt" 2>/dev/null || true
     local build=$WORK/build-$([[ $cuda == 1 ]] && echo cuda || echo cpu)
     build_libraries "$build" "$cuda"
     export LD_LIBRARY_PATH=$PWD/$build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -185,38 +224,64 @@ device() {
     done
     local target=$models/$TARGET_GGUF draft=$models/$DRAFT_GGUF max_n=128
     [[ $cuda == 0 ]] && max_n=${CPU_MAX_N:-16}
-    log "T(n) of both models, n = 1…$max_n"
+    log "T(n) of both models, n = 1…$max_n ($((DEADLINE - SECONDS)) s left)"
     "$ts" profile -m "$target" "${ngl[@]}" --max-n "$max_n" --prefix 128 --repeat 5 --json >"$out/profile-1.5b.json"
     "$ts" profile -m "$draft" "${ngl[@]}" --max-n "$max_n" --prefix 128 --repeat 5 --json >"$out/profile-0.5b.json"
-    log "llama.cpp's batched-bench on the same file"
+    checkpoint "$out" "$back"
     local npl=1,2,4,8,16,32,64,128
     [[ $cuda == 0 ]] && npl=1,4,16
-    if [[ -x $build/bin/llama-batched-bench ]]; then
+    if [[ -x $build/bin/llama-batched-bench ]] && fits 40 "llama-batched-bench"; then
+        log "llama.cpp's batched-bench on the same file"
         "$build/bin/llama-batched-bench" -m "$target" -ngl 99 -c 20480 -b 2048 -ub 512 -npp 128 -ntg 8 \
             -npl "$npl" >"$out/batched-bench.txt" 2>"$out/batched-bench.log" || log "batched-bench failed (see its log)"
+        # One sequence decoding 128 tokens: llama.cpp's own time for a plain step, host included.
+        "$build/bin/llama-batched-bench" -m "$target" -ngl 99 -c 4096 -b 2048 -ub 512 -npp 128 -ntg 128 \
+            -npl 1 >"$out/batched-bench-tg.txt" 2>>"$out/batched-bench.log" || log "batched-bench (TG) failed"
+        checkpoint "$out" "$back"
     fi
-    log "greedy equality of the methods with plain decoding (and the curves auto caches)"
     # On the CPU `--exact` holds, and greedy answers must equal plain decoding's token for token.
     # A GPU's kernels change with the batch size (docs/GPU.md, Exactness): there the table says
     # where answers part, and random weights have more near-ties than a trained model.
     local n=64 exact=()
     [[ $cuda == 0 ]] && n=24 exact=(--exact)
-    "$ts" bench -m "$target" --draft "$draft" "${ngl[@]}" "${exact[@]}" --methods suffix,dyspec,auto \
-        --prompts "$BUNDLE/prompts.jsonl" --per-category 1 -n "$n" --log --out "$out/bench-equal"
+    if [[ $cuda == 1 ]]; then
+        log "--exact with every layer on the GPU must be refused with a clear message"
+        "$ts" generate -m "$target" "${ngl[@]}" --exact -p "hello" -n 4 >"$out/exact-refused.txt" 2>&1 &&
+            echo "NOT REFUSED: exit 0" >>"$out/exact-refused.txt"
+        tail -3 "$out/exact-refused.txt"
+    fi
+    if fits 90 "greedy equality with the 0.5B draft"; then
+        log "greedy equality of the methods with plain decoding (and the curves auto caches)"
+        "$ts" bench -m "$target" --draft "$draft" "${ngl[@]}" "${exact[@]}" --methods suffix,dyspec,auto \
+            --prompts "$BUNDLE/prompts.jsonl" --per-category 1 -n "$n" --log --out "$out/bench-equal"
+        mkdir -p "$out/costs"
+        cp "$TREESPEC_CACHE_DIR"/costs/*.json "$out/costs/" 2>/dev/null || true
+        rm -f "$out"/bench-*/*.svg
+        checkpoint "$out" "$back"
+    fi
     # The random draft agrees with the random target on nothing, so its trees are all rejected:
     # verification of deep accepted trees is checked with the target as its own draft (every
     # node accepted) on a flat synthetic curve that makes every method draft its widest trees.
-    log "greedy equality with the target as its own draft (deep trees accepted)"
-    TREESPEC_COSTS=linear:10,0.05 "$ts" bench -m "$target" --draft "$target" "${ngl[@]}" "${exact[@]}" \
-        --methods dyspec,auto \
-        --prompts "$BUNDLE/prompts.jsonl" --per-category 1 --limit 6 -n "$n" --log --out "$out/bench-self"
-    mkdir -p "$out/costs"
-    cp "$TREESPEC_CACHE_DIR"/costs/*.json "$out/costs/"
-    rm -f "$out"/bench-*/*.svg
-    summarize "$out" >"$out/summary.md"
+    if fits 60 "greedy equality with the target as its own draft"; then
+        log "greedy equality with the target as its own draft (deep trees accepted)"
+        TREESPEC_COSTS=linear:10,0.05 "$ts" bench -m "$target" --draft "$target" "${ngl[@]}" "${exact[@]}" \
+            --methods dyspec,auto \
+            --prompts "$BUNDLE/prompts.jsonl" --per-category 1 --limit 6 -n "$n" --log --out "$out/bench-self"
+        rm -f "$out"/bench-*/*.svg
+        checkpoint "$out" "$back"
+    fi
+    # A forward's cost with a long committed context (the session workloads' documents).
+    if [[ $cuda == 1 ]] && fits 40 "T(n) at 2,048 tokens of context"; then
+        log "T(n) of the 1.5B shape at 2,048 tokens of context"
+        "$ts" profile -m "$target" "${ngl[@]}" --max-n 64 --prefix 2048 --repeat 3 --json >"$out/profile-1.5b-ctx2048.json" ||
+            log "the long-context profile failed"
+        checkpoint "$out" "$back"
+    fi
+    if fits 45 "the server on the device"; then
+        serve_check "$ts" "$target" "$draft" "$out" "${ngl[@]}"
+        checkpoint "$out" "$back"
+    fi
     cat "$out/summary.md"
-    cp "$out/summary.md" "$back/summary.md"
-    tar -C "$out" -czf "$back/gpu-check.tar.gz" .
     log "results: $back/gpu-check.tar.gz (replay: mkdir DIR && tar -C DIR -xzf it; gpu-check.sh replay DIR)"
     if [[ $cuda == 0 ]] && python3 - "$out" <<'EOF'
 import json, sys
@@ -228,17 +293,65 @@ EOF
     fi
 }
 
-# The device run's table: T(n) of both models, llama.cpp's timings, identity with plain decoding.
+# The batched server with both models on the device: /health names the device, a streamed chat
+# request is answered. Writes server.txt (PASS or FAIL lines, then the answers).
+serve_check() {
+    local ts=$1 target=$2 draft=$3 out=$4
+    shift 4
+    local port=8391 log=$out/serve.log
+    log "the server on the device: /health and a streamed chat answer"
+    "$ts" serve -m "$target" --draft "$draft" "$@" --port "$port" >"$log" 2>&1 &
+    local pid=$! up=0
+    for _ in $(seq 60); do
+        curl -fs "http://127.0.0.1:$port/health" >"$out/health.json" 2>/dev/null && {
+            up=1
+            break
+        }
+        sleep 1
+    done
+    {
+        if [[ $up == 0 ]]; then
+            echo "FAIL: the server did not answer /health within 60 s"
+        else
+            echo "health: $(cat "$out/health.json")"
+            curl -fsN -m 60 "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+                -d '{"messages":[{"role":"user","content":"Write a function that adds two numbers."}],"max_tokens":48,"stream":true}' \
+                >"$out/stream.txt" 2>&1
+            local chunks
+            chunks=$(grep -c '^data: {' "$out/stream.txt" || true)
+            if [[ $chunks -gt 1 ]] && grep -q '^data: \[DONE\]' "$out/stream.txt"; then
+                echo "PASS: streamed chat answer, $chunks chunks"
+            else
+                echo "FAIL: streamed chat answer ($chunks chunks; see stream.txt)"
+            fi
+        fi
+    } | tee "$out/server.txt"
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# The device run's table: T(n) of both models, llama.cpp's timings, a plain step's host time,
+# identity with plain decoding, the server. Each part only where its files exist (a run cut short).
 summarize() {
     python3 - "$1" <<'EOF'
-import json, re, sys
+import json, re, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-t = json.load(open(out / "profile-1.5b.json"))
-d = json.load(open(out / "profile-0.5b.json"))
+def load(name):
+    try:
+        return json.load(open(out / name))
+    except (OSError, ValueError):
+        return None
+t, d = load("profile-1.5b.json"), load("profile-0.5b.json")
+if not t:
+    print("# treespec on the device: no T(n) measured (see log.txt)")
+    sys.exit()
 tm = {p["n"]: p["ms"] for p in t["points"]}
-dm = {p["n"]: p["ms"] for p in d["points"]}
+dm = {p["n"]: p["ms"] for p in d["points"]} if d else {}
 print(f"# treespec on {t['device']}\n")
+gpu = (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").exists() else ""
+if gpu:
+    print("```\n" + gpu + "\n```\n")
 print("Random-weight files with the shapes, types and tokenizer of Qwen2.5-Coder-1.5B/0.5B Q4_K_M;")
 print(f"{t['prefix']} committed tokens under each batch, median of repeats, ms.\n")
 sizes = [n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n in tm]
@@ -246,18 +359,50 @@ print("| n | " + " | ".join(map(str, sizes)) + " |")
 print("|---|" + "---:|" * len(sizes))
 print("| 1.5B T(n) | " + " | ".join(f"{tm[n]:.2f}" for n in sizes) + " |")
 print("| 1.5B T(n)/T(1) | " + " | ".join(f"{tm[n] / tm[1]:.2f}" for n in sizes) + " |")
-print("| 0.5B T(n) | " + " | ".join(f"{dm[n]:.2f}" for n in sizes if n in dm) + " |")
-print(f"\nDraft step ÷ target step (n = 1): {dm[1] / tm[1]:.2f}.")
-bb = (out / "batched-bench.txt").read_text() if (out / "batched-bench.txt").exists() else ""
-rows = [l for l in bb.splitlines() if l.startswith("|") and re.search(r"\d", l)]
-if rows:
+if dm:
+    print("| 0.5B T(n) | " + " | ".join(f"{dm[n]:.2f}" for n in sizes if n in dm) + " |")
+long = load("profile-1.5b-ctx2048.json")
+if long:
+    lm = {p["n"]: p["ms"] for p in long["points"]}
+    print(f"| 1.5B T(n), {long['prefix']} tokens of context | " + " | ".join(f"{lm[n]:.2f}" if n in lm else "" for n in sizes) + " |")
+if dm:
+    print(f"\nDraft step ÷ target step (n = 1): {dm[1] / tm[1]:.2f}.")
+def table(name):
+    text = (out / name).read_text() if (out / name).exists() else ""
+    lines = [l for l in text.splitlines() if l.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")] if lines else []
+    rows = [dict(zip(head, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+    return lines, rows
+lines, _ = table("batched-bench.txt")
+if lines:
     print("\nllama-batched-bench on the target file (PP 128, TG 8 per sequence; its own table):\n")
-    print("\n".join(l for l in bb.splitlines() if l.startswith("|")))
+    print("\n".join(lines))
+# A plain step's host time: treespec's plain decode step (wall time less prefill, per forward)
+# against the bare forward T(1) and against llama.cpp's own decode step on the same file.
+eq = load("bench-equal/results.json")
+_, tg = table("batched-bench-tg.txt")
+if eq:
+    plain = [r for r in eq["runs"] if r["method"] == "plain" and r["target_forwards"]]
+    if plain:
+        step = statistics.median(1000 * (r["wall_s"] - r["prefill_s"]) / r["target_forwards"] for r in plain)
+        fwd = statistics.median(1000 * r["target_s"] / r["target_forwards"] for r in plain)
+        print("\nA plain decoding step (ms; median over the plain answers of the equality run):\n")
+        print("| | ms per token |")
+        print("|---|---:|")
+        print(f"| treespec plain, whole step | {step:.2f} |")
+        print(f"| of which the target's forward and logits | {fwd:.2f} |")
+        print(f"| profiled T(1) | {tm[1]:.2f} |")
+        if tg:
+            r = tg[0]
+            print(f"| llama-batched-bench, 1 sequence, {r['TG']} tokens | {1000 * float(r['T_TG s']) / float(r['TG']):.2f} |")
 print("\nGreedy answers against plain decoding on the same device:\n")
 print("| draft | method | answers | identical to plain | tokens per forward |")
 print("|---|---|---:|---:|---:|")
 for run, draft in (("bench-equal", "0.5B (random: rejected)"), ("bench-self", "the target itself (accepted)")):
-    res = json.load(open(out / run / "results.json"))
+    res = load(f"{run}/results.json")
+    if not res:
+        print(f"| {draft} | (not run) | | | |")
+        continue
     by = {}
     for r in res["runs"]:
         by.setdefault(r["method"], []).append(r)
@@ -265,6 +410,9 @@ for run, draft in (("bench-equal", "0.5B (random: rejected)"), ("bench-self", "t
         same = sum(1 for r in runs if r.get("identical_to_plain"))
         tpf = sum(r["emitted"] for r in runs) / max(1, sum(r["target_forwards"] for r in runs))
         print(f"| {draft} | {m} | {len(runs)} | {same} | {tpf:.2f} |")
+for name, title in (("exact-refused.txt", "`--exact` with `-ngl all`"), ("server.txt", "The server on the device")):
+    if (out / name).exists():
+        print(f"\n{title}:\n\n```\n" + "\n".join((out / name).read_text().strip().splitlines()[-4:]) + "\n```")
 EOF
 }
 
