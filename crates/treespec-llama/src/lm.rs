@@ -463,4 +463,8 @@ impl CausalLm for LlamaLm<'_> {
         }
         Ok(())
     }
+
+    fn computes_on_cpu(&self) -> bool {
+        !self.model.options().offload.layers.any()
+    }
 }

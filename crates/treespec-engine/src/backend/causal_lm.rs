@@ -167,6 +167,14 @@ pub trait CausalLm: Send {
 
     /// Drop pending nodes and committed tokens beyond `len`.
     fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Whether a forward computes on this process's CPU threads (false: a GPU holds the
+    /// model's layers). Cost measurement reads the CPU time of a forward's threads to tell
+    /// that another process shared the cores; where a device computes, the host thread only
+    /// waits for it, and that time says nothing about sharing.
+    fn computes_on_cpu(&self) -> bool {
+        true
+    }
 }
 
 /// Forward every `CausalLm` method through a pointer type to the model it points at.
@@ -196,6 +204,9 @@ macro_rules! forward_causal_lm {
             }
             fn truncate(&mut self, len: usize) -> Result<()> {
                 (**self).truncate(len)
+            }
+            fn computes_on_cpu(&self) -> bool {
+                (**self).computes_on_cpu()
             }
         }
     )*};

@@ -75,7 +75,8 @@ pub struct Timing {
     pub ms: f64,
     /// The share of those milliseconds our threads ran on a CPU (the process's CPU time ÷ (wall
     /// time × threads)): about 1 when the forward had its cores, about ½ when another busy
-    /// process shared each of them. None where the platform does not say.
+    /// process shared each of them. None where the platform does not say, or where a device
+    /// computed the forward ([`CausalLm::computes_on_cpu`]).
     pub on_cpu: Option<f64>,
 }
 
@@ -96,14 +97,17 @@ pub trait ForwardTimer {
     }
 }
 
-/// Times chain forwards on a model, on top of a committed prefix (after a warm-up of the
-/// smallest and largest size, whose first decodes allocate buffers). Call [`LmTimer::finish`]
-/// to leave the model's cache empty.
+/// Times chain forwards on a model, on top of a committed prefix (after a warm-up: on a CPU of
+/// the smallest and largest size, whose first decodes allocate buffers; on a device of every
+/// size). Call [`LmTimer::finish`] to leave the model's cache empty.
 pub struct LmTimer<'a> {
     lm: &'a mut dyn CausalLm,
     tail: Vec<u32>,
     last_only: bool,
     threads: usize,
+    /// Whether the forward's threads are this process's CPU threads ([`CausalLm::computes_on_cpu`]):
+    /// only then does their CPU time tell a shared core.
+    on_cpu: bool,
     /// Milliseconds paused so far while this process served requests (see [`serving_gate`]).
     paused_ms: f64,
 }
@@ -138,8 +142,14 @@ impl<'a> LmTimer<'a> {
         let tail = tokens.split_off(prefix);
         lm.truncate(0)?;
         lm.prefill(&tokens)?;
-        let mut timer = Self { lm, tail, last_only, threads: threads.max(1), paused_ms: 0.0 };
-        for n in [1, max_n] {
+        let on_cpu = lm.computes_on_cpu();
+        let mut timer = Self { lm, tail, last_only, threads: threads.max(1), on_cpu, paused_ms: 0.0 };
+        // A device loads each kernel on its first use (CUDA's lazy loading: a 2-row batch's
+        // first forward on an H200 took 25 ms against 4 for the sizes around it), so every size
+        // runs once before any is timed; a forward there takes milliseconds. On a CPU the
+        // smallest and largest sizes allocate what the others reuse.
+        let warm: Vec<usize> = if on_cpu { vec![1, max_n] } else { (1..=max_n).collect() };
+        for n in warm {
             timer.time(n)?;
         }
         Ok(timer)
@@ -188,7 +198,10 @@ impl ForwardTimer for LmTimer<'_> {
             let t = Instant::now();
             self.lm.forward(&batch)?;
             let ms = (t.elapsed().as_secs_f64() * 1e3).max(1e-6);
-            let on_cpu = cpu.zip(process_cpu_ms()).map(|(a, b)| (b - a) / (ms * self.threads as f64));
+            let on_cpu = cpu
+                .zip(process_cpu_ms())
+                .filter(|_| self.on_cpu)
+                .map(|(a, b)| (b - a) / (ms * self.threads as f64));
             self.lm.commit(&[])?;
             if gap.alone() {
                 return Ok(Timing { ms, on_cpu });

@@ -66,4 +66,7 @@ impl CausalLm for WatchedLm {
     fn truncate(&mut self, len: usize) -> Result<()> {
         self.lm.truncate(len)
     }
+    fn computes_on_cpu(&self) -> bool {
+        self.lm.computes_on_cpu()
+    }
 }
