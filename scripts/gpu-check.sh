@@ -11,7 +11,7 @@
 #          sources the crate vendors (so the CUDA backend is built there from exactly the code the
 #          binary was built against), the header (metadata, tokenizer, tensor table) of the
 #          Qwen2.5-Coder-1.5B and -0.5B files, and a few prompts. With the device tool:
-#          run(command="bash scripts/gpu-check.sh device", carry=["target-gpu"], timeout_s=560).
+#          run(command="bash scripts/gpu-check.sh device", carry=["target-gpu"], timeout_s=600).
 # device   Builds llama.cpp there as shared libraries with the CUDA backend (sm_90; a warm machine
 #          keeps the build), writes random-weight GGUF files with exactly the real files' shapes,
 #          tensor types and tokenizer (scripts/gpu/random_gguf.py: a forward's time depends on
@@ -22,6 +22,8 @@
 #            costs/*.json                           the curves `auto` caches there (what replay prices on)
 #            bench-equal/, bench-self/              plain, suffix, dyspec, auto: same greedy tokens?
 #            summary.md                             the table of the above
+#          Each stage that would run past DEADLINE (seconds from the start, default 540) is
+#          skipped, and what came before goes back after every stage.
 #          `--cpu` runs the same steps on this machine's CPU (no CUDA): a check of the flow — the
 #          bundle, the build from the vendored sources, the backends loaded as libraries, the
 #          random files — before the GPU's minutes are spent.
@@ -109,7 +111,7 @@ out += open("bench/inputs/prompts/code-edit.jsonl").readlines()[:2]
 open(sys.argv[1], "w").writelines(out)
 EOF
     du -sh "$BUNDLE" >&2
-    log "ready: run(command=\"bash scripts/gpu-check.sh device\", carry=[\"$BUNDLE\"], timeout_s=560)"
+    log "ready: run(command=\"bash scripts/gpu-check.sh device\", carry=[\"$BUNDLE\"], timeout_s=600)"
 }
 
 # The CUDA compiler: on PATH, in the usual toolkit folders, or in Python's CUDA packages.
@@ -225,9 +227,14 @@ device() {
     local target=$models/$TARGET_GGUF draft=$models/$DRAFT_GGUF max_n=128
     [[ $cuda == 0 ]] && max_n=${CPU_MAX_N:-16}
     log "T(n) of both models, n = 1…$max_n ($((DEADLINE - SECONDS)) s left)"
-    "$ts" profile -m "$target" "${ngl[@]}" --max-n "$max_n" --prefix 128 --repeat 5 --json >"$out/profile-1.5b.json"
-    "$ts" profile -m "$draft" "${ngl[@]}" --max-n "$max_n" --prefix 128 --repeat 5 --json >"$out/profile-0.5b.json"
-    checkpoint "$out" "$back"
+    # Each profile under a limit of its own: on a GPU one takes seconds, and a stall must not
+    # take the rest of the run with it (an H200 run once spent four minutes on each).
+    local limit=${PROFILE_LIMIT_S:-$([[ $cuda == 1 ]] && echo 90 || echo 900)} which
+    for which in 1.5b:$target 0.5b:$draft; do
+        timeout "$limit" "$ts" profile -m "${which#*:}" "${ngl[@]}" --max-n "$max_n" --prefix 128 --repeat 5 \
+            --json >"$out/profile-${which%%:*}.json" || log "the ${which%%:*} profile failed or ran past $limit s"
+        checkpoint "$out" "$back"
+    done
     local npl=1,2,4,8,16,32,64,128
     [[ $cuda == 0 ]] && npl=1,4,16
     if [[ -x $build/bin/llama-batched-bench ]] && fits 40 "llama-batched-bench"; then
@@ -273,7 +280,8 @@ device() {
     # A forward's cost with a long committed context (the session workloads' documents).
     if [[ $cuda == 1 ]] && fits 40 "T(n) at 2,048 tokens of context"; then
         log "T(n) of the 1.5B shape at 2,048 tokens of context"
-        "$ts" profile -m "$target" "${ngl[@]}" --max-n 64 --prefix 2048 --repeat 3 --json >"$out/profile-1.5b-ctx2048.json" ||
+        timeout 60 "$ts" profile -m "$target" "${ngl[@]}" --max-n 64 --prefix 2048 --repeat 3 --json \
+            >"$out/profile-1.5b-ctx2048.json" ||
             log "the long-context profile failed"
         checkpoint "$out" "$back"
     fi
@@ -419,18 +427,26 @@ EOF
 replay() {
     local dir=${1:-}
     [[ -d $dir ]] || die "usage: gpu-check.sh replay DIR (the results of a device run)"
-    local target_curve draft_curve
-    # The fast-mode curves when there are any (a `device --cpu` run caches exact ones only).
-    target_curve=$( (ls -t "$dir"/costs/*1.5b*-fast*.json; ls -t "$dir"/costs/*1.5b*.json) 2>/dev/null | head -1)
-    draft_curve=$( (ls -t "$dir"/costs/*0.5b*-fast*.json; ls -t "$dir"/costs/*0.5b*.json) 2>/dev/null | head -1)
-    [[ -n $target_curve && -n $draft_curve ]] || die "$dir/costs/ holds no 1.5B and 0.5B curves"
     cargo build --release -q -p treespec-cli -p treespec-bench --examples --bins >&2
+    local target_curve draft_curve which
+    # The curves auto cached there, fast-mode ones first (a `device --cpu` run caches exact ones
+    # only); else the `treespec profile` tables made into curves (profile_curve).
+    for which in 1.5b 0.5b; do
+        local curve
+        curve=$( (ls -t "$dir"/costs/*"$which"*-fast*.json; ls -t "$dir"/costs/*"$which"*.json) 2>/dev/null | head -1 || true)
+        if [[ -z $curve && -s $dir/profile-$which.json ]]; then
+            curve=$dir/curve-$which.json
+            ./target/release/examples/profile_curve "$dir/profile-$which.json" "$curve" >&2
+        fi
+        [[ $which == 1.5b ]] && target_curve=$curve || draft_curve=$curve
+    done
+    [[ -n $target_curve ]] || die "$dir holds no 1.5B curve (costs/ or profile-1.5b.json)"
     local report=$dir/replay.md work=$dir/replay
     mkdir -p "$work"
     {
         echo "# Replayed on $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["device"])' "$dir/profile-1.5b.json")'s curves"
         echo
-        echo "Acceptance recorded on a CPU; every forward timed on the GPU curves of $dir/costs/."
+        echo "Acceptance recorded on a CPU; every forward timed on the GPU curves ($target_curve${draft_curve:+, $draft_curve})."
         echo
         echo "## Free drafts on the main set's recorded answers (suffix_replay)"
         echo
@@ -461,6 +477,11 @@ replay() {
         cat "$work/session-oracle.md"
     } >>"$report"
     # Draft-model trees and auto, recorded live here with the budgets the GPU curves choose.
+    if [[ -z $draft_curve ]]; then
+        printf '\n## Draft-model methods\n\nNot replayed: the run measured no 0.5B curve.\n' >>"$report"
+        log "wrote $report (no draft curve: the draft-model methods are not replayed)"
+        return
+    fi
     log "recording dyspec and auto on this CPU with the GPU's curves (minutes)"
     TREESPEC_COSTS="file:$target_curve,$draft_curve" ./target/release/treespec bench \
         -m "models/$TARGET_GGUF" --draft "models/$DRAFT_GGUF" --methods dyspec,auto --budget-max 64 \
