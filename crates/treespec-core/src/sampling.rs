@@ -135,10 +135,10 @@ impl Sampler {
     /// The greedy token: argmax of the penalised logits. `context` is the token history (prompt +
     /// generated + tree path) the repetition penalty looks at.
     pub fn greedy_token(&self, logits: &[f32], context: &[TokenId]) -> Result<TokenId> {
-        check_logits(logits)?;
         if !self.params.penalises() {
-            return Ok(argmax(logits));
+            return checked_argmax(logits);
         }
+        check_logits(logits)?;
         let mut l = logits.to_vec();
         self.penalise(&mut l, context);
         Ok(argmax(&l))
@@ -216,6 +216,50 @@ impl Sampler {
         }
     }
 }
+
+/// [`check_logits`] and then [`argmax`], in one pass the compiler can vectorise: the greedy
+/// token of every plain step and of every node on a verified path. Two scalar passes over a
+/// 152k-token vocabulary took about 0.18 ms a step, nothing beside a 27 ms CPU forward but 8%
+/// of a 2.15 ms forward on an H200. Each of [`LANES`] lanes keeps its largest value and the
+/// first index holding it; the lowest index among the lanes that hold the overall maximum is
+/// the first maximum, as [`argmax`] returns. A bad logit is reported as [`check_logits`] does.
+pub fn checked_argmax(logits: &[f32]) -> Result<TokenId> {
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [0u32; LANES];
+    let mut bad = [false; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        let base = (c * LANES) as u32;
+        for j in 0..LANES {
+            let v = chunk[j];
+            bad[j] |= v.is_nan() | (v == f32::INFINITY);
+            let wins = v > best[j];
+            best[j] = if wins { v } else { best[j] };
+            at[j] = if wins { base + j as u32 } else { at[j] };
+        }
+    }
+    let base = logits.len() - tail.len();
+    for (j, &v) in tail.iter().enumerate() {
+        bad[j] |= v.is_nan() | (v == f32::INFINITY);
+        if v > best[j] {
+            best[j] = v;
+            at[j] = (base + j) as u32;
+        }
+    }
+    if logits.is_empty() || bad.contains(&true) {
+        check_logits(logits)?;
+    }
+    let max = best.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return Err(Error::NoMass);
+    }
+    let first = (0..LANES).filter(|&j| best[j] == max).map(|j| at[j]).min().unwrap_or(0);
+    Ok(first as TokenId)
+}
+
+/// Lanes of [`checked_argmax`]: 16 f32s, one AVX-512 register or two AVX2 ones.
+const LANES: usize = 16;
 
 /// Logits must be non-empty, free of NaN and +inf, and not all −inf.
 pub fn check_logits(logits: &[f32]) -> Result<()> {
