@@ -285,6 +285,14 @@ device() {
             log "the long-context profile failed"
         checkpoint "$out" "$back"
     fi
+    # What a tree step would cost if its size repeated from step to step (a graph replay): the
+    # lever of keeping tree sizes to a few buckets (docs/GPU.md, Not done yet).
+    if [[ $cuda == 1 ]] && fits 30 "T(n) with each size repeated"; then
+        log "T(n) of the 1.5B shape, each size timed as the third of three in a row"
+        timeout 60 "$ts" profile -m "$target" "${ngl[@]}" --sizes 1,2,4,8,16,32,64,128 --prefix 128 --repeat 5 \
+            --repeated-shapes --json >"$out/profile-1.5b-repeated.json" || log "the repeated-shape profile failed"
+        checkpoint "$out" "$back"
+    fi
     if fits 45 "the server on the device"; then
         serve_check "$ts" "$target" "$draft" "$out" "${ngl[@]}"
         checkpoint "$out" "$back"
@@ -373,6 +381,10 @@ long = load("profile-1.5b-ctx2048.json")
 if long:
     lm = {p["n"]: p["ms"] for p in long["points"]}
     print(f"| 1.5B T(n), {long['prefix']} tokens of context | " + " | ".join(f"{lm[n]:.2f}" if n in lm else "" for n in sizes) + " |")
+rep = load("profile-1.5b-repeated.json")
+if rep:
+    rm = {p["n"]: p["ms"] for p in rep["points"]}
+    print("| 1.5B T(n), each size repeated (graph replay) | " + " | ".join(f"{rm[n]:.2f}" if n in rm else "" for n in sizes) + " |")
 if dm:
     print(f"\nDraft step ÷ target step (n = 1): {dm[1] / tm[1]:.2f}.")
 def table(name):

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use treespec_core::TokenId;
 use treespec_engine::backend::{CausalLm, Logits, TreeBatch};
-use treespec_engine::measure::profile::{time_rounds, LmTimer, MeasureOptions, Timed};
+use treespec_engine::measure::profile::{
+    time_forwards, time_rounds, LmTimer, MeasureOptions, ProfileSpec, Timed,
+};
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::Result;
 
@@ -142,5 +144,26 @@ fn one_row_is_timed_as_plain_decoding_replays_it_and_larger_sizes_as_tree_steps_
             fastest(n),
             direct(n)
         );
+    }
+}
+
+#[test]
+fn with_repeated_shapes_every_size_is_timed_as_a_replay() {
+    // What tree steps would cost if their sizes repeated (kept to a few buckets): the lever a
+    // device run measures with `treespec profile --repeated-shapes`.
+    let mut lm = Sleeper::new(true).with_graphs();
+    let sizes: Vec<usize> = (1..=8).collect();
+    let spec = ProfileSpec {
+        sizes: &sizes,
+        repeat: 3,
+        prefix: 16,
+        last_only: false,
+        threads: THREADS,
+        repeated_shapes: true,
+    };
+    let timed = time_forwards(&mut lm, spec).unwrap();
+    let direct = (sleep(1) + CAPTURE_MISS).as_secs_f64() * 1e3;
+    for size in &timed {
+        assert!(size.min_ms < direct, "{} rows timed at {:.2} ms, not as a replay", size.n, size.min_ms);
     }
 }

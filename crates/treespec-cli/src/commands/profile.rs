@@ -34,6 +34,12 @@ pub struct ProfileArgs {
     /// cost per row.
     #[arg(long)]
     pub last_only: bool,
+    /// Time each size after two untimed forwards of the same size: what a step costs where its
+    /// size repeats from step to step (a GPU then replays a captured graph). Without it, on a
+    /// GPU only one row is timed so (plain decoding repeats it); larger sizes are timed after
+    /// other sizes, as tree steps of changing size run.
+    #[arg(long)]
+    pub repeated_shapes: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -79,6 +85,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         prefix: args.prefix,
         last_only: args.last_only,
         threads,
+        repeated_shapes: args.repeated_shapes,
     };
     let points = time_forwards(&mut model.new_lm()?, spec)?;
     if args.json {
@@ -87,7 +94,8 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         println!(
             "{}",
             json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
-                "prefix": args.prefix, "tiled_matmul": treespec_llama::tiled_matmul_state(),
+                "prefix": args.prefix, "repeated_shapes": args.repeated_shapes,
+                "tiled_matmul": treespec_llama::tiled_matmul_state(),
                 "points": rows})
         );
         return Ok(());

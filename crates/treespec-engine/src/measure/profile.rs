@@ -55,6 +55,9 @@ pub struct ProfileSpec<'a> {
     /// Threads the model computes with (to tell a forward that had its cores from one that
     /// shared them).
     pub threads: usize,
+    /// Time every size as a step whose size repeats: after [`ONE_ROW_LEAD_IN`] untimed forwards
+    /// of that size (see [`LmTimer::with_repeated_shapes`]).
+    pub repeated_shapes: bool,
 }
 
 /// The timing of one batch size.
@@ -108,6 +111,8 @@ pub struct LmTimer<'a> {
     /// Whether the forward's threads are this process's CPU threads ([`CausalLm::computes_on_cpu`]):
     /// only then does their CPU time tell a shared core.
     on_cpu: bool,
+    /// Every size timed after untimed forwards of its own size, not only one row on a device.
+    repeated_shapes: bool,
     /// Milliseconds paused so far while this process served requests (see [`serving_gate`]).
     paused_ms: f64,
 }
@@ -147,7 +152,15 @@ impl<'a> LmTimer<'a> {
         lm.truncate(0)?;
         lm.prefill(&tokens)?;
         let on_cpu = lm.computes_on_cpu();
-        let mut timer = Self { lm, tail, last_only, threads: threads.max(1), on_cpu, paused_ms: 0.0 };
+        let mut timer = Self {
+            lm,
+            tail,
+            last_only,
+            threads: threads.max(1),
+            on_cpu,
+            repeated_shapes: false,
+            paused_ms: 0.0,
+        };
         // A device loads each kernel on its first use (CUDA's lazy loading: a 2-row batch's
         // first forward on an H200 took 25 ms against 4 for the sizes around it), so every size
         // runs once before any is timed; a forward there takes milliseconds. On a CPU the
@@ -157,6 +170,15 @@ impl<'a> LmTimer<'a> {
             timer.time(n)?;
         }
         Ok(timer)
+    }
+
+    /// Time every size after [`ONE_ROW_LEAD_IN`] untimed forwards of that size: what a step
+    /// costs where its size repeats from step to step, as it would if tree sizes were kept to
+    /// a few buckets. A device that replays captured graphs for a repeated shape is priced at
+    /// the replay; without this, only one row is timed so there (plain decoding repeats it).
+    pub fn with_repeated_shapes(mut self) -> Self {
+        self.repeated_shapes = true;
+        self
     }
 
     /// Empty the model's cache.
@@ -193,7 +215,7 @@ impl ForwardTimer for LmTimer<'_> {
             ))
         })?;
         let batch = TreeBatch::chain(tokens, None, 0, self.last_only);
-        if !self.on_cpu && n == 1 {
+        if self.repeated_shapes || (!self.on_cpu && n == 1) {
             // Plain decoding repeats the one-row shape every step, and a device replays a
             // captured graph for a shape it saw in the calls before (llama.cpp's CUDA backend
             // captures on the second call, replays from the third): one row is timed as that
@@ -239,6 +261,9 @@ pub fn time_forwards(lm: &mut dyn CausalLm, spec: ProfileSpec) -> Result<Vec<Tim
     check_sizes(spec.sizes, spec.repeat)?;
     let max_n = spec.sizes.iter().copied().max().unwrap_or(0);
     let mut timer = LmTimer::new(lm, spec.prefix, max_n, spec.last_only, spec.threads)?;
+    if spec.repeated_shapes {
+        timer = timer.with_repeated_shapes();
+    }
     let opts = MeasureOptions {
         rounds: spec.repeat,
         extra_rounds: 0,
