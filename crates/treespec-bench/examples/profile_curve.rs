@@ -26,7 +26,7 @@ fn main() -> Result<()> {
     let text = std::fs::read_to_string(profile).with_context(|| format!("reading {profile}"))?;
     let table: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {profile}"))?;
-    let points: Vec<(usize, f64)> = table["points"]
+    let mut points: Vec<(usize, f64)> = table["points"]
         .as_array()
         .with_context(|| format!("{profile} holds no points (a `treespec profile --json` table)"))?
         .iter()
@@ -37,16 +37,16 @@ fn main() -> Result<()> {
             ))
         })
         .collect::<Result<_>>()?;
-    let mut points = points;
     points.sort_by_key(|p| p.0);
-    let mut cheapest_after = f64::INFINITY;
+    // (n, as timed, lowered to)
     let mut lowered = Vec::new();
+    let mut cheapest_after = f64::INFINITY;
     for p in points.iter_mut().rev() {
         if p.1 > cheapest_after {
-            lowered.push((p.0, p.1));
+            lowered.push((p.0, p.1, cheapest_after));
             p.1 = cheapest_after;
         }
-        cheapest_after = cheapest_after.min(p.1);
+        cheapest_after = p.1;
     }
     lowered.reverse();
     let prefix = table["prefix"].as_u64().unwrap_or(0) as usize;
@@ -59,15 +59,13 @@ fn main() -> Result<()> {
         "curve": curve,
         "noisy": "",
         "observations": 0,
-        "lowered": lowered,
+        "lowered": lowered.iter().map(|&(n, was, _)| (n, was)).collect::<Vec<_>>(),
     });
     std::fs::write(out, serde_json::to_string_pretty(&file)?).with_context(|| format!("writing {out}"))?;
     let by_far: Vec<String> = lowered
         .iter()
-        .filter_map(|&(n, ms)| {
-            let now = points.iter().find(|p| p.0 == n).map_or(ms, |p| p.1);
-            (ms > 1.25 * now).then(|| format!("{n}: {ms:.2} → {now:.2} ms"))
-        })
+        .filter(|&&(_, was, now)| was > 1.25 * now)
+        .map(|(n, was, now)| format!("{n}: {was:.2} → {now:.2} ms"))
         .collect();
     eprintln!(
         "{out}: {} sizes, {} lowered to a larger size's time; by more than 25%: {}",

@@ -9,79 +9,42 @@
 
 use std::time::Duration;
 
-use treespec_core::TokenId;
-use treespec_engine::backend::{CausalLm, Logits, TreeBatch};
+use treespec_engine::backend::CausalLm;
 use treespec_engine::measure::profile::{
     time_forwards, time_rounds, LmTimer, MeasureOptions, ProfileSpec, Timed,
 };
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::Result;
 
-/// A toy whose forwards sleep (1 ms plus 0.1 ms a row), on the CPU or "on a device". With
-/// `graphs`, a device replays a captured graph for a shape its two previous forwards had, as
-/// llama.cpp's CUDA backend does: such a forward takes 0.5 ms, any other 8 ms more than usual
-/// (margins no scheduler's wake-up delay bridges in every round).
-struct Sleeper {
-    lm: ToyLm,
-    on_device: bool,
-    graphs: bool,
-    shapes: Vec<usize>,
-}
-
+/// A forward of `rows` rows: 1 ms plus 0.1 ms a row.
 fn sleep(rows: usize) -> Duration {
     Duration::from_micros(1_000 + 100 * rows as u64)
 }
 
+/// A device that replays a captured graph for a shape its two previous forwards had, as
+/// llama.cpp's CUDA backend does: such a forward takes 0.5 ms, any other 8 ms more than usual
+/// (margins no scheduler's wake-up delay bridges in every round).
 const REPLAYED: Duration = Duration::from_micros(500);
 const CAPTURE_MISS: Duration = Duration::from_millis(8);
 
-impl Sleeper {
-    fn new(on_device: bool) -> Self {
-        Self { lm: ToyLm::new(ToyModel::new(16, 2, 7), 256), on_device, graphs: false, shapes: Vec::new() }
-    }
-
-    fn with_graphs(mut self) -> Self {
-        self.graphs = true;
-        self
+fn with_graphs(rows: usize, repeats: usize) -> Duration {
+    if repeats >= 2 {
+        REPLAYED
+    } else {
+        sleep(rows) + CAPTURE_MISS
     }
 }
 
-impl CausalLm for Sleeper {
-    fn vocab_size(&self) -> usize {
-        self.lm.vocab_size()
-    }
-    fn context_size(&self) -> usize {
-        self.lm.context_size()
-    }
-    fn committed_len(&self) -> usize {
-        self.lm.committed_len()
-    }
-    fn pending_len(&self) -> usize {
-        self.lm.pending_len()
-    }
-    fn prefill(&mut self, tokens: &[TokenId]) -> Result<()> {
-        self.lm.prefill(tokens)
-    }
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Logits<'_>> {
-        let n = batch.tokens.len();
-        let replayed =
-            self.graphs && self.shapes.len() >= 2 && self.shapes[self.shapes.len() - 2..] == [n, n];
-        std::thread::sleep(match (self.graphs, replayed) {
-            (true, true) => REPLAYED,
-            (true, false) => sleep(n) + CAPTURE_MISS,
-            (false, _) => sleep(n),
-        });
-        self.shapes.push(n);
-        self.lm.forward(batch)
-    }
-    fn commit(&mut self, path: &[usize]) -> Result<()> {
-        self.lm.commit(path)
-    }
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        self.lm.truncate(len)
-    }
-    fn computes_on_cpu(&self) -> bool {
-        !self.on_device
+fn toy() -> ToyLm {
+    ToyLm::new(ToyModel::new(16, 2, 7), 256)
+}
+
+/// Forwards that take wall time and no CPU time: on a device, or (judged by the CPU rule) on
+/// a CPU whose cores another process took.
+fn sleeper(on_device: bool) -> ToyLm {
+    if on_device {
+        toy().on_device(|rows, _| sleep(rows))
+    } else {
+        toy().with_forward_time(sleep)
     }
 }
 
@@ -101,7 +64,7 @@ fn measure(lm: &mut dyn CausalLm, max_wait_ms: f64) -> Timed {
 
 #[test]
 fn a_device_forward_is_not_judged_shared_by_the_cpu_time_of_its_host_thread() {
-    let mut lm = Sleeper::new(true);
+    let mut lm = sleeper(true);
     // A generous waiting budget: judged shared, the forwards would spend it (seconds).
     let timed = measure(&mut lm, 30_000.0);
     let noise = &timed.interference;
@@ -119,7 +82,7 @@ fn a_device_forward_is_not_judged_shared_by_the_cpu_time_of_its_host_thread() {
 fn the_same_forwards_on_the_cpu_still_count_as_shared() {
     // The rule the device is exempt from still holds on the CPU: threads that ran for no CPU time
     // during a forward did not have their cores. (A 1 ms budget keeps the waits short.)
-    let mut lm = Sleeper::new(false);
+    let mut lm = sleeper(false);
     let timed = measure(&mut lm, 1.0);
     assert!(timed.interference.shared > 0, "{:?}", timed.interference);
 }
@@ -128,7 +91,7 @@ fn the_same_forwards_on_the_cpu_still_count_as_shared() {
 fn one_row_is_timed_as_plain_decoding_replays_it_and_larger_sizes_as_tree_steps_run_them() {
     // Plain decoding repeats the one-row shape, so a device replays its graph; a tree step's size
     // changes from step to step, so it runs directly. The curve must price each as it runs.
-    let mut lm = Sleeper::new(true).with_graphs();
+    let mut lm = toy().on_device(with_graphs);
     let timed = measure(&mut lm, 30_000.0);
     let fastest = |n: usize| {
         let times = &timed.samples.iter().find(|s| s.0 == n).unwrap().1;
@@ -151,7 +114,7 @@ fn one_row_is_timed_as_plain_decoding_replays_it_and_larger_sizes_as_tree_steps_
 fn with_repeated_shapes_every_size_is_timed_as_a_replay() {
     // What tree steps would cost if their sizes repeated (kept to a few buckets): the lever a
     // device run measures with `treespec profile --repeated-shapes`.
-    let mut lm = Sleeper::new(true).with_graphs();
+    let mut lm = toy().on_device(with_graphs);
     let sizes: Vec<usize> = (1..=8).collect();
     let spec = ProfileSpec {
         sizes: &sizes,

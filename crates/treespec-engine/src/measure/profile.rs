@@ -55,7 +55,7 @@ pub struct ProfileSpec<'a> {
     /// Threads the model computes with (to tell a forward that had its cores from one that
     /// shared them).
     pub threads: usize,
-    /// Time every size as a step whose size repeats: after [`ONE_ROW_LEAD_IN`] untimed forwards
+    /// Time every size as a step whose size repeats: after [`SAME_SHAPE_LEAD_IN`] untimed forwards
     /// of that size (see [`LmTimer::with_repeated_shapes`]).
     pub repeated_shapes: bool,
 }
@@ -117,9 +117,9 @@ pub struct LmTimer<'a> {
     paused_ms: f64,
 }
 
-/// Untimed one-row forwards before a one-row forward is timed on a device (see
-/// [`LmTimer::time`]).
-const ONE_ROW_LEAD_IN: usize = 2;
+/// Untimed forwards of a size before that size is timed as a repeated shape: one row on a
+/// device, every size with [`LmTimer::with_repeated_shapes`] (see [`LmTimer::time`]).
+const SAME_SHAPE_LEAD_IN: usize = 2;
 
 /// The most a measurement pauses, in all, for the requests of its own process: beyond it a server
 /// that never idles is measured beside its requests (those forwards count as shared, so the
@@ -172,7 +172,7 @@ impl<'a> LmTimer<'a> {
         Ok(timer)
     }
 
-    /// Time every size after [`ONE_ROW_LEAD_IN`] untimed forwards of that size: what a step
+    /// Time every size after [`SAME_SHAPE_LEAD_IN`] untimed forwards of that size: what a step
     /// costs where its size repeats from step to step, as it would if tree sizes were kept to
     /// a few buckets. A device that replays captured graphs for a repeated shape is priced at
     /// the replay; without this, only one row is timed so there (plain decoding repeats it).
@@ -221,8 +221,8 @@ impl ForwardTimer for LmTimer<'_> {
             // captures on the second call, replays from the third): one row is timed as that
             // steady state. A tree step's shape changes from step to step, so larger sizes are
             // timed as they come, after other sizes (on an H200: 2.15 ms for one row replayed,
-            // 4.5 ms for four rows run directly).
-            for _ in 0..ONE_ROW_LEAD_IN {
+            // 4.5 ms for four rows run directly), unless asked for as repeated shapes.
+            for _ in 0..SAME_SHAPE_LEAD_IN {
                 self.lm.forward(&batch)?;
                 self.lm.commit(&[])?;
             }

@@ -19,18 +19,41 @@ pub struct ToyLm {
     pending: Vec<(TokenId, Option<usize>)>,
     /// How long a forward of n rows takes (none: as fast as it computes).
     forward_time: Option<fn(usize) -> Duration>,
+    /// On a simulated device (see [`ToyLm::on_device`]): how long a forward of n rows takes after
+    /// so many forwards of n rows in a row.
+    device_time: Option<fn(usize, usize) -> Duration>,
+    /// The rows of the last forward, and how many forwards in a row had them.
+    last_shape: (usize, usize),
 }
 
 impl ToyLm {
     /// Wrap a toy model with a context window of `context` positions.
     pub fn new(model: ToyModel, context: usize) -> Self {
-        Self { model, context, committed: Vec::new(), pending: Vec::new(), forward_time: None }
+        Self {
+            model,
+            context,
+            committed: Vec::new(),
+            pending: Vec::new(),
+            forward_time: None,
+            device_time: None,
+            last_shape: (0, 0),
+        }
     }
 
     /// A toy on a simulated machine: each forward of n rows takes at least `time(n)` (a test of
     /// what a drafter does where the cost curve it is given is not the machine's).
     pub fn with_forward_time(mut self, time: fn(usize) -> Duration) -> Self {
         self.forward_time = Some(time);
+        self
+    }
+
+    /// A toy on a simulated device: its forwards do not compute on this process's CPU threads
+    /// ([`CausalLm::computes_on_cpu`] is false), and a forward of n rows takes
+    /// `time(n, repeats)`, `repeats` being how many forwards of n rows came right before it (a
+    /// device replays a captured graph for a shape that repeats). A test of cost measurement on
+    /// a GPU.
+    pub fn on_device(mut self, time: fn(usize, usize) -> Duration) -> Self {
+        self.device_time = Some(time);
         self
     }
 
@@ -114,9 +137,15 @@ impl CausalLm for ToyLm {
         if batch.tokens.len() != batch.parents.len() || batch.tokens.len() != batch.logits.len() {
             return Err(EngineError::State("batch fields of different lengths".into()));
         }
+        let rows = batch.tokens.len();
         if let Some(time) = self.forward_time {
-            std::thread::sleep(time(batch.tokens.len()));
+            std::thread::sleep(time(rows));
         }
+        let repeats = if self.last_shape.0 == rows { self.last_shape.1 } else { 0 };
+        if let Some(time) = self.device_time {
+            std::thread::sleep(time(rows, repeats));
+        }
+        self.last_shape = (rows, repeats + 1);
         let base = self.pending.len();
         let mut data = Vec::new();
         for (i, (&tok, &parent)) in batch.tokens.iter().zip(&batch.parents).enumerate() {
@@ -175,5 +204,9 @@ impl CausalLm for ToyLm {
         self.pending.clear();
         self.committed.truncate(len);
         Ok(())
+    }
+
+    fn computes_on_cpu(&self) -> bool {
+        self.device_time.is_none()
     }
 }
