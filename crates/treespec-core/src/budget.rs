@@ -54,13 +54,14 @@ impl<'a> Economics<'a> {
     pub fn in_batch_at(target: &'a CostCurve, rate: f64, batch_rows: usize, context: usize) -> Self {
         let row_ms = target.row_surcharge(context);
         let rows = (batch_rows + 1) as f64;
-        let plain = rows / (target.ms(batch_rows + 1) + rows * row_ms);
+        let plain = rows / ((target.ms(batch_rows + 1) + rows * row_ms) * target.excess(batch_rows + 1));
         let rate = if rate.is_finite() { rate.max(plain) } else { plain };
         Self { target, rate, batch_rows, row_ms, plain_rate: plain }
     }
 
-    /// What this request's root and `n` drafted nodes add to the forward, in ms (`T(n + 1)`
-    /// alone, plus their context surcharge).
+    /// What this request's root and `n` drafted nodes are expected to add to the forward, in ms
+    /// (`T(n + 1)` alone, plus their context surcharge, times the excess that forwards of that
+    /// many rows have really shown over the curve: [`CostCurve::excess`]).
     pub fn ms(&self, n: usize) -> f64 {
         let rows = match self.batch_rows {
             0 => self.target.ms(n + 1),
@@ -68,14 +69,15 @@ impl<'a> Economics<'a> {
             // never negative, and the rows after a dip are not free.
             b => self.target.ms_floor(b + n + 1) - self.target.ms_floor(b),
         };
-        rows + (n + 1) as f64 * self.row_ms
+        (rows + (n + 1) as f64 * self.row_ms) * self.target.excess(self.batch_rows + n + 1)
     }
 
-    /// What the curve says a whole forward of `rows` rows takes on this request's context (every
+    /// What a whole forward of `rows` rows is expected to take on this request's context (every
     /// row at its surcharge, the batch's other rows taken at the same context as in
-    /// [`Economics::in_batch_at`]): the time a timed forward is compared with.
+    /// [`Economics::in_batch_at`], times the excess of its kind): the time a timed forward is
+    /// compared with.
     pub fn forward_ms(&self, rows: usize) -> f64 {
-        self.target.ms(rows) + rows as f64 * self.row_ms
+        (self.target.ms(rows) + rows as f64 * self.row_ms) * self.target.excess(rows)
     }
 
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
@@ -211,7 +213,7 @@ pub fn lanes_chain_bound(
 ///
 /// The curve is read as measured, dips included: where the kernels make T(16) cheaper than
 /// T(15), a 15-row forward is topped up to 16 by the best node on offer, which then costs less
-/// than nothing.
+/// than nothing. Each size is read at its expected time ([`CostCurve::expected_ms`]).
 pub fn batch_cut(
     target: &CostCurve,
     fixed_rows: usize,
@@ -223,12 +225,12 @@ pub fn batch_cut(
     let work = tokens + prompt_rows.min(fixed_rows) as f64;
     let mut extra = fixed_ms.max(0.0);
     let rate = |ms: f64, extra: f64, work: f64| if ms + extra > 0.0 { work / (ms + extra) } else { 0.0 };
-    let mut best = (0, rate(target.ms(fixed_rows), extra, work));
+    let mut best = (0, rate(target.expected_ms(fixed_rows), extra, work));
     let mut sum = work;
     for (i, &(v, row_ms)) in nodes.iter().enumerate() {
         sum += v;
         extra += row_ms.max(0.0);
-        let r = rate(target.ms(fixed_rows + i + 1), extra, sum);
+        let r = rate(target.expected_ms(fixed_rows + i + 1), extra, sum);
         if r > best.1 {
             best = (i + 1, r);
         }
@@ -272,6 +274,27 @@ mod tests {
         assert_eq!(e.best_prefix(&[]), (0, 0.0));
         // 12 ms for 0.3 expected tokens: a token costs 40 ms > 33 ms.
         assert_eq!(e.best_prefix(&[0.3]).0, 0);
+    }
+
+    #[test]
+    fn a_bet_that_beats_plain_only_on_the_fastest_timings_is_declined() {
+        // T(2) = 45 against T(1) = 33: a node worth 0.41 tokens beats plain decoding by 3% on
+        // the curve. Two-row forwards that take 45 or 53 ms in turn (the curve follows the fast
+        // ones) cost 49 on average, and that makes the bet a loss once the curve has seen them;
+        // one-row forwards that take their T(1) change nothing.
+        let mut c = curve();
+        let bet = [0.41];
+        assert_eq!(Economics::new(&c, 0.0).best_prefix(&bet).0, 1);
+        for i in 0..60 {
+            c.observe(1, 33.0);
+            c.observe(2, if i % 2 == 0 { 45.0 } else { 53.0 });
+        }
+        assert!(c.ms(2) < 47.0, "T(2) follows the fast forwards: {}", c.ms(2));
+        assert!((c.expected_ms(2) - 49.0).abs() < 1.0, "expected {}", c.expected_ms(2));
+        assert!((c.expected_ms(1) - 33.0).abs() < 1e-6);
+        let e = Economics::new(&c, 0.0);
+        assert!((e.ms(1) - c.expected_ms(2)).abs() < 1e-9);
+        assert_eq!(e.best_prefix(&bet).0, 0);
     }
 
     #[test]

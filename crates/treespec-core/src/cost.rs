@@ -40,6 +40,14 @@ const ONLINE_WEIGHT: f64 = 0.05;
 /// settles near their low quantile, like the profile's minimum of repeats.
 const FASTER_WEIGHT: f64 = 0.3;
 
+/// Weight of one timed forward in the running mean of its kind's excess over the curve (see
+/// [`CostCurve::expected_ms`]): a memory of about ten forwards of each kind.
+const EXCESS_WEIGHT: f64 = 0.1;
+
+/// A forward's ratio to the curve is clamped to this range before it joins the excess: one
+/// forward behind a page fault or another process must not price every later bet.
+const EXCESS_RANGE: (f64, f64) = (0.5, 2.0);
+
 /// Committed tokens beyond the profiled context up to which a timed forward refines T(n) alone;
 /// a forward on a longer cache refines the context slope first (see [`CostCurve::observe_at`]).
 /// Within it a slope off by half moves T(16) by a few percent.
@@ -48,6 +56,11 @@ const NEAR_CONTEXT: usize = 128;
 /// Rows × committed tokens beyond the profiled context from which a forward's time weighs in
 /// full on the context slope; a forward with less is weighted down in proportion.
 const SLOPE_LEVERAGE: f64 = 1024.0;
+
+/// No excess over the curve: what a curve starts with, and what one saved before it was learned reads.
+fn no_excess() -> [f64; 2] {
+    [1.0; 2]
+}
 
 /// T(n) in milliseconds for n = 1..=`max_n`, beyond which it is extrapolated linearly.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +73,10 @@ pub struct CostCurve {
     /// Committed tokens under the profiled forwards.
     #[serde(default)]
     profiled_context: usize,
+    /// How much longer forwards really take, on average, than the curve says: `[one row, two
+    /// or more rows]` (see [`CostCurve::expected_ms`]). 1 until forwards are timed.
+    #[serde(default = "no_excess")]
+    excess: [f64; 2],
     /// Where observations are also folded (see [`CostCurve::tapped`]); shared by clones.
     #[serde(skip)]
     tap: Option<Arc<CurveTap>>,
@@ -71,6 +88,7 @@ impl PartialEq for CostCurve {
         self.ms == other.ms
             && self.row_ms_per_context_token == other.row_ms_per_context_token
             && self.profiled_context == other.profiled_context
+            && self.excess == other.excess
     }
 }
 
@@ -126,7 +144,7 @@ impl CostCurve {
             }
         }
         ms.push(pts.last().map(|p| p.1).unwrap_or(1.0));
-        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0, tap: None })
+        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0, excess: no_excess(), tap: None })
     }
 
     /// This curve with a tap: every later observation of it or of any of its clones is also
@@ -188,6 +206,7 @@ impl CostCurve {
             ms,
             row_ms_per_context_token: self.row_ms_per_context_token,
             profiled_context: context.max(self.profiled_context),
+            excess: self.excess,
             tap: None,
         }
     }
@@ -217,6 +236,7 @@ impl CostCurve {
         }
         let over = context.saturating_sub(self.profiled_context);
         let t = self.ms[n - 1];
+        self.learn_excess(n, ms / (t + n as f64 * self.row_surcharge(context)));
         let far = over > NEAR_CONTEXT;
         if far {
             // What this forward says one row costs per committed token, weighted by how much it
@@ -287,6 +307,43 @@ impl CostCurve {
             0 => 0.0,
             n if n > self.ms.len() => self.ms(n),
             n => self.ms[n - 1..].iter().copied().fold(f64::INFINITY, f64::min),
+        }
+    }
+
+    /// How much longer a forward of `rows` rows takes, on average, than the curve says: the
+    /// running mean of timed forwards of its kind (one row, or more) over T(n) at their
+    /// context, 1 before any.
+    ///
+    /// T(n) is the machine's speed, not the time a forward is expected to take: the profile keeps
+    /// the fastest of its repeats, and online a forward faster than T(n) is followed six times
+    /// faster than a slower one, so that interference washes out. That puts T(n) near the low
+    /// quantile of its timings. Plain decoding times one row thousands of times and its T(1)
+    /// sits about at their median; a tree's sizes are each timed a few times, and their timings
+    /// spread more. Over 4,500 steps of recorded decision traces (the 1.5B target, 2 Zen 5
+    /// cores) one-row forwards took a median 1.01× their T(1) and forwards of two or more rows
+    /// 1.06× their T(n) (p90 1.20×), so a bet that the curve said beat plain decoding by less
+    /// than about 5% was, in expectation, a loss: a RAG answer's 3-node copy predicted 1% better
+    /// than plain took 80 ms for one token, each run.
+    pub fn excess(&self, rows: usize) -> f64 {
+        self.excess[(rows > 1) as usize]
+    }
+
+    /// The time a forward of `n` rows is expected to take: T(n) times its kind's measured
+    /// [`CostCurve::excess`]. What decisions pay; T(n) stays the machine's speed.
+    pub fn expected_ms(&self, n: usize) -> f64 {
+        self.ms(n) * self.excess(n)
+    }
+
+    /// [`CostCurve::expected_ms`] on a cache of `context` committed tokens.
+    pub fn expected_ms_at(&self, n: usize, context: usize) -> f64 {
+        self.ms_at(n, context) * self.excess(n)
+    }
+
+    /// Fold a forward's time over what the curve said (`ratio`) into the excess of its kind.
+    fn learn_excess(&mut self, rows: usize, ratio: f64) {
+        if ratio.is_finite() {
+            let e = &mut self.excess[(rows > 1) as usize];
+            *e += EXCESS_WEIGHT * (ratio.clamp(EXCESS_RANGE.0, EXCESS_RANGE.1) - *e);
         }
     }
 
@@ -501,5 +558,49 @@ mod tests {
         for n in [1, 3, 16] {
             assert!(c.ms_at(n, 1500) < 1.1 * truth(n, 1500), "T({n}) at 1500: {}", c.ms_at(n, 1500));
         }
+    }
+
+    #[test]
+    fn expected_times_are_the_mean_of_the_timings_and_the_curve_their_fast_end() {
+        // Timings spread 10% above T(n), as a busy machine's do: T(n) keeps near the fast end,
+        // the expected time is their mean, one row and more rows each their own.
+        let mut c = CostCurve::linear(20.0, 10.0, 8).unwrap();
+        let mut rng = 7u64;
+        let mut sums = [0.0; 2];
+        let rounds = 2000;
+        for _ in 0..rounds {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
+            let (one, four) = (30.0 * (1.0 + 0.02 * u), 60.0 * (1.0 + 0.2 * u));
+            c.observe(1, one);
+            c.observe(4, four);
+            sums[0] += one;
+            sums[1] += four;
+        }
+        let mean = [sums[0] / rounds as f64, sums[1] / rounds as f64];
+        assert!(c.ms(4) < 0.97 * mean[1], "T(4) {} against a mean of {}", c.ms(4), mean[1]);
+        for (n, m) in [(1, mean[0]), (4, mean[1])] {
+            assert!((c.expected_ms(n) - m).abs() < 0.02 * m, "E T({n}) {} against {m}", c.expected_ms(n));
+        }
+        // One forward behind a page fault joins the excess as at most twice the curve.
+        let before = c.excess(4);
+        c.observe(4, 50.0 * c.ms(4));
+        assert!(
+            (c.excess(4) - (before + 0.1 * (2.0 - before))).abs() < 1e-9,
+            "{} after {before}",
+            c.excess(4)
+        );
+        // Taken to another context, the curve keeps what it learned.
+        assert_eq!(c.at_context(900).excess(4), c.excess(4));
+    }
+
+    #[test]
+    fn a_curve_saved_before_the_excess_was_learned_reads_none() {
+        let old: CostCurve =
+            serde_json::from_str(r#"{"ms":[30.0,45.0],"row_ms_per_context_token":0.0}"#).unwrap();
+        assert_eq!((old.excess(1), old.excess(2)), (1.0, 1.0));
+        assert_eq!(old.expected_ms(2), 45.0);
+        let saved = serde_json::to_string(&old).unwrap();
+        assert_eq!(serde_json::from_str::<CostCurve>(&saved).unwrap(), old);
     }
 }
