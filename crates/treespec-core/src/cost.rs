@@ -322,8 +322,7 @@ impl CostCurve {
     /// spread more. Over 4,500 steps of recorded decision traces (the 1.5B target, 2 Zen 5
     /// cores) one-row forwards took a median 1.01× their T(1) and forwards of two or more rows
     /// 1.06× their T(n) (p90 1.20×), so a bet that the curve said beat plain decoding by less
-    /// than about 5% was, in expectation, a loss: a RAG answer's 3-node copy predicted 1% better
-    /// than plain took 80 ms for one token, each run.
+    /// than about 5% was, in expectation, a loss.
     pub fn excess(&self, rows: usize) -> f64 {
         self.excess[(rows > 1) as usize]
     }
