@@ -53,8 +53,7 @@ impl<'a> Economics<'a> {
     /// context, for the plain rate to beat).
     pub fn in_batch_at(target: &'a CostCurve, rate: f64, batch_rows: usize, context: usize) -> Self {
         let row_ms = target.row_surcharge(context);
-        let rows = (batch_rows + 1) as f64;
-        let plain = rows / ((target.ms(batch_rows + 1) + rows * row_ms) * target.excess(batch_rows + 1));
+        let plain = (batch_rows + 1) as f64 / target.expected_ms_at(batch_rows + 1, context);
         let rate = if rate.is_finite() { rate.max(plain) } else { plain };
         Self { target, rate, batch_rows, row_ms, plain_rate: plain }
     }

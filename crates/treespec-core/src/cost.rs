@@ -62,6 +62,11 @@ fn no_excess() -> [f64; 2] {
     [1.0; 2]
 }
 
+/// Which excess a forward of `rows` rows has: one row's, or more rows'.
+fn excess_kind(rows: usize) -> usize {
+    (rows > 1) as usize
+}
+
 /// T(n) in milliseconds for n = 1..=`max_n`, beyond which it is extrapolated linearly.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostCurve {
@@ -324,7 +329,7 @@ impl CostCurve {
     /// 1.06× their T(n) (p90 1.20×), so a bet that the curve said beat plain decoding by less
     /// than about 5% was, in expectation, a loss.
     pub fn excess(&self, rows: usize) -> f64 {
-        self.excess[(rows > 1) as usize]
+        self.excess[excess_kind(rows)]
     }
 
     /// The time a forward of `n` rows is expected to take: T(n) times its kind's measured
@@ -341,7 +346,7 @@ impl CostCurve {
     /// Fold a forward's time over what the curve said (`ratio`) into the excess of its kind.
     fn learn_excess(&mut self, rows: usize, ratio: f64) {
         if ratio.is_finite() {
-            let e = &mut self.excess[(rows > 1) as usize];
+            let e = &mut self.excess[excess_kind(rows)];
             *e += EXCESS_WEIGHT * (ratio.clamp(EXCESS_RANGE.0, EXCESS_RANGE.1) - *e);
         }
     }
