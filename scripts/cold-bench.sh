@@ -24,14 +24,16 @@
 # the two builds alternate which runs first, prompt by prompt, and each refines its own copy of
 # the curves (OUT/cache-before for the build before). PEERS=0 leaves llama.cpp's tools
 # out (treespec plain against `auto` only, for more passes in the same time); then plain and
-# `auto` alternate which runs first, prompt by prompt and pass by pass.
+# `auto` alternate which runs first, prompt by prompt and pass by pass. BIN is the treespec
+# binary (target/release/treespec); PEER_ISA goes to scripts/peer-bench.sh (scripts/avx2-tier.sh
+# sets both).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?usage: scripts/cold-bench.sh OUT [PROMPTS.jsonl]}"
 TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 DRAFT="${DRAFT-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
 N="${N:-128}"
-bin=target/release/treespec
+bin="${BIN:-target/release/treespec}"
 [[ -x "$bin" ]] || { echo "no $bin: cargo build --release -p treespec-cli" >&2; exit 1; }
 mkdir -p "$out"
 prompts="${2:-$out/held-out.jsonl}"

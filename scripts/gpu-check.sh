@@ -27,6 +27,8 @@
 #          `--cpu` runs the same steps on this machine's CPU (no CUDA): a check of the flow — the
 #          bundle, the build from the vendored sources, the backends loaded as libraries, the
 #          random files — before the GPU's minutes are spent.
+# cpu-build  Only the build of `device --cpu`, here: llama.cpp's libraries for the AVX2 tier with
+#          the binary beside them, in target-gpu-work/build-cpu/bin (scripts/avx2-tier.sh).
 # replay   Prices recorded CPU answers on the GPU's curves: the suffix drafter on the main set's
 #          and the session workloads' answers (acceptance as recorded, time from the GPU curve,
 #          as suffix_replay does), and the draft-model methods recorded live on this CPU with the
@@ -170,6 +172,15 @@ build_libraries() {
     fi
     log "built in $((SECONDS - t0)) s"
     cp "$BUNDLE/treespec" "$build/bin/treespec"
+}
+
+# The bundle's llama.cpp built here for the CPU's AVX2 tier (no CUDA, no AVX-512), the binary
+# beside its libraries: prints that folder (scripts/avx2-tier.sh runs treespec from it).
+cpu_build() {
+    [[ -f $BUNDLE/treespec ]] || die "no $BUNDLE/ here: run 'scripts/gpu-check.sh prepare' first"
+    local build=$WORK/build-cpu
+    build_libraries "$build" 0 >&2
+    echo "$PWD/$build/bin"
 }
 
 # Seconds left of the device step's own budget (DEADLINE, counted from its start): a stage
@@ -529,6 +540,7 @@ EOF
 case "${1:-}" in
 prepare) prepare ;;
 device) device "${2:-}" ;;
+cpu-build) cpu_build ;;
 replay) replay "${2:-}" ;;
-*) die "usage: gpu-check.sh prepare | device [--cpu] | replay DIR" ;;
+*) die "usage: gpu-check.sh prepare | device [--cpu] | cpu-build | replay DIR" ;;
 esac

@@ -10,7 +10,9 @@
 #       LLAMA_USE_PREBUILT_UI off: no npm, no download; it embeds an empty asset table) and is the
 #       peer of scripts/serve-bench.sh. The build lives outside the repository (default
 #       ~/.cache/treespec/peers, or $TREESPEC_PEERS) and is reused; nothing of it is ever committed.
-#       $PEER_BUILD_JOBS sets the parallel jobs (default: nproc).
+#       $PEER_BUILD_JOBS sets the parallel jobs (default: nproc). PEER_ISA=avx2 builds (into
+#       build-avx2/) and runs the AVX2 tier only, whatever more this CPU has: the peers of a
+#       treespec whose llama.cpp is built for that tier (scripts/avx2-tier.sh).
 #
 #   scripts/peer-bench.sh run PROMPTS.jsonl OUT.jsonl -m TARGET.gguf [-md DRAFT.gguf] [-n 128] [-t 2]
 #       PROMPTS.jsonl holds the chat-formatted prompt texts exactly as `treespec bench` feeds them
@@ -28,7 +30,11 @@ peers="${TREESPEC_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec/peers}"
 version=0.3.36
 sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 src="$peers/llama_cpp_python-$version/vendor/llama.cpp"
-bin="$peers/build/bin"
+# PEER_ISA=avx2: the tier without AVX-512 (what Zen 3 and older Intel have), in its own build.
+isa="${PEER_ISA:-}"
+[[ -z "$isa" || "$isa" == avx2 ]] || { echo "[peer-bench] ERROR: PEER_ISA is avx2 or unset, not '$isa'" >&2; exit 1; }
+build_dir="$peers/build${isa:+-$isa}"
+bin="$build_dir/bin"
 log() { printf '[peer-bench] %s\n' "$*" >&2; }
 die() {
     log "ERROR: $*"
@@ -46,6 +52,11 @@ cmake_cpu_flags() {
     has fma && flags+=(-DGGML_FMA=ON)
     has f16c && flags+=(-DGGML_F16C=ON)
     has bmi2 && flags+=(-DGGML_BMI2=ON)
+    # The AVX2 tier stops here.
+    if [[ "$isa" == avx2 ]]; then
+        printf '%s\n' "${flags[@]}"
+        return
+    fi
     has avx512f && flags+=(-DGGML_AVX512=ON)
     has avx512vbmi && flags+=(-DGGML_AVX512_VBMI=ON)
     has avx512vnni && flags+=(-DGGML_AVX512_VNNI=ON)
@@ -66,11 +77,11 @@ build() {
     local flags
     mapfile -t flags < <(cmake_cpu_flags)
     log "cmake flags: ${flags[*]}"
-    cmake -S "$src" -B "$peers/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
+    cmake -S "$src" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON \
         -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF >&2
-    cmake --build "$peers/build" -j "${PEER_BUILD_JOBS:-$(nproc)}" \
+    cmake --build "$build_dir" -j "${PEER_BUILD_JOBS:-$(nproc)}" \
         --target llama-completion llama-speculative-simple llama-lookup llama-server >&2
     log "built into $bin"
 }

@@ -45,7 +45,8 @@ const FASTER_WEIGHT: f64 = 0.3;
 const EXCESS_WEIGHT: f64 = 0.1;
 
 /// A forward's ratio to the curve is clamped to this range before it joins the excess: one
-/// forward behind a page fault or another process must not price every later bet.
+/// forward behind a page fault or another process must not price every later bet. Its top also
+/// caps the timing that refines T(n) and the context slope (see [`CostCurve::observe_at`]).
 const EXCESS_RANGE: (f64, f64) = (0.5, 2.0);
 
 /// Committed tokens beyond the profiled context up to which a timed forward refines T(n) alone;
@@ -241,7 +242,13 @@ impl CostCurve {
         }
         let over = context.saturating_sub(self.profiled_context);
         let t = self.ms[n - 1];
-        self.learn_excess(n, ms / (t + n as f64 * self.row_surcharge(context)));
+        let expected = t + n as f64 * self.row_surcharge(context);
+        self.learn_excess(n, ms / expected);
+        // A stalled forward (a page fault, a neighbour's burst) counts as twice the curve at
+        // most: unclamped, one forward 50× T(n) raised T(n) 3.45× at the slow weight, and every
+        // bet of that size was then declined until a dozen fast forwards brought it back. A
+        // machine that really got slower is still followed, 5% a forward at first.
+        let ms = ms.min(EXCESS_RANGE.1 * expected);
         let far = over > NEAR_CONTEXT;
         if far {
             // What this forward says one row costs per committed token, weighted by how much it
@@ -452,6 +459,28 @@ mod tests {
             c.observe(8, if i % 5 == 0 { 3.0 * truth(8) } else { truth(8) });
         }
         assert!(c.ms(8) < truth(8) * 1.15, "{}", c.ms(8));
+    }
+
+    #[test]
+    fn a_stalled_forward_barely_moves_the_curve_and_a_machine_that_got_slower_is_followed() {
+        let truth = |n: usize| 16.0 + 3.5 * n as f64;
+        let pts: Vec<(usize, f64)> = (1..=16).map(|n| (n, truth(n))).collect();
+        let mut c = CostCurve::from_points(&pts).unwrap();
+        // One forward 50× the curve (unclamped: T(8) 3.45× up) moves it 5% at most on the
+        // profiled cache; on a long one, where T(n) and the slope each take a share, 10% (the
+        // slope unclamped: 5.7×, every long request's rows priced far too dear).
+        c.observe(8, 50.0 * truth(8));
+        assert!(c.ms(8) <= 1.05 * truth(8) + 1e-9, "{}", c.ms(8));
+        let mut long = CostCurve::from_points(&pts).unwrap().with_context_cost(0.003, 64).unwrap();
+        let before = long.ms_at(8, 2064);
+        long.observe_at(8, 50.0 * before, 2064);
+        assert!(long.ms_at(8, 2064) <= 1.1 * before, "{} from {before}", long.ms_at(8, 2064));
+        assert!(long.row_ms_per_context_token() < 0.0035, "{}", long.row_ms_per_context_token());
+        // A machine 3× slower from now on: within 10% after 60 forwards.
+        for _ in 0..60 {
+            c.observe(8, 3.0 * truth(8));
+        }
+        assert!(c.ms(8) > 0.9 * 3.0 * truth(8), "{}", c.ms(8));
     }
 
     #[test]
