@@ -25,8 +25,13 @@ mkdir -p "$out"
 bash scripts/gpu-check.sh prepare
 bindir="$(bash scripts/gpu-check.sh cpu-build)"
 PEER_ISA=avx2 bash scripts/peer-bench.sh build
-export LD_LIBRARY_PATH="$bindir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PEER_ISA=avx2 BIN="$bindir/treespec"
-export TREESPEC_CACHE_DIR="$PWD/$out/avx2-cache"
+# treespec finds its libraries through LD_LIBRARY_PATH, set for it alone: llama.cpp's tools would
+# load them too, in place of their own.
+out_abs="$(cd "$out" && pwd)"
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s/treespec" "$@"\n' "$bindir" "$bindir" >"$out/treespec"
+chmod +x "$out/treespec"
+export PEER_ISA=avx2 BIN="$out_abs/treespec"
+export TREESPEC_CACHE_DIR="$out_abs/avx2-cache"
 # The first `auto` run measures the curves of the target and the draft and caches them (kept in
 # OUT/avx2-cache/costs beside the results).
 log "measuring the AVX2 build's cost curves"
