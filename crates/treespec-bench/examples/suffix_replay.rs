@@ -49,7 +49,7 @@ use treespec_core::verify::{verify, TargetDists};
 use treespec_core::{Dist, TokenId};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{SuffixConfig, SuffixDrafter, SuffixShared};
-use treespec_engine::{Drafter, ProposeContext};
+use treespec_engine::{Drafter, ForwardCost, ProposeContext};
 
 /// Times and tokens of one category (or of all answers).
 #[derive(Default)]
@@ -136,7 +136,7 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trac
         ms += step_ms;
         plain_ms += (0..outcome.tokens.len()).map(|j| score.ms_at(1, at + j)).sum::<f64>();
         forwards += 1;
-        drafter.observe_cost(tree.len(), step_ms);
+        drafter.observe_cost(ForwardCost::trees(tree.len(), step_ms));
         drafter.observe(&tree, &outcome)?;
         at += outcome.tokens.len();
     }

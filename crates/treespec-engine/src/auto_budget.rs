@@ -14,6 +14,7 @@ use treespec_core::online_calibration::AcceptanceCalibrator;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
 use treespec_core::verify::VerifyOutcome;
 
+use crate::drafter::ForwardCost;
 use crate::extra_stats::{BudgetDecisions, CalibratedAcceptance, ExtraStats};
 
 /// Decay per step of the running token and time sums behind the achieved rate.
@@ -287,13 +288,16 @@ impl AutoBudget {
         self.raw = raw;
     }
 
-    /// Fold a timed target forward of `rows` rows into the target curve.
-    pub fn observe_target(&mut self, rows: usize, ms: f64) {
+    /// Fold a timed target forward into the target curve (when it timed one of its sizes) and
+    /// into the step's time.
+    pub fn observe_target(&mut self, forward: ForwardCost) {
         if self.costs.refine {
-            // The batch's other rows are taken at this request's context: an approximation
-            // that only matters when contexts in one forward differ widely.
-            self.costs.target.observe_at(rows, ms, self.context);
-            self.step_ms += ms;
+            if let Some(rows) = forward.timed_rows() {
+                // The batch's other rows are taken at this request's context: an approximation
+                // that only matters when contexts in one forward differ widely.
+                self.costs.target.observe_at(rows, forward.ms, self.context);
+            }
+            self.step_ms += forward.ms;
         }
     }
 
@@ -432,10 +436,28 @@ mod tests {
         let mut b = budget();
         assert!((b.economics().rate - 1.0 / 33.0).abs() < 1e-12, "plain rate before any step");
         let t = TokenTree::new(0);
-        b.observe_target(1, 33.0);
+        b.observe_target(ForwardCost::trees(1, 33.0));
         b.observe(&t, &VerifyOutcome { accepted: vec![], tokens: vec![1, 2, 3], depths: vec![] });
         assert!(b.economics().rate > 1.0 / 33.0);
         assert_eq!(b.stats.plain_steps, 1);
+    }
+
+    #[test]
+    fn a_forward_that_read_prompt_chunks_counts_in_the_step_but_times_no_size() {
+        // 4 tree rows beside 12 rows of another request's prompt, in 80 ms: the curve's T(16)
+        // (228 ms) is a forward with logits on every row, so it learns nothing from this one,
+        // but the step still waited 80 ms.
+        let mut b = budget();
+        let before = b.costs.target.clone();
+        let t = TokenTree::new(0);
+        b.observe_target(ForwardCost { rows: 16, prompt_rows: 12, ms: 80.0 });
+        b.observe(&t, &VerifyOutcome { accepted: vec![], tokens: vec![1], depths: vec![] });
+        assert_eq!(b.costs.target, before);
+        let achieved = b.achieved_rate().expect("the step was timed");
+        assert!((achieved - 1.0 / 80.0).abs() < 1e-9, "{achieved}");
+        // The same forward without the prompt rows is a timing of T(4).
+        b.observe_target(ForwardCost::trees(4, 80.0));
+        assert_ne!(b.costs.target, before);
     }
 
     #[test]
@@ -446,7 +468,7 @@ mod tests {
         let mut b = budget();
         let t = TokenTree::new(0);
         for _ in 0..200 {
-            b.observe_target(1, 34.0);
+            b.observe_target(ForwardCost::trees(1, 34.0));
             b.observe(&t, &VerifyOutcome { accepted: vec![], tokens: vec![1], depths: vec![] });
         }
         let achieved = b.achieved_rate().expect("steps were timed");

@@ -12,6 +12,32 @@ use crate::error::Result;
 use crate::extra_stats::ExtraStats;
 use crate::method_kind::MethodKind;
 
+/// The target forward that scored a step's tree, as a cost-aware drafter learns from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForwardCost {
+    /// Rows in the whole forward, root included (other requests' rows too, when batched).
+    pub rows: usize,
+    /// Of them, rows of prompt chunks read in the same forward (the batch scheduler's).
+    pub prompt_rows: usize,
+    /// How long the forward took: the step waited that long.
+    pub ms: f64,
+}
+
+impl ForwardCost {
+    /// A forward of `rows` tree rows and nothing else.
+    pub fn trees(rows: usize, ms: f64) -> Self {
+        Self { rows, prompt_rows: 0, ms }
+    }
+
+    /// The size whose T(n) this forward timed, or `None` when prompt chunks rode it: their rows
+    /// compute no logits (the output layer is about 15% of a row of the 1.5B target, 27% of the
+    /// 0.5B draft), so such a forward runs faster than T(rows), and counted as T(rows) it
+    /// dragged the curve's larger sizes down at the fast weight while a server read prompts.
+    pub fn timed_rows(&self) -> Option<usize> {
+        (self.prompt_rows == 0).then_some(self.rows)
+    }
+}
+
 /// How an emitted token was produced: accepted from a draft copied out of earlier text, from a
 /// draft model's draft, from the grammar's forced tokens, or sampled by the target itself (each
 /// step's bonus token, and every token of plain decoding).
@@ -136,9 +162,10 @@ pub trait Drafter: Send {
     /// (accepted + bonus). The bonus token is the next root.
     fn observe(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) -> Result<()>;
 
-    /// The time the target took to score the last proposed tree (`target_rows` rows, root
-    /// included), reported before `observe`. Cost-aware drafters refine their cost curve with it.
-    fn observe_cost(&mut self, _target_rows: usize, _target_ms: f64) {}
+    /// The forward that scored the last proposed tree, reported before `observe`. Cost-aware
+    /// drafters count its time in their achieved rate and refine their cost curve with it when
+    /// it timed a size of the curve ([`ForwardCost::timed_rows`]).
+    fn observe_cost(&mut self, _forward: ForwardCost) {}
 
     /// The last proposal as a batch budget may cut it, or `None` when it may not be cut (the
     /// default; trees with sampled nodes never may: a sampled node's presence must not depend on

@@ -50,7 +50,12 @@ pub fn generate_constrained(
     {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
-        let scored = Scored { logits: &logits, forward_rows: logits.rows(), forward_time: t.elapsed() };
+        let scored = Scored {
+            logits: &logits,
+            forward_rows: logits.rows(),
+            prompt_rows: 0,
+            forward_time: t.elapsed(),
+        };
         let step = generation.complete(drafter, constraint.as_deref_mut(), scored, bytes)?;
         target.commit(&step.path)?;
         if !on_step(&step) {

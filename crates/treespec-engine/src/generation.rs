@@ -21,7 +21,7 @@ use treespec_core::TokenId;
 use crate::backend::Logits;
 use crate::backend::TokenBytes;
 use crate::constraint::TokenConstraint;
-use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
+use crate::drafter::{Cuttable, Drafter, ForwardCost, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::graft::{graft, replay};
 use crate::request::{GenerateOutput, GenerateRequest};
@@ -106,6 +106,9 @@ pub struct Scored<'l, 'a> {
     /// Rows in the whole forward (other requests' rows included when batched): cost-aware
     /// drafters learn the cost curve from it.
     pub forward_rows: usize,
+    /// Of them, rows of prompt chunks (the batch scheduler's): they compute no logits, so the
+    /// forward is not a timing of T(forward_rows) ([`ForwardCost::timed_rows`]).
+    pub prompt_rows: usize,
     /// How long the whole forward took (the request waited that long).
     pub forward_time: Duration,
 }
@@ -288,13 +291,17 @@ impl Generation {
         scored: Scored<'_, '_>,
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<StepOutcome> {
-        let Scored { logits, forward_rows, forward_time } = scored;
+        let Scored { logits, forward_rows, prompt_rows, forward_time } = scored;
         let Proposed { tree, forced, drafted } = self
             .proposed
             .take()
             .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
         self.stats.times.target += forward_time;
-        drafter.observe_cost(forward_rows, forward_time.as_secs_f64() * 1e3);
+        drafter.observe_cost(ForwardCost {
+            rows: forward_rows,
+            prompt_rows,
+            ms: forward_time.as_secs_f64() * 1e3,
+        });
         if logits.rows() != tree.len() || logits.vocab() != self.vocab {
             return Err(EngineError::State(format!(
                 "target returned {} rows of {} logits for a tree of {} nodes",

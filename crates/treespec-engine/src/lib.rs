@@ -35,7 +35,7 @@ pub use backend::{
 #[cfg(any(test, feature = "test-support"))]
 pub use constraint::DfaConstraint;
 pub use constraint::{NewInner, Opening, TaggedConstraint, TokenConstraint, WithoutForcing};
-pub use drafter::{Cuttable, Drafter, PlainDrafter, ProposeContext, Provenance};
+pub use drafter::{Cuttable, Drafter, ForwardCost, PlainDrafter, ProposeContext, Provenance};
 pub use error::{EngineError, Result};
 pub use extra_stats::ExtraStats;
 pub use generate::{generate, generate_constrained};

@@ -4,12 +4,16 @@
 //! the whole long prompt; the long prompt is never starved; and neither request's output changes
 //! (greedy and sampled, against each alone).
 
-use treespec_core::sampling::SamplingParams;
+use treespec_core::sampling::{Sampler, SamplingParams};
+use treespec_core::tree::TokenTree;
+use treespec_core::verify::VerifyOutcome;
 use treespec_core::TokenId;
 use treespec_engine::batched::{Batch, LaneStep, StepLimits};
 use treespec_engine::drafters::ChainDrafter;
 use treespec_engine::toy::{ToyBatchLm, ToyLm, ToyModel};
-use treespec_engine::{generate, Drafter, GenerateRequest, Generation, PlainDrafter};
+use treespec_engine::{
+    generate, Drafter, ForwardCost, GenerateRequest, Generation, MethodKind, PlainDrafter, ProposeContext,
+};
 
 const CTX: usize = 512;
 const VOCAB: usize = 7;
@@ -194,4 +198,57 @@ fn a_stream_of_short_prompts_never_starves_a_long_one() {
             "the long prompt advanced within 6 steps: {read:?}"
         );
     }
+}
+
+/// Plain decoding that records every forward its steps were scored in.
+struct Recording(std::sync::Arc<std::sync::Mutex<Vec<ForwardCost>>>);
+
+impl Drafter for Recording {
+    fn kind(&self) -> MethodKind {
+        MethodKind::Plain
+    }
+    fn begin(&mut self, _: &[TokenId], _: &Sampler, _: u64) -> treespec_engine::Result<()> {
+        Ok(())
+    }
+    fn propose(&mut self, ctx: &ProposeContext) -> treespec_engine::Result<TokenTree> {
+        Ok(TokenTree::new(ctx.root()))
+    }
+    fn observe(&mut self, _: &TokenTree, _: &VerifyOutcome) -> treespec_engine::Result<()> {
+        Ok(())
+    }
+    fn observe_cost(&mut self, forward: ForwardCost) {
+        self.0.lock().unwrap().push(forward);
+    }
+}
+
+#[test]
+fn a_forward_that_reads_a_prompt_chunk_is_reported_with_its_prompt_rows() {
+    // The short request decodes while the long prompt is read 8 tokens a step beside it: its
+    // drafter hears of each of those forwards as 9 rows, 8 of them prompt (no logits, so no
+    // timing of T(9)), and of the forwards after the prompt is in as trees alone.
+    let limits = StepLimits { prefill_chunk: 32, decode_chunk: 8, ..StepLimits::default() };
+    let mut lm = ToyBatchLm::new(target(), CTX, 2);
+    let mut batch: Batch<'_, usize> = Batch::new();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let long = Generation::new(request(&prompt(300, 1), 3, 0.0), CTX, VOCAB, None).unwrap();
+    batch.join(&mut lm, long, drafter(false), None, 0, 0).unwrap();
+    let short = Generation::new(request(&prompt(6, 4), 60, 0.0), CTX, VOCAB, None).unwrap();
+    batch.join(&mut lm, short, Box::new(Recording(seen.clone())), None, 0, 1).unwrap();
+    while !batch.is_empty() {
+        let (results, _) = batch.step(&mut lm, limits, None, None);
+        for (k, result) in results.into_iter().enumerate().rev() {
+            match result {
+                LaneStep::Stepped(o) if o.done => drop(batch.leave(&mut lm, k, true)),
+                LaneStep::Failed(e) => panic!("failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+    let seen = seen.lock().unwrap();
+    let beside_chunks = seen.iter().filter(|f| f.prompt_rows == 8).count();
+    assert!(beside_chunks >= 30, "{seen:?}");
+    assert!(seen.iter().all(|f| f.rows > f.prompt_rows), "every forward holds the tree's root: {seen:?}");
+    assert!(seen.iter().filter(|f| f.prompt_rows == 8).all(|f| f.timed_rows().is_none()));
+    let alone: Vec<_> = seen.iter().filter(|f| f.prompt_rows == 0).collect();
+    assert!(!alone.is_empty() && alone.iter().all(|f| f.timed_rows() == Some(f.rows)), "{seen:?}");
 }

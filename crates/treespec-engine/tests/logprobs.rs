@@ -23,7 +23,12 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
     while let Some(tree) = g.propose(drafter, None, ProposeAt::alone(target.committed_len())).unwrap() {
         let batch = TreeBatch::from_tree(tree, 0);
         let logits = target.forward(&batch).unwrap().into_owned();
-        let scored = Scored { logits: &logits, forward_rows: batch.len(), forward_time: Default::default() };
+        let scored = Scored {
+            logits: &logits,
+            forward_rows: batch.len(),
+            prompt_rows: 0,
+            forward_time: Default::default(),
+        };
         let step = g.complete(drafter, None, scored, None).unwrap();
         target.commit(&step.path).unwrap();
         assert_eq!(step.logprobs.len(), step.emitted.len());

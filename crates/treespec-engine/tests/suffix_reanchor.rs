@@ -16,7 +16,9 @@ use treespec_core::TokenId;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{SuffixConfig, SuffixDrafter, SuffixShared, SuffixStats};
 use treespec_engine::toy::{ToyLm, ToyModel};
-use treespec_engine::{generate, Drafter, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions};
+use treespec_engine::{
+    generate, Drafter, ForwardCost, GenerateOutput, GenerateRequest, PlainDrafter, StopConditions,
+};
 
 const CTX: usize = 1024;
 
@@ -330,7 +332,7 @@ fn replay_recorded_answers_with_and_without_re_anchoring() {
                 ms += step_ms;
                 plain_ms += (0..outcome.tokens.len()).map(|j| curve.ms_at(1, at + j)).sum::<f64>();
                 forwards += 1;
-                drafter.observe_cost(tree.len(), step_ms);
+                drafter.observe_cost(ForwardCost::trees(tree.len(), step_ms));
                 drafter.observe(&tree, &outcome).unwrap();
                 at += outcome.tokens.len();
             }

@@ -173,7 +173,8 @@ fn forward(
     let logits = logits?;
     let time = t.elapsed();
     advance_prefill(lanes, chunks, time);
-    let outcomes = complete(lanes, trees, &logits, rows, time, bytes);
+    let prompt_rows = chunks.iter().map(|c| c.tokens).sum();
+    let outcomes = complete(lanes, trees, &logits, (rows, prompt_rows), time, bytes);
     Ok((time, outcomes))
 }
 
@@ -208,13 +209,13 @@ fn advance_prefill(lanes: &mut [&mut Lane<'_>], chunks: &[Chunk], time: Duration
     }
 }
 
-/// Each tree's step completed on its own rows of the forward (`rows` rows in all, taking
-/// `time`), in tree order.
+/// Each tree's step completed on its own rows of the forward (`rows` rows in all, `prompt_rows`
+/// of them prompt chunks, taking `time`), in tree order.
 fn complete(
     lanes: &mut [&mut Lane<'_>],
     trees: &[Tree],
     logits: &Logits<'_>,
-    rows: usize,
+    (rows, prompt_rows): (usize, usize),
     time: Duration,
     bytes: Option<&dyn TokenBytes>,
 ) -> Vec<Result<StepOutcome>> {
@@ -225,7 +226,7 @@ fn complete(
             let lane = &mut *lanes[tree.member];
             let own = logits.slice(offset..offset + tree.batch.len());
             offset += tree.batch.len();
-            let scored = Scored { logits: &own, forward_rows: rows, forward_time: time };
+            let scored = Scored { logits: &own, forward_rows: rows, prompt_rows, forward_time: time };
             lane.generation.complete(lane.drafter.as_mut(), lane.constraint.as_deref_mut(), scored, bytes)
         })
         .collect()

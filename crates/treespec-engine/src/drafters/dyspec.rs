@@ -49,7 +49,7 @@ use super::candidates::{node_context, ranked_candidates, scoring_sampler, ByScor
 use crate::auto_budget::{AutoBudget, SharedCosts};
 use crate::backend::CausalLm;
 use crate::draft_model::{forward_to_draft_model, DraftModel};
-use crate::drafter::{Drafter, ProposeContext};
+use crate::drafter::{Drafter, ForwardCost, ProposeContext};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::ExtraStats;
 use crate::method_kind::MethodKind;
@@ -255,9 +255,9 @@ impl<M: CausalLm> Drafter for DySpecDrafter<M> {
         Ok(g.tree)
     }
 
-    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
+    fn observe_cost(&mut self, forward: ForwardCost) {
         if let Some(a) = self.auto.as_mut() {
-            a.observe_target(target_rows, target_ms);
+            a.observe_target(forward);
         }
     }
 

@@ -38,7 +38,7 @@ use self::trace::{Offer, StepTrace};
 use super::{DySpecConfig, DySpecDrafter, SuffixConfig, SuffixDrafter, SuffixShared};
 use crate::auto_budget::SharedCosts;
 use crate::backend::CausalLm;
-use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
+use crate::drafter::{Cuttable, Drafter, ForwardCost, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
 use crate::extra_stats::{AutoChoices, ExtraStats};
 use crate::method_kind::MethodKind;
@@ -430,13 +430,13 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         }
     }
 
-    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
-        self.suffix.observe_cost(target_rows, target_ms);
+    fn observe_cost(&mut self, forward: ForwardCost) {
+        self.suffix.observe_cost(forward);
         if let Some(m) = self.model.as_mut() {
-            m.observe_cost(target_rows, target_ms);
+            m.observe_cost(forward);
         }
         if let Some(p) = self.pending.as_mut() {
-            p.forward = Some((target_rows, target_ms));
+            p.forward = Some((forward.rows, forward.ms));
         }
     }
 

@@ -67,7 +67,7 @@ use treespec_core::TokenId;
 use self::calibration::{RequestCalibration, STEP_DECAY};
 use self::shadow::Shadow;
 use crate::auto_budget::AutoBudget;
-use crate::drafter::{Cuttable, Drafter, ProposeContext, Provenance};
+use crate::drafter::{Cuttable, Drafter, ForwardCost, ProposeContext, Provenance};
 use crate::error::Result;
 use crate::extra_stats::ExtraStats;
 use crate::method_kind::MethodKind;
@@ -240,9 +240,9 @@ impl Drafter for SuffixDrafter {
         (!self.values.is_empty()).then_some(Cuttable { values: &self.values, target })
     }
 
-    fn observe_cost(&mut self, target_rows: usize, target_ms: f64) {
+    fn observe_cost(&mut self, forward: ForwardCost) {
         if let Some(b) = self.budget.as_mut() {
-            b.observe_target(target_rows, target_ms);
+            b.observe_target(forward);
         }
     }
 
