@@ -6,9 +6,9 @@
 #
 # Why: a forward of n rows costs, relative to one row, what the CPU's widest kernels make it.
 # On a Zen 5 core with AVX-512, T(8) is 4.2 × T(1) for the 1.5B target; built for AVX2 on the
-# same core, 6.5 ×; on Zen 3 (AVX2 only) 7.8 ×. What `auto` decides (how much to draft, whether
-# at all) follows that shape, so a machine with AVX-512 can check the AVX2 tier's decisions here,
-# on the AVX2 kernels, though not Zen 3's absolute speed.
+# same core, 5.9–6.5 × (profile to profile); on Zen 3 (AVX2 only) 7.8 ×. What `auto` decides
+# (how much to draft, whether at all) follows that shape, so a machine with AVX-512 can check
+# the AVX2 tier's decisions here, on the AVX2 kernels, though not Zen 3's absolute speed.
 #
 # Steps: treespec with dynamic backends and llama.cpp's CPU backend built for AVX2
 # (`scripts/gpu-check.sh prepare` and `cpu-build`: target-gpu-work/build-cpu/bin), llama.cpp's
@@ -18,6 +18,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?usage: scripts/avx2-tier.sh OUT [PROMPTS.jsonl]}"
+shift
 TARGET="${TARGET:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 DRAFT="${DRAFT-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
 log() { printf '[avx2-tier] %s\n' "$*" >&2; }
