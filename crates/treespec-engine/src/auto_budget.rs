@@ -295,9 +295,9 @@ impl AutoBudget {
             if let Some(rows) = forward.timed_rows() {
                 // The batch's other rows are taken at this request's context: an approximation
                 // that only matters when contexts in one forward differ widely.
-                self.costs.target.observe_at(rows, forward.ms, self.context);
+                self.costs.target.observe_at(rows, forward.ms(), self.context);
             }
-            self.step_ms += forward.ms;
+            self.step_ms += forward.ms();
         }
     }
 
@@ -450,7 +450,7 @@ mod tests {
         let mut b = budget();
         let before = b.costs.target.clone();
         let t = TokenTree::new(0);
-        b.observe_target(ForwardCost { rows: 16, prompt_rows: 12, ms: 80.0 });
+        b.observe_target(ForwardCost { prompt_rows: 12, ..ForwardCost::trees(16, 80.0) });
         b.observe(&t, &VerifyOutcome { accepted: vec![], tokens: vec![1], depths: vec![] });
         assert_eq!(b.costs.target, before);
         let achieved = b.achieved_rate().expect("the step was timed");

@@ -2,6 +2,8 @@
 //! and vLLM's proposers use), so every method — model drafts, n-gram lookups, dynamic trees —
 //! plugs into the same loop.
 
+use std::time::Duration;
+
 use treespec_core::cost::CostCurve;
 use treespec_core::sampling::Sampler;
 use treespec_core::tree::{NodeId, TokenTree};
@@ -12,7 +14,8 @@ use crate::error::Result;
 use crate::extra_stats::ExtraStats;
 use crate::method_kind::MethodKind;
 
-/// The target forward that scored a step's tree, as a cost-aware drafter learns from it.
+/// The target forward that scored a step's tree: what the step waited for, and what a
+/// cost-aware drafter learns from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ForwardCost {
     /// Rows in the whole forward, root included (other requests' rows too, when batched).
@@ -20,13 +23,18 @@ pub struct ForwardCost {
     /// Of them, rows of prompt chunks read in the same forward (the batch scheduler's).
     pub prompt_rows: usize,
     /// How long the forward took: the step waited that long.
-    pub ms: f64,
+    pub time: Duration,
 }
 
 impl ForwardCost {
-    /// A forward of `rows` tree rows and nothing else.
+    /// A forward of `rows` tree rows and nothing else, taking `ms` (replays, tests).
     pub fn trees(rows: usize, ms: f64) -> Self {
-        Self { rows, prompt_rows: 0, ms }
+        Self { rows, prompt_rows: 0, time: Duration::from_secs_f64(ms / 1e3) }
+    }
+
+    /// The forward's time in ms.
+    pub fn ms(&self) -> f64 {
+        self.time.as_secs_f64() * 1e3
     }
 
     /// The size whose T(n) this forward timed, or `None` when prompt chunks rode it: their rows

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::backend::TokenBytes;
 use crate::backend::{CausalLm, TreeBatch};
 use crate::constraint::TokenConstraint;
-use crate::drafter::Drafter;
+use crate::drafter::{Drafter, ForwardCost};
 use crate::error::{EngineError, Result};
 use crate::generation::{Generation, ProposeAt, Scored, StepOutcome};
 use crate::request::{GenerateOutput, GenerateRequest};
@@ -50,12 +50,8 @@ pub fn generate_constrained(
     {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
-        let scored = Scored {
-            logits: &logits,
-            forward_rows: logits.rows(),
-            prompt_rows: 0,
-            forward_time: t.elapsed(),
-        };
+        let forward = ForwardCost { rows: logits.rows(), prompt_rows: 0, time: t.elapsed() };
+        let scored = Scored { logits: &logits, forward };
         let step = generation.complete(drafter, constraint.as_deref_mut(), scored, bytes)?;
         target.commit(&step.path)?;
         if !on_step(&step) {

@@ -103,14 +103,9 @@ impl ProposeAt {
 pub struct Scored<'l, 'a> {
     /// The target's logits for the tree, one row per node in node order.
     pub logits: &'l Logits<'a>,
-    /// Rows in the whole forward (other requests' rows included when batched): cost-aware
-    /// drafters learn the cost curve from it.
-    pub forward_rows: usize,
-    /// Of them, rows of prompt chunks (the batch scheduler's): they compute no logits, so the
-    /// forward is not a timing of T(forward_rows) ([`ForwardCost::timed_rows`]).
-    pub prompt_rows: usize,
-    /// How long the whole forward took (the request waited that long).
-    pub forward_time: Duration,
+    /// The whole forward (other requests' rows included when batched): cost-aware drafters
+    /// learn the cost curve from it.
+    pub forward: ForwardCost,
 }
 
 /// A run of released text whose tokens were produced the same way.
@@ -291,17 +286,13 @@ impl Generation {
         scored: Scored<'_, '_>,
         bytes: Option<&dyn TokenBytes>,
     ) -> Result<StepOutcome> {
-        let Scored { logits, forward_rows, prompt_rows, forward_time } = scored;
+        let Scored { logits, forward } = scored;
         let Proposed { tree, forced, drafted } = self
             .proposed
             .take()
             .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
-        self.stats.times.target += forward_time;
-        drafter.observe_cost(ForwardCost {
-            rows: forward_rows,
-            prompt_rows,
-            ms: forward_time.as_secs_f64() * 1e3,
-        });
+        self.stats.times.target += forward.time;
+        drafter.observe_cost(forward);
         if logits.rows() != tree.len() || logits.vocab() != self.vocab {
             return Err(EngineError::State(format!(
                 "target returned {} rows of {} logits for a tree of {} nodes",

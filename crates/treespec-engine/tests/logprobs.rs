@@ -9,7 +9,8 @@ use treespec_engine::drafters::ChainDrafter;
 use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::CausalLm;
 use treespec_engine::{
-    Drafter, GenerateRequest, Generation, PlainDrafter, ProposeAt, Scored, TokenLogprob, TreeBatch,
+    Drafter, ForwardCost, GenerateRequest, Generation, PlainDrafter, ProposeAt, Scored, TokenLogprob,
+    TreeBatch,
 };
 
 fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Vec<TokenLogprob>) {
@@ -25,9 +26,7 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
         let logits = target.forward(&batch).unwrap().into_owned();
         let scored = Scored {
             logits: &logits,
-            forward_rows: batch.len(),
-            prompt_rows: 0,
-            forward_time: Default::default(),
+            forward: ForwardCost { rows: batch.len(), prompt_rows: 0, time: Default::default() },
         };
         let step = g.complete(drafter, None, scored, None).unwrap();
         target.commit(&step.path).unwrap();

@@ -13,6 +13,7 @@ use super::propose::{propose_trees, Proposals};
 use super::{Lane, LaneStep, StepLimits, StepReport};
 use crate::backend::TokenBytes;
 use crate::backend::{BatchedLm, LaneWork, Logits, TreeBatch};
+use crate::drafter::ForwardCost;
 use crate::error::{EngineError, Result};
 use crate::generation::{Scored, StepOutcome};
 use crate::shared_draft::SharedDraft;
@@ -173,8 +174,8 @@ fn forward(
     let logits = logits?;
     let time = t.elapsed();
     advance_prefill(lanes, chunks, time);
-    let prompt_rows = chunks.iter().map(|c| c.tokens).sum();
-    let outcomes = complete(lanes, trees, &logits, (rows, prompt_rows), time, bytes);
+    let forward = ForwardCost { rows, prompt_rows: chunks.iter().map(|c| c.tokens).sum(), time };
+    let outcomes = complete(lanes, trees, &logits, forward, bytes);
     Ok((time, outcomes))
 }
 
@@ -209,14 +210,12 @@ fn advance_prefill(lanes: &mut [&mut Lane<'_>], chunks: &[Chunk], time: Duration
     }
 }
 
-/// Each tree's step completed on its own rows of the forward (`rows` rows in all, `prompt_rows`
-/// of them prompt chunks, taking `time`), in tree order.
+/// Each tree's step completed on its own rows of the `forward`, in tree order.
 fn complete(
     lanes: &mut [&mut Lane<'_>],
     trees: &[Tree],
     logits: &Logits<'_>,
-    (rows, prompt_rows): (usize, usize),
-    time: Duration,
+    forward: ForwardCost,
     bytes: Option<&dyn TokenBytes>,
 ) -> Vec<Result<StepOutcome>> {
     let mut offset = 0;
@@ -226,7 +225,7 @@ fn complete(
             let lane = &mut *lanes[tree.member];
             let own = logits.slice(offset..offset + tree.batch.len());
             offset += tree.batch.len();
-            let scored = Scored { logits: &own, forward_rows: rows, prompt_rows, forward_time: time };
+            let scored = Scored { logits: &own, forward };
             lane.generation.complete(lane.drafter.as_mut(), lane.constraint.as_deref_mut(), scored, bytes)
         })
         .collect()

@@ -436,7 +436,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
             m.observe_cost(forward);
         }
         if let Some(p) = self.pending.as_mut() {
-            p.forward = Some((forward.rows, forward.ms));
+            p.forward = Some((forward.rows, forward.ms()));
         }
     }
 
