@@ -14,6 +14,7 @@
 //!   each tenant's suffix state ([`histories`]).
 //! - [`adapters`]: the models behind it — llama.cpp's ([`llama_cpp`]) and the toy models of the
 //!   tests, each a `LaneModels`.
+//! - [`lifecycle`]: serving until told to stop, the drain, the histories' saves.
 //!
 //! Beside them, what every room uses: the wire types ([`api`]), the OpenAI error objects
 //! ([`error`]), tenants ([`tenant`]) and the Prometheus text ([`metrics`]).
@@ -34,6 +35,7 @@ mod adapters;
 pub mod api;
 pub mod error;
 mod http;
+pub mod lifecycle;
 pub mod metrics;
 mod request;
 mod scheduling;

@@ -10,8 +10,8 @@ use treespec_engine::batched::StepLimits;
 use treespec_engine::measure::serving_gate;
 use treespec_engine::MethodSpec;
 use treespec_server::histories::TenantHistories;
+use treespec_server::lifecycle::{self, Drain, Serving, Stops};
 use treespec_server::methods::ServerMethods;
-use treespec_server::metrics::View;
 use treespec_server::{
     router, ApiKeys, BatchPool, GenerationBackend, Lifecycle, LlamaConfig, Metrics, SchedulerConfig,
     ServerConfig, Tenant,
@@ -223,20 +223,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         most: Duration::from_secs(args.drain),
     };
-    let app = router(pool, metrics, server);
-    let saver = (history_path.is_some() && args.history_save_every > 0)
-        .then(|| PeriodicSave::start(histories.clone(), Duration::from_secs(args.history_save_every)));
+    let serving = Serving {
+        app: router(pool, metrics, server),
+        drain,
+        histories,
+        save_every: (history_path.is_some() && args.history_save_every > 0)
+            .then(|| Duration::from_secs(args.history_save_every)),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
-        treespec_server::serve(listener, app, drain.after_signal()).await?;
-        anyhow::Ok(())
-    })?;
-    drop(saver);
-    report_saves(histories.save_changed())?;
+        lifecycle::run(listener, serving, Stops::os_signals()).await
+    });
+    // A connection past CLOSE_WAIT is dropped with the runtime, not waited for.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    served?;
     if methods.is_measuring() {
         // The curves are being measured on a thread of their own, inside llama.cpp: returning
         // would run llama.cpp's static destructors under it (a crash at exit). Everything of ours
@@ -302,116 +306,4 @@ fn default_methods(
         }
     })?;
     Ok(methods)
-}
-
-/// Print what a save wrote; the error (with every history tried) is the caller's.
-fn report_saves(saved: Result<Vec<treespec_server::histories::Saved>>) -> Result<()> {
-    for s in saved? {
-        let Some(path) = &s.history else { continue };
-        let merged = match s.merged {
-            0 => String::new(),
-            n => format!(", {n} document(s) another server saved merged in"),
-        };
-        eprintln!(
-            "treespec serve: saved the suffix history ({} tokens{merged}) to {}",
-            s.tokens,
-            path.display()
-        );
-        if let Some(why) = &s.replaced {
-            eprintln!(
-                "treespec serve: warning: {} could not be merged ({why}); it was replaced",
-                path.display()
-            );
-        }
-        if s.prices_kept {
-            eprintln!(
-                "treespec serve: the learned prices beside {} hold more trials than ours: kept",
-                path.display()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// A thread that saves the changed histories every period, until dropped.
-struct PeriodicSave {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl PeriodicSave {
-    fn start(histories: Arc<TenantHistories>, every: Duration) -> Self {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                if let Err(e) = report_saves(histories.save_changed()) {
-                    eprintln!("treespec serve: warning: {e:#} (will try again)");
-                }
-            }
-        });
-        Self { stop: Some(stop), thread: Some(thread) }
-    }
-}
-
-impl Drop for PeriodicSave {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// What the server does between the stop signal and stopping (`--drain`).
-struct Drain {
-    lifecycle: Lifecycle,
-    backend: Arc<dyn GenerationBackend>,
-    metrics: Arc<Metrics>,
-    most: Duration,
-}
-
-impl Drain {
-    /// Resolves when the server should stop accepting connections: at a stop signal, after the
-    /// server has drained — unready, refusing new requests, until nothing is queued or running
-    /// (or `most` has passed, or a second signal came).
-    async fn after_signal(self) {
-        stop_signal().await;
-        if self.most.is_zero() {
-            return;
-        }
-        self.lifecycle.drain();
-        eprintln!(
-            "treespec serve: draining: unready, new requests refused; up to {} s for the requests in flight (signal again to stop now)",
-            self.most.as_secs()
-        );
-        let busy = || self.backend.queue_depth() + self.metrics.generations_in_flight(View::Server);
-        let deadline = tokio::time::Instant::now() + self.most;
-        let mut second = std::pin::pin!(stop_signal());
-        while busy() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                _ = &mut second => break,
-            }
-        }
-        match busy() {
-            0 => eprintln!("treespec serve: drained"),
-            n => eprintln!("treespec serve: stopping with {n} request(s) unfinished"),
-        }
-    }
-}
-
-/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM (what service managers and `kill` send).
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -1,0 +1,42 @@
+//! The server's life from the listening socket to the exit: serve until told to stop, drain,
+//! save what the tenants taught it ([`run`]). The `treespec serve` binary and the tests drive the
+//! same code; only where the stop requests come from differs ([`Stops`]: the OS's signals, or a
+//! test's sender). A second stop request skips the rest of the drain.
+
+mod drain;
+mod saves;
+mod stops;
+
+pub use drain::Drain;
+pub use saves::{report_saves, PeriodicSave};
+pub use stops::{StopSender, Stops};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::histories::TenantHistories;
+
+/// What [`run`] serves and keeps.
+pub struct Serving {
+    /// The application ([`crate::router`]).
+    pub app: Router,
+    /// How the stop is drained.
+    pub drain: Drain,
+    /// The tenants' histories, saved at the stop (and every `save_every` while serving).
+    pub histories: Arc<TenantHistories>,
+    /// How often to save the histories that changed (None: only at the stop).
+    pub save_every: Option<Duration>,
+}
+
+/// Serve on `listener` until `stops` asks twice or the drain ends, then save the histories.
+/// Returns once the connections are closed and the save is done; a failed save is the error.
+pub async fn run(listener: TcpListener, serving: Serving, stops: Stops) -> anyhow::Result<()> {
+    let Serving { app, drain, histories, save_every } = serving;
+    let saver = save_every.map(|every| PeriodicSave::start(histories.clone(), every));
+    crate::serve(listener, app, drain.after(stops)).await?;
+    drop(saver);
+    report_saves(histories.save_changed())
+}
