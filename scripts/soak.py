@@ -36,8 +36,11 @@ request that times out is a hang (unexpected). A request still unresolved when i
 joined at the end is `lost`.
 
 Monitor: GET /health every second (must answer 200 within 5 s, else a health failure) and the
-server's VmRSS from /proc/PID/status. RSS at warm-up = median of the samples around --warmup-frac
-of the duration (default 20%); at the end = median of the last 5 samples; growth = end / warm-up - 1.
+server's VmRSS from /proc/PID/status, and the bytes of KV prefixes it keeps in host memory on purpose
+(`treespec_prefix_cache_bytes` on /metrics, its --cache-ram store). RSS at warm-up = median of the
+samples around --warmup-frac of the duration (default 20%); at the end = median of the last 5 s of
+samples; growth = end / warm-up - 1, both less the prefix cache at that sample (`rss_growth`; the
+whole RSS's growth is `rss_growth_raw`, the cache's own `prefix_cache_kib_*`).
 
 At the end /metrics is scraped once the server is idle (generations in flight and queue depth 0, at
 most 30 s of waiting) and compared with the client's counts, using treespec's metric names
@@ -442,8 +445,22 @@ def monitor(a, host, port, pid, tally, stop, t_start, samples, health_log):
         if pid:
             r = rss_kib(pid)
             if r is not None:
-                samples.append((t - t_start, r))
+                samples.append((t - t_start, r, prefix_cache_kib(host, port)))
         stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+
+
+def prefix_cache_kib(host, port):
+    """KiB of KV prefixes the server keeps in host memory on purpose (its --cache-ram store, the
+    gauge treespec_prefix_cache_bytes), 0 when /metrics does not say (a key is needed, or another
+    server)."""
+    try:
+        status, body = http_get(host, port, "/metrics", 5)
+    except (OSError, http.client.HTTPException):
+        return 0
+    if status != 200:
+        return 0
+    m = re.search(rb"^treespec_prefix_cache_bytes (\d+)$", body, re.M)
+    return int(m.group(1)) // 1024 if m else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,8 +553,10 @@ def load_prompts(paths, max_chars):
     return prompts or FALLBACK_PROMPTS
 
 
-def median_window(samples, lo, hi):
-    vals = [r for t, r in samples if lo <= t <= hi]
+def median_window(samples, lo, hi, net=True):
+    """Median RSS (KiB) of the samples between lo and hi seconds; with `net`, less the prefix
+    cache the server keeps on purpose at each sample."""
+    vals = [r - (c if net else 0) for t, r, c in samples if lo <= t <= hi]
     return statistics.median(vals) if vals else None
 
 
@@ -627,9 +646,16 @@ def main():
             counts = dict(tally.counts)
         metrics_report, mism = check_metrics(host, port, tally)
         dur = a.duration
-        warm = median_window(samples, dur * a.warmup_frac - 5, dur * a.warmup_frac + 5)
-        end = statistics.median([r for _, r in samples[-5:]]) if samples else None
+        lo, hi = dur * a.warmup_frac - 5, dur * a.warmup_frac + 5
+        last = samples[-1][0] - 5 if samples else 0
+        # Growth is judged on RSS less the prefix cache the server was configured to keep
+        # (--cache-ram fills up as conversations end; that is memory in use, not a leak), and
+        # the cache's own growth is reported beside it.
+        warm, end = median_window(samples, lo, hi), median_window(samples, last, float("inf"))
         growth = (end / warm - 1) if warm and end else None
+        raw_warm, raw_end = median_window(samples, lo, hi, False), median_window(samples, last, float("inf"), False)
+        cache = [(t, c, 0) for t, _, c in samples]
+        cache_warm, cache_end = median_window(cache, lo, hi), median_window(cache, last, float("inf"))
         lat = sorted(tally.latencies)
         pick = lambda v, q: round(v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))], 3) if v else None
         summary = {
@@ -643,7 +669,9 @@ def main():
             "tokens_per_s": round(tally.tokens / (t_end - t_start), 2) if t_end > t_start else None,
             "latency_p50_s": pick(lat, 0.5), "latency_p99_s": pick(lat, 0.99),
             "ttft_p50_s": pick(sorted(tally.ttfts), 0.5), "ttft_p99_s": pick(sorted(tally.ttfts), 0.99),
-            "rss_kib_warmup": warm, "rss_kib_end": end, "rss_kib_max": max((r for _, r in samples), default=None),
+            "rss_kib_warmup": raw_warm, "rss_kib_end": raw_end, "rss_kib_max": max((r for _, r, _ in samples), default=None),
+            "prefix_cache_kib_warmup": cache_warm, "prefix_cache_kib_end": cache_end,
+            "rss_growth_raw": round(raw_end / raw_warm - 1, 4) if raw_warm and raw_end else None,
             "rss_growth": round(growth, 4) if growth is not None else None,
             "rss_samples": len(samples),
             "metrics": metrics_report, "metrics_mismatches": mism,

@@ -207,3 +207,46 @@ fn profile_times_the_sizes_asked_and_refuses_bad_ones() {
     refused(&treespec(&["profile", "-m", m, "--sizes", "0,4"], LIMIT), "--sizes");
     refused(&treespec(&["profile", "-m", m, "--sizes", "5000", "-c", "4096"], LIMIT), "largest size (5000)");
 }
+
+/// Issue #66 row 4: `-ngld` that no GPU can take fails as `-ngl` does (it was accepted silently
+/// when no draft was loaded), for `generate` and `serve`. On a build with a GPU there is nothing
+/// to refuse: skipped.
+#[test]
+fn draft_layers_on_a_cpu_build_fail_as_target_layers_do() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let target = treespec(&["generate", "-m", m, "-p", "hi", "-n", "1", "-t", "1", "-ngl", "5"], LIMIT);
+    if target.code == Some(0) {
+        eprintln!("skipping: this build offloads layers");
+        return;
+    }
+    refused(&target, "asks for a GPU");
+    for layers in ["5", "all"] {
+        let run = treespec(&["generate", "-m", m, "-p", "hi", "-n", "1", "-t", "1", "-ngld", layers], LIMIT);
+        refused(&run, "--n-gpu-layers-draft (-ngld) asks for a GPU");
+        let run = treespec(&["serve", "-m", m, "--port", "0", "-t", "1", "-ngld", layers], LIMIT);
+        refused(&run, "--n-gpu-layers-draft (-ngld) asks for a GPU");
+    }
+}
+
+/// Issue #66 row 10: `-n -1` (llama.cpp's "until the end") runs to the end of generation or of
+/// the context instead of failing to parse; 0 and other negatives are refused by name.
+#[test]
+fn n_minus_one_runs_to_the_end() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let run = treespec(
+        &["generate", "-m", m, "-p", "Count: 1, 2, 3,", "-n", "-1", "-c", "48", "-t", "1", "--json"],
+        LIMIT,
+    );
+    ok(&run);
+    let out: Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let tokens = out["token_ids"].as_array().unwrap().len();
+    assert!(tokens > 1 && tokens < 48, "{tokens} tokens in a 48-token context: {run:#?}");
+    for n in ["0", "-3"] {
+        refused(
+            &treespec(&["generate", "-m", m, "-p", "hi", "-n", n, "-t", "1"], LIMIT),
+            "-n must be at least 1",
+        );
+    }
+}

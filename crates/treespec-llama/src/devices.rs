@@ -150,11 +150,16 @@ impl DeviceList {
     /// naming the problem when a GPU is asked for and this build or machine has none, or the
     /// named device does not exist or takes no layers.
     pub(crate) fn for_offload(offload: &Offload) -> Result<Option<Self>> {
+        Self::for_offload_of(offload, "--n-gpu-layers (-ngl)")
+    }
+
+    /// [`Self::for_offload`], its errors naming `flag` (the draft's is `-ngld`).
+    pub(crate) fn for_offload_of(offload: &Offload, flag: &str) -> Result<Option<Self>> {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         if !offload.layers.any() {
             if let Some(d) = &offload.device {
                 if !d.eq_ignore_ascii_case("none") && !d.eq_ignore_ascii_case("cpu") {
-                    return bad(format!("--device {d} offloads nothing without --n-gpu-layers (-ngl)"));
+                    return bad(format!("--device {d} offloads nothing without {flag}"));
                 }
             }
             return Ok(None);
@@ -163,7 +168,7 @@ impl DeviceList {
         let gpus: Vec<&Device> = all.iter().filter(|d| d.takes_layers()).collect();
         if gpus.is_empty() {
             return bad(format!(
-                "--n-gpu-layers asks for a GPU, but this build has no GPU backend or this machine no GPU \
+                "{flag} asks for a GPU, but this build has no GPU backend or this machine no GPU \
                  (devices: {}); build with `--features cuda`, `vulkan`, `metal` or `rocm` (docs/GPU.md)",
                 all.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
             ));

@@ -262,6 +262,11 @@ impl LlamaModel {
         // offload everything in a GPU build).
         params.n_gpu_layers = options.offload.layers.param();
         let mut devices = DeviceList::for_offload(&options.offload)?;
+        // The draft's layers are checked with the target's, so a `-ngld` no GPU can take fails
+        // the same way `-ngl` does, whether or not a draft is loaded.
+        if let Some(draft) = &options.draft_offload {
+            DeviceList::for_offload_of(draft, "--n-gpu-layers-draft (-ngld)")?;
+        }
         if let Some(d) = devices.as_mut() {
             params.devices = d.as_param();
         }

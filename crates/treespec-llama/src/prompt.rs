@@ -19,9 +19,15 @@ impl LlamaModel {
 
     /// The chat template stored in the file, compiled with the model's BOS/EOS texts.
     pub fn compiled_chat_template(&self) -> Result<ChatTemplate> {
+        self.compile_chat_template(self.chat_template().as_deref())
+    }
+
+    /// The Jinja `source` compiled with the model's BOS/EOS texts (None: the model has no
+    /// template, an error that says how to give one).
+    pub fn compile_chat_template(&self, source: Option<&str>) -> Result<ChatTemplate> {
         let text =
             |t: Option<TokenId>| t.map(|t| self.token_text(t)).transpose().map(Option::unwrap_or_default);
-        ChatTemplate::new(self.chat_template().as_deref(), &text(self.bos())?, &text(self.eos())?)
+        ChatTemplate::new(source, &text(self.bos())?, &text(self.eos())?)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
 

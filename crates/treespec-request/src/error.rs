@@ -5,8 +5,9 @@ use treespec_core::TokenId;
 /// What is wrong with a request, by the part at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
-    /// The chat template refused the messages.
-    #[error("the chat template refused the messages: {0}")]
+    /// The messages could not be rendered: the chat template refused them, or there is none
+    /// (the text says which, and for a missing one how to give one).
+    #[error("{0}")]
     Template(String),
     /// A prompt token is not in the vocabulary.
     #[error("token {token} is outside the vocabulary of {vocab} tokens")]

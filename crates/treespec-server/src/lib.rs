@@ -14,7 +14,7 @@
 //!   each tenant's suffix state ([`histories`]).
 //! - [`adapters`]: the models behind it — llama.cpp's ([`llama_cpp`]) and the toy models of the
 //!   tests, each a `LaneModels`.
-//! - [`lifecycle`]: serving until told to stop, the drain, the histories' saves.
+//! - [`lifecycle`]: serving until told to stop, the bounded drain, the histories' saves.
 //!
 //! Beside them, what every room uses: the wire types ([`api`]), the OpenAI error objects
 //! ([`error`]), tenants ([`tenant`]) and the Prometheus text ([`metrics`]).
@@ -52,7 +52,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
-use http::{gateway, llama_server, openapi, routes};
+use http::{deadline, gateway, llama_server, openapi, routes};
 
 pub use error::ApiError;
 pub use gateway::Lifecycle;
@@ -80,7 +80,13 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// The handle that turns the server unready before it stops (`gateway.rs`).
     pub lifecycle: Lifecycle,
+    /// Longest time a request's headers, and then its whole body, may take to arrive
+    /// (`--timeout`, llama-server's `-to`): a client trickling bytes is cut off with a 408.
+    pub timeout: std::time::Duration,
 }
+
+/// llama-server's default `--timeout`, in seconds.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -90,6 +96,7 @@ impl Default for ServerConfig {
             metrics_open: false,
             max_body_bytes: 1 << 20,
             lifecycle: Lifecycle::default(),
+            timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS),
         }
     }
 }
@@ -110,6 +117,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         metrics_open: config.metrics_open,
         started: routes::unix_now(),
         lifecycle: config.lifecycle,
+        body_timeout: config.timeout,
     };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()
@@ -132,6 +140,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         // After every route: a known path with the wrong method gets an OpenAI error body too.
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), routes::track))
+        .layer(middleware::from_fn_with_state(state.clone(), deadline::body_deadline))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
 }

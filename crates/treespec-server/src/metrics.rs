@@ -20,6 +20,11 @@ use treespec_engine::shared_draft::DraftCounters;
 use self::gateway_load::{CacheBooks, Load, SeenSessions};
 use crate::tenant::Tenant;
 
+/// The `status` label of an answer begun after its client had closed its side: nginx's 499,
+/// "client closed request", so that `treespec_requests_total` counts what clients received apart
+/// from what went to clients that had left.
+pub const CLIENT_CLOSED: u16 = 499;
+
 pub use histogram::Histogram;
 pub use spec_decode::SpecDecode;
 
@@ -92,6 +97,8 @@ struct Inner {
     cache: CacheBooks,
     /// KV cells the live requests hold, and all of them (server-wide only).
     cells: (usize, usize),
+    /// Bytes of KV prefixes kept in host memory (`--cache-ram`; server-wide only).
+    saved_prefix_bytes: usize,
 }
 
 impl Default for Inner {
@@ -114,6 +121,7 @@ impl Default for Inner {
             model_name: String::new(),
             cache: CacheBooks::default(),
             cells: (0, 0),
+            saved_prefix_bytes: 0,
         }
     }
 }
@@ -212,9 +220,12 @@ impl Metrics {
     }
 
     /// One answered HTTP request, of `tenant` when it carried a tenant's key.
+    /// `status` is the HTTP status sent, or [`CLIENT_CLOSED`] for an answer begun after its
+    /// client had closed its side (it was not received, or not as a normal answer).
     pub fn request(&self, tenant: Option<Tenant>, endpoint: &str, status: u16) {
         self.record(tenant, |m| *m.requests.entry((endpoint.to_string(), status)).or_default() += 1);
-        if status >= 400 {
+        // A client that left is not an error of the request, nor of the server.
+        if status >= 400 && status != CLIENT_CLOSED {
             self.error(tenant, if status >= 500 { "server" } else { "client" });
         }
     }
@@ -240,6 +251,11 @@ impl Metrics {
     /// The KV cells the live requests hold now, and all of them (after every batched step).
     pub fn set_kv_cells(&self, used: usize, total: usize) {
         self.with(|b| b.server.cells = (used, total));
+    }
+
+    /// The bytes of KV prefixes kept in host memory now (after every batched step).
+    pub fn set_saved_prefix_bytes(&self, bytes: usize) {
+        self.with(|b| b.server.saved_prefix_bytes = bytes);
     }
 
     /// The KV cells the live requests hold, and all of them (0, 0 before the first step).
@@ -510,6 +526,13 @@ fn render_steps(s: &mut String, m: &Inner) {
     let _ = writeln!(s, "treespec_batch_steps_total {}", m.batch_steps);
     head(s, "treespec_prefill_tokens_total", "counter", "Prompt tokens prefilled by batched steps.");
     let _ = writeln!(s, "treespec_prefill_tokens_total {}", m.prefilled_tokens);
+    head(
+        s,
+        "treespec_prefix_cache_bytes",
+        "gauge",
+        "Bytes of finished requests' KV prefixes kept in host memory for later turns (--cache-ram).",
+    );
+    let _ = writeln!(s, "treespec_prefix_cache_bytes {}", m.saved_prefix_bytes);
     let seconds: [(&str, &str, f64); 2] = [
         ("treespec_batch_step_seconds_total", "Wall time of batched steps.", m.step_seconds),
         (

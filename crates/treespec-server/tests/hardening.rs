@@ -69,8 +69,11 @@ async fn llama_server_sampling_fields_are_honoured_or_refused() {
     // A strong repetition penalty changes the greedy text.
     assert_ne!(content(&app, json!({"temperature": 0, "repeat_penalty": 50.0})).await, greedy);
     assert_ne!(content(&app, json!({"temperature": 0, "repetition_penalty": 50.0})).await, greedy);
+    // llama.cpp's `top_k: 0` is no top-k; OpenAI clients' `top_p: 0` is greedy (issue #66).
+    assert_eq!(content(&app, json!({"temperature": 2, "top_k": 0})).await, hot);
+    assert_eq!(content(&app, json!({"temperature": 2, "top_p": 0})).await, greedy);
     for (field, bad) in [
-        ("top_k", json!(0)),
+        ("top_k", json!(-1)),
         ("top_k", json!("40")),
         ("top_k", json!(1.5)),
         ("min_p", json!(2)),
@@ -128,6 +131,53 @@ async fn half_closed_connections_are_answered() {
     // Graceful shutdown still ends the server.
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(30), server).await.unwrap().unwrap().unwrap();
+}
+
+/// Issue #66 row 9: a body trickled a byte at a time past `--timeout` is cut off with a 408
+/// naming the flag (the connection stayed open for as long as the client liked), while a body
+/// that arrives in time is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_trickled_past_the_timeout_is_cut_off() {
+    use std::io::{Read, Write};
+    let metrics = Arc::new(Metrics::default());
+    let pool = Arc::new(BatchPool::toy(ToyConfig::default(), SchedulerConfig::default(), metrics.clone()));
+    let config = ServerConfig { timeout: Duration::from_millis(600), ..Default::default() };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(treespec_server::serve(listener, router(pool, metrics, config), std::future::pending()));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let send = move |pause: Duration| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let started = std::time::Instant::now();
+        for byte in body.as_bytes() {
+            // Stop sending once the answer is there: bytes the server will not read would make
+            // its close a reset, which can discard the answer on this side.
+            s.set_nonblocking(true).unwrap();
+            let answered = s.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
+            s.set_nonblocking(false).unwrap();
+            if answered || s.write_all(&[*byte]).is_err() {
+                break;
+            }
+            std::thread::sleep(pause);
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        (answer, started.elapsed())
+    };
+    let again = send.clone();
+    let (trickled, took) =
+        tokio::task::spawn_blocking(move || send(Duration::from_millis(50))).await.unwrap();
+    assert!(trickled.starts_with("HTTP/1.1 408"), "{trickled}");
+    assert!(trickled.contains("body_timeout") && trickled.contains("--timeout"), "{trickled}");
+    assert!(took < Duration::from_secs(10), "cut off after {took:?}");
+    let (in_time, _) = tokio::task::spawn_blocking(move || again(Duration::ZERO)).await.unwrap();
+    assert!(in_time.starts_with("HTTP/1.1 200"), "{in_time}");
 }
 
 /// Every token is the first three bytes of the four-byte "😀".

@@ -238,6 +238,15 @@ async fn queued_requests_whose_clients_left_free_their_places() {
     assert!(wait_until(left, Duration::from_secs(5)).await, "{}", metrics.text());
     assert_eq!(metrics.gauge("treespec_queue_depth"), 0.0);
     assert_eq!(metrics.gauge("treespec_generations_in_flight"), 1.0, "the lane is still busy");
+    // Their answers are counted apart from those clients received (nginx's 499), not as errors.
+    let counted_apart =
+        || metrics.gauge("treespec_requests_total{endpoint=\"/v1/chat/completions\",status=\"499\"}") == 2.0;
+    assert!(wait_until(counted_apart, Duration::from_secs(5)).await, "{}", metrics.text());
+    assert_eq!(
+        metrics.gauge("treespec_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"),
+        1.0
+    );
+    assert_eq!(metrics.gauge("treespec_errors_total"), 0.0, "{}", metrics.text());
     // Two live requests fit the queue again while the lane is busy: no 503.
     let pool = metrics.pool.clone();
     let live = tokio::task::spawn_blocking(move || {

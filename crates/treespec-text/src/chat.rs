@@ -26,7 +26,7 @@ impl ChatMessage {
 #[derive(Debug, Error)]
 pub enum TemplateError {
     /// The model file has no chat template.
-    #[error("this model has no chat template (tokenizer.chat_template is missing); use a plain prompt instead of --chat")]
+    #[error("this model has no chat template (tokenizer.chat_template is missing): give one with --chat-template NAME|JINJA or --chat-template-file FILE, or send a plain prompt (/v1/completions, /completion; `generate` without --chat)")]
     Missing,
     /// The template does not parse.
     #[error("the model's chat template does not parse: {0}")]

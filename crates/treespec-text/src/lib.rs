@@ -3,8 +3,10 @@
 //! text can never become special tokens. (Streaming the generated text is the engine's
 //! `TextStream`, next to the stop strings it must respect.)
 
+pub mod builtin;
 pub mod chat;
 pub mod guard;
 
+pub use builtin::{builtin_names, template_source};
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};
 pub use guard::Piece;

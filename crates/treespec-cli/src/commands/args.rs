@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
@@ -48,9 +48,32 @@ pub struct RuntimeArgs {
     /// the first GPU).
     #[arg(long = "device", visible_alias = "dev")]
     pub device: Option<String>,
+    /// Render chats with this template instead of the model file's: a built-in name (chatml,
+    /// gemma, llama2, llama3, mistral-v7, phi3, vicuna, zephyr) or a Jinja text, as llama-server
+    /// reads `--chat-template`. For a model that carries none (a base model), or a wrong one.
+    #[arg(long = "chat-template", value_name = "NAME|JINJA", conflicts_with = "chat_template_file")]
+    pub chat_template: Option<String>,
+    /// Render chats with the Jinja template in FILE instead of the model file's.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
 }
 
 impl RuntimeArgs {
+    /// The operator's chat template source (`--chat-template`, `--chat-template-file`), if any:
+    /// a bad name, an unreadable file or a template that does not parse is an error naming the
+    /// flag.
+    pub fn chat_template_source(&self) -> Result<Option<String>> {
+        let source = match (&self.chat_template, &self.chat_template_file) {
+            (Some(value), _) => treespec_text::template_source(value)?,
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("--chat-template-file {}: reading the template", path.display()))?,
+            (None, None) => return Ok(None),
+        };
+        let flag = if self.chat_template.is_some() { "--chat-template" } else { "--chat-template-file" };
+        treespec_text::ChatTemplate::new(Some(&source), "", "").context(flag)?;
+        Ok(Some(source))
+    }
+
     /// Load options for both models.
     pub fn load_options(&self) -> LoadOptions {
         let offload = Offload { layers: self.gpu_layers.unwrap_or_default(), device: self.device.clone() };

@@ -51,9 +51,10 @@ pub struct GenerateArgs {
     /// Format the prompt as a user turn with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Most new tokens.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
-    pub n: usize,
+    /// Most new tokens; -1 (llama.cpp's "infinite") or -2 ("until the context is full"): until
+    /// the end of generation or of the context.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    pub n: i64,
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -99,9 +100,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
     };
-    if args.n == 0 {
-        bail!("-n must be at least 1");
-    }
+    let most_new = match args.n {
+        // The context's end stops it first.
+        -2 | -1 => args.models.runtime.ctx,
+        n if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
+        n => bail!("-n must be at least 1, or -1 (until the end of generation or of the context), got {n}"),
+    };
     let sampling = args.sampling.params()?;
     let models = load_runtime(&args.models)?;
     let mut spec = args.method.spec();
@@ -136,7 +140,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         e => e.into(),
     })?;
     // `-n` is a most, not a demand: a prompt that leaves less room stops at the context's end.
-    prepared.request.max_new_tokens = args.n;
+    prepared.request.max_new_tokens = most_new;
     target.set_prefill_progress(prefill_bar(prepared.request.prompt.len()));
     let bytes = models.token_bytes();
     let json = args.json;

@@ -15,10 +15,16 @@ use super::args::ModelArgs;
 
 /// Load the target (and draft) named by `args`, each file once.
 pub fn load_runtime(args: &ModelArgs) -> Result<ModelRuntime> {
-    ModelRuntime::load(
+    // The template is checked before minutes of loading are spent.
+    let template = args.runtime.chat_template_source()?;
+    let runtime = ModelRuntime::load(
         ModelPaths::new(args.model.clone(), args.runtime.draft.clone()),
         args.runtime.load_options(),
-    )
+    )?;
+    Ok(match template {
+        Some(source) => runtime.with_chat_template(source),
+        None => runtime,
+    })
 }
 
 /// `spec` resolved on the loaded models; with `reprofile`, a method that needs the cost curves

@@ -127,6 +127,11 @@ pub struct ServeArgs {
     /// once; 0 stops at once.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub drain: u64,
+    /// Longest time, in seconds, a request's body may take to arrive after its headers
+    /// (llama-server's `-to`; a client trickling bytes gets a 408). Headers have 30 s.
+    #[arg(long = "timeout", visible_alias = "to", value_name = "SECONDS",
+          default_value_t = treespec_server::DEFAULT_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
 }
 
 /// The API keys of `--api-key` and `--api-key-file`.
@@ -216,6 +221,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics_open: args.metrics_open,
         max_body_bytes: args.max_body,
         lifecycle: lifecycle.clone(),
+        timeout: Duration::from_secs(args.timeout),
     };
     let drain = Drain {
         lifecycle,

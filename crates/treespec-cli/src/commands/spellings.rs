@@ -1,6 +1,6 @@
 //! llama.cpp's spellings that clap cannot express. clap's short flags are one character, so
 //! llama.cpp's `-md FILE` would read as `-m d`; it is rewritten to `--model-draft` before parsing,
-//! and so are `-ngl`, `-ngld` and `-dev`.
+//! and so are `-ngl`, `-ngld`, `-dev`, `-np` and `-to`.
 //! (`-c`, `-n`, `-t`, `-s`, `--temp`, `--ctx-size`, `--spec-draft-n-max` are plain clap spellings.)
 
 use std::ffi::OsString;
@@ -11,6 +11,8 @@ const LONG: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
     ("-ngld", "--n-gpu-layers-draft"),
     ("-dev", "--device"),
+    ("-np", "--parallel"),
+    ("-to", "--timeout"),
 ];
 
 /// Flags whose next argument is free text, never a flag to rewrite.

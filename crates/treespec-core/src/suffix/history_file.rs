@@ -122,7 +122,34 @@ impl HistoryFile {
     /// Every problem is an error naming the path and the reason. Saving blocks (file I/O, and up
     /// to [`Self::lock_timeout`] for the lock): async callers should save on a blocking thread.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open_as(path.as_ref(), "suffix history")
+        let file = Self::open_as(path.as_ref(), "suffix history")?;
+        // Best effort: a directory that cannot be listed was already found writable above, and
+        // a lock another saver holds means its temporaries are not stale; both wait for the next
+        // start.
+        let _ = file.remove_stale_temporaries();
+        Ok(file)
+    }
+
+    /// Remove the temporary files a save of this history or its prices left behind when its
+    /// process was killed mid-save (`.<name>.XXXXXX.tmp`): under the lock, so a save in progress
+    /// (which holds it from its temporary file's creation to its rename) is never touched.
+    /// Returns how many were removed.
+    pub fn remove_stale_temporaries(&self) -> Result<usize> {
+        let _lock = self.take_lock()?;
+        let ours = [format!(".{}.", self.name), format!(".{}.", self.prices_name())];
+        let mut removed = 0;
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| Error::Invalid(format!("listing {}: {e}", self.dir.display())))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if ours.iter().any(|prefix| is_temporary_of(name, prefix))
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// [`Self::open`] for a file holding `what` (named so in messages).
@@ -770,6 +797,15 @@ impl GlobalHistory {
     }
 }
 
+/// Whether `name` is a temporary file [`HistoryFile::temp_file`] makes for the file whose
+/// temporaries start with `prefix` (`.<name>.`): the prefix, random letters and digits (no dot,
+/// so `.h.bin.XXXXXX.tmp` is not taken for a temporary of `h`), `.tmp`.
+fn is_temporary_of(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+        .is_some_and(|random| !random.is_empty() && random.chars().all(|c| c.is_ascii_alphanumeric()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -815,6 +851,35 @@ mod tests {
         assert_eq!(others(dir.path(), &["h.bin", "h.bin.lock"]), Vec::<String>::new());
         file.save(&new, TOK).unwrap();
         assert_eq!(file.load(TOK, 1000).unwrap().index().tokens(), new.index().tokens());
+    }
+
+    #[test]
+    fn a_kill_mid_save_leaves_temporaries_that_the_next_open_removes_and_no_other_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        file.save(&history(&[&[1, 2, 3]]), TOK).unwrap();
+        // What a SIGKILL between a temporary's creation and its rename leaves, for the history
+        // and for its prices; beside them files that are not ours.
+        let stale = [".h.bin.a1B2c3.tmp", ".h.bin.prices.json.Zz9Yy8.tmp"];
+        let foreign = [".h.bin.notes", ".other.bin.a1B2c3.tmp", "h.bin.a1B2c3.tmp", ".h.x1.tmp.keep"];
+        for name in stale.iter().chain(&foreign) {
+            std::fs::write(dir.path().join(name), b"partial").unwrap();
+        }
+        let again = HistoryFile::open(dir.path().join("h.bin")).unwrap();
+        let mut left = others(dir.path(), &["h.bin", "h.bin.lock"]);
+        left.sort();
+        let mut want: Vec<String> = foreign.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(left, want, "only the stale temporaries of this history are gone");
+        assert_eq!(again.load(TOK, 1000).unwrap().index().tokens(), history(&[&[1, 2, 3]]).index().tokens());
+        // While another saver holds the lock its temporaries are not stale: nothing is removed.
+        std::fs::write(dir.path().join(stale[0]), b"in progress").unwrap();
+        let held = again.take_lock().unwrap();
+        let waiting = again.clone().with_lock_timeout(Duration::from_millis(20));
+        assert!(waiting.remove_stale_temporaries().is_err());
+        assert!(dir.path().join(stale[0]).exists());
+        drop(held);
+        assert_eq!(again.remove_stale_temporaries().unwrap(), 1);
     }
 
     #[test]

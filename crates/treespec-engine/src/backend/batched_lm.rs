@@ -51,6 +51,13 @@ pub trait BatchedLm {
     /// Positions all lanes together may hold (admission control reserves against this).
     fn capacity(&self) -> usize;
 
+    /// Bytes of finished requests' KV prefixes kept in host memory for later turns (the
+    /// server's `--cache-ram`), which a memory watch counts apart from growth; 0 without such a
+    /// store.
+    fn saved_prefix_bytes(&self) -> usize {
+        0
+    }
+
     /// Open a lane for a request whose prompt starts with `prompt_head`. Returns the lane and how
     /// many leading tokens of `prompt_head` it already holds (a cached prefix reused rather
     /// than prefilled, only ever from a lane opened with the same `scope`: a server's tenant,

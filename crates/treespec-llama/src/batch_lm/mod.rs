@@ -474,6 +474,10 @@ impl BatchedLm for LlamaBatchLm<'_> {
         self.n_ctx
     }
 
+    fn saved_prefix_bytes(&self) -> usize {
+        self.saved.bytes()
+    }
+
     fn open(&mut self, prompt_head: &[TokenId], scope: u64) -> Result<(LaneId, usize)> {
         let Some(slot) = self.lanes.iter().position(Option::is_none) else {
             return Err(EngineError::InvalidRequest("every lane is busy".into()));

@@ -55,6 +55,9 @@ pub struct ModelRuntime {
     /// Compiled on first use: a raw-text command must not fail on a template it never renders.
     /// The error is kept as text (an `EngineError` is not `Clone`).
     template: OnceLock<std::result::Result<ChatTemplate, String>>,
+    /// The operator's template (`--chat-template`, `--chat-template-file`), used instead of the
+    /// file's: for models that carry none, or carry a wrong one.
+    template_source: Option<String>,
     tokenizer: OnceLock<TokenizerId>,
     token_table: OnceLock<TokenTable>,
     /// The vocabulary grammars compile against, built from the token table on first use.
@@ -82,6 +85,7 @@ impl ModelRuntime {
             pair,
             eos,
             template: OnceLock::new(),
+            template_source: None,
             tokenizer: OnceLock::new(),
             token_table: OnceLock::new(),
             grammar_vocabulary: VocabularyCache::default(),
@@ -125,11 +129,34 @@ impl ModelRuntime {
         &self.eos
     }
 
-    /// The target's chat template, compiled with its BOS/EOS texts on first use.
+    /// Render chats with the Jinja `source` instead of the template in the model file (see
+    /// `treespec_text::template_source` for llama-server's `--chat-template` names).
+    pub fn with_chat_template(mut self, source: String) -> Self {
+        self.template_source = Some(source);
+        self.template = OnceLock::new();
+        self
+    }
+
+    /// The Jinja source chats are rendered with: the operator's, else the model file's (None:
+    /// neither, so only plain prompts can be served).
+    pub fn chat_template_source(&self) -> Option<String> {
+        self.template_source.clone().or_else(|| self.pair.target.chat_template())
+    }
+
+    /// The target's chat template ([`Self::chat_template_source`]), compiled with its BOS/EOS
+    /// texts on first use.
     pub fn chat_template(&self) -> treespec_engine::Result<&ChatTemplate> {
-        let compiled = self
-            .template
-            .get_or_init(|| self.pair.target.compiled_chat_template().map_err(|e| e.to_string()));
+        let compiled = self.template.get_or_init(|| {
+            let target = &self.pair.target;
+            match &self.template_source {
+                Some(source) => target.compile_chat_template(Some(source)),
+                None => target.compiled_chat_template(),
+            }
+            .map_err(|e| match e {
+                EngineError::InvalidRequest(m) => m,
+                e => e.to_string(),
+            })
+        });
         compiled.as_ref().map_err(|e| EngineError::InvalidRequest(e.clone()))
     }
 

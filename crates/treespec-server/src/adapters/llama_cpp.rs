@@ -45,11 +45,20 @@ impl LlamaConfig {
 
     /// What the server checks before it answers anything: the default method can run on these
     /// models (a method that needs a draft model has one), and the chat template compiles (every
-    /// chat request needs it).
+    /// chat request needs it). A model without any template (a base model) is served: its
+    /// completions routes answer, its chat requests get a 400 saying how to give a template.
     pub fn check(&self) -> anyhow::Result<()> {
         let method = self.methods.default_method();
         check_method(&*self.runtime, &method).map_err(|e| anyhow::anyhow!("{e}"))?;
-        self.runtime.chat_template().context("compiling the model's chat template")?;
+        if self.runtime.chat_template_source().is_none() {
+            eprintln!(
+                "treespec serve: warning: this model has no chat template: /v1/completions and /completion \
+                 serve it, chat requests are refused (give one with --chat-template NAME|JINJA or \
+                 --chat-template-file FILE)"
+            );
+            return Ok(());
+        }
+        self.runtime.chat_template().context("compiling the chat template")?;
         Ok(())
     }
 }
@@ -108,7 +117,7 @@ impl ModelText for LlamaText {
         let target = self.0.target();
         ModelInfo {
             path: self.0.paths().model.display().to_string(),
-            chat_template: target.chat_template(),
+            chat_template: self.0.chat_template_source(),
             vocab_size: target.vocab_size(),
         }
     }

@@ -14,6 +14,7 @@ use treespec_request::{check_tokens, ToyPromptModel};
 use crate::error::ApiError;
 use crate::request::prepare::chat_input;
 use crate::request::validate::{JobSpec, PromptInput};
+use crate::scheduling::histories::TenantHistories;
 use crate::scheduling::job::{ModelInfo, ModelText};
 use crate::scheduling::methods::ServerMethods;
 
@@ -34,6 +35,8 @@ pub struct ToyConfig {
     /// Batch scheduler: reuse a finished request's text as the prefix of a later one of the
     /// same tenant, as llama.cpp's lanes do (reported in `cached_tokens`).
     pub prefix_cache: bool,
+    /// Every tenant's suffix state (default: in memory), to test saving it.
+    pub histories: Option<Arc<TenantHistories>>,
 }
 
 impl Default for ToyConfig {
@@ -45,6 +48,7 @@ impl Default for ToyConfig {
             step_delay: Duration::ZERO,
             shared_cells: None,
             prefix_cache: false,
+            histories: None,
         }
     }
 }
@@ -58,10 +62,12 @@ impl TokenBytes for Letters {
     }
 }
 
-/// The toys' methods: cost curves with a verify that grows slowly with the batch.
-pub fn toy_methods(default: Method) -> Arc<ServerMethods> {
-    let context = FixedContext { costs: Some(toy_costs()), ..Default::default() };
-    Arc::new(ServerMethods::new(default, Arc::new(context)))
+/// The toys' methods: cost curves with a verify that grows slowly with the batch; the tenants'
+/// suffix state in `histories` (None: in memory).
+pub fn toy_methods(default: Method, histories: Option<Arc<TenantHistories>>) -> Arc<ServerMethods> {
+    let context = Arc::new(FixedContext { costs: Some(toy_costs()), ..Default::default() });
+    let histories = histories.unwrap_or_else(TenantHistories::in_memory);
+    Arc::new(ServerMethods::with_histories(default, context, histories))
 }
 
 /// The toys' "tokenizer": a byte maps onto the vocabulary (byte mod its size), token `t` reads

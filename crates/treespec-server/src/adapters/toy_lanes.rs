@@ -31,7 +31,7 @@ impl ToyLanes {
     pub fn new(config: ToyConfig, parallel: usize) -> Self {
         let m = ToyModel::new(config.vocab.min(26), 1, 7);
         let draft = m.draft(0.5, 3);
-        let methods = toy_methods(config.method.clone());
+        let methods = toy_methods(config.method.clone(), config.histories.clone());
         let draft = SharedDraft::new(ToyDraftLanes::new(draft, config.context, parallel + 1));
         let mut lm = ToyBatchLm::new(m, config.context, parallel);
         if let Some(cells) = config.shared_cells {

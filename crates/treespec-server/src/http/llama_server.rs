@@ -47,7 +47,7 @@ use crate::http::routes::{AppState, Arrived};
 use crate::http::serve::PeerClosed;
 use crate::request::sampling;
 use crate::request::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
-use crate::scheduling::job::{Finished, ModelText};
+use crate::scheduling::job::{Finished, ModelText, SHUTDOWN};
 use crate::tenant::Tenant;
 
 /// The routes (behind the same API keys as `/v1/*`).
@@ -477,6 +477,8 @@ impl Answer {
     fn full(&self, content: String, f: &Finished, stats: Option<TreespecStats>) -> LlamaCompletion {
         let stop_type = match (&f.stopping_word, f.finish_reason) {
             (_, "length") => "limit",
+            // Ended by the server's stop: none of llama-server's reasons, so its own "none".
+            (_, SHUTDOWN) => "none",
             (Some(_), _) => "word",
             (None, _) => "eos",
         };
@@ -755,7 +757,7 @@ mod tests {
             (json!({"n_predict": 1e12}), "n_predict"),
             (json!({"max_tokens": 500}), "max_tokens"),
             (json!({"temperature": 3}), "temperature"),
-            (json!({"top_p": 0}), "top_p"),
+            (json!({"top_p": -0.5}), "top_p"),
             (json!({"n_probs": 3}), "n_probs"),
             (json!({"id_slot": 2}), "id_slot"),
             (json!({"id_slot": "a"}), "id_slot"),

@@ -2,10 +2,12 @@
 //! wire format in [`openai_wire`]), llama-server's routes ([`llama_server`]), both answered
 //! through one response lifecycle ([`respond`]); what a gateway needs of a replica ([`gateway`]);
 //! the OpenAPI description ([`openapi`]); the chat page ([`chat`]); and the accept loop that tells
-//! a request when its client has gone ([`serve`]). No model and no scheduling here: a request
+//! a request when its client has gone ([`serve`]), and the deadline of a request's body
+//! ([`deadline`]). No model and no scheduling here: a request
 //! is checked by [`crate::request`] and handed to the [`crate::scheduling::job::GenerationBackend`].
 
 pub(crate) mod chat;
+pub(crate) mod deadline;
 pub(crate) mod gateway;
 pub(crate) mod llama_server;
 pub(crate) mod openai_wire;

@@ -64,12 +64,12 @@ fn call_id() -> String {
     format!("call_{}", &new_id("c")[2..])
 }
 
-/// The finish reason of a tool call: `tool_calls`, or `length` when it was cut.
+/// The finish reason of a tool call: `tool_calls`, or why it was cut (`length`, `shutdown`).
 fn call_finish(f: &Finished) -> &'static str {
-    if f.finish_reason == "length" {
-        "length"
-    } else {
+    if f.finish_reason == "stop" {
         "tool_calls"
+    } else {
+        f.finish_reason
     }
 }
 

@@ -90,12 +90,13 @@ pub(crate) async fn respond<W: Wire>(
     let wire = wire(started);
     let timer = RequestTimer::new(s.metrics.clone(), tenant, arrived.0);
     if stream {
-        return Ok(sse(sse_events(rx, wire, timer), started.is_some()));
+        let response = sse(sse_events(rx, wire, timer), started.is_some());
+        return Ok(if started.is_some() { response } else { client_closed(response) });
     }
     let mut whole: Whole = Box::pin(gather(rx, wire, timer));
     let Some(peer) = peer else { return whole.await.map(json_body) };
     if started.is_none() {
-        return Ok(probe_while_waiting(whole));
+        return Ok(client_closed(probe_while_waiting(whole)));
     }
     tokio::select! {
         answer = &mut whole => answer.map(json_body),
@@ -104,9 +105,21 @@ pub(crate) async fn respond<W: Wire>(
         // (JSON allows leading whitespace) while it waits: a client still there reads the answer
         // after them; to a client gone the second write fails, hyper drops the body, and the
         // dropped receiver cancels the generation at its next step.
-        _ = peer.closed() => Ok(probe_while_waiting(whole)),
+        _ = peer.closed() => Ok(client_closed(probe_while_waiting(whole))),
     }
 }
+
+/// Marks a response whose client had closed its side before it began (see [`ClientClosed`]).
+fn client_closed(mut response: Response) -> Response {
+    response.extensions_mut().insert(ClientClosed);
+    response
+}
+
+/// A response begun after its client closed its side (gone, or, rarely, only half-closed and
+/// still reading): `/metrics` counts it apart from the answers a client received, under
+/// status 499 (nginx's "client closed request").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientClosed;
 
 /// Queue a request and wait for its first event (see [`first_event`]): its events, and what its
 /// start said (None: its client closed while it waited).

@@ -17,9 +17,9 @@ use crate::api::*;
 use crate::error::ApiError;
 use crate::http::gateway::{self, Lifecycle};
 use crate::http::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
-use crate::http::respond::{respond, Submitted};
+use crate::http::respond::{respond, ClientClosed, Submitted};
 use crate::http::serve::PeerClosed;
-use crate::metrics::{Metrics, View};
+use crate::metrics::{Metrics, View, CLIENT_CLOSED};
 use crate::request::validate;
 use crate::scheduling::job::GenerationBackend;
 use crate::tenant::{ApiKeys, Tenant};
@@ -41,6 +41,8 @@ pub struct AppState {
     pub started: u64,
     /// Whether new requests are still taken (draining on SIGTERM: `gateway.rs`).
     pub lifecycle: Lifecycle,
+    /// Longest time a request's body may take to arrive (`deadline.rs`).
+    pub body_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -152,7 +154,11 @@ pub async fn track(State(s): State<AppState>, mut req: Request, next: Next) -> R
     req.extensions_mut().insert(Arrived(Instant::now()));
     let endpoint = req.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_string();
     let r = next.run(req).await;
-    s.metrics.request(r.extensions().get::<Tenant>().copied(), &endpoint, r.status().as_u16());
+    let status = match r.extensions().get::<ClientClosed>() {
+        Some(_) => CLIENT_CLOSED,
+        None => r.status().as_u16(),
+    };
+    s.metrics.request(r.extensions().get::<Tenant>().copied(), &endpoint, status);
     r
 }
 

@@ -28,7 +28,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// Serve `app` on `listener` until `shutdown` resolves, then wait for open connections to finish.
+/// Serve `app` on `listener` until `shutdown` resolves, then wait for open connections to finish
+/// their current response, at most [`CLOSE_WAIT`](crate::lifecycle::CLOSE_WAIT): a client that
+/// stopped reading must not hold the process (what is left of its connection is dropped).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -59,6 +61,9 @@ pub async fn serve(
         tokio::spawn(async move {
             let mut builder = http1::Builder::new();
             builder.half_close(true);
+            // With a timer hyper bounds the wait for a request's headers (its default, 30 s): a
+            // client trickling header bytes is cut off. The body's bound is `deadline.rs`'s.
+            builder.timer(hyper_util::rt::TokioTimer::new());
             let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
             tokio::select! {
                 _ = conn.as_mut() => {}
@@ -73,7 +78,7 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(());
     drop(stop_rx);
-    stop_tx.closed().await;
+    let _ = tokio::time::timeout(crate::lifecycle::CLOSE_WAIT, stop_tx.closed()).await;
     Ok(())
 }
 

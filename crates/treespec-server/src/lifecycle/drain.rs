@@ -12,7 +12,7 @@ use crate::metrics::{Metrics, View};
 pub struct Drain {
     /// Turned unready at the first stop request.
     pub lifecycle: Lifecycle,
-    /// Where the queue is read.
+    /// Told to stop when the drain ends.
     pub backend: Arc<dyn GenerationBackend>,
     /// Where the requests in flight are counted.
     pub metrics: Arc<Metrics>,
@@ -21,24 +21,28 @@ pub struct Drain {
 }
 
 impl Drain {
-    /// Resolves when the server should stop accepting connections: at the first stop request,
-    /// after the server has drained — unready, refusing new requests, until nothing is queued or
-    /// running (or `most` has passed, or a second request came).
+    /// Resolves when the server should stop accepting connections. From the first stop request
+    /// the server is unready and refuses new requests retryably while the queued and running
+    /// ones finish — until none is left, `most` has passed, or a second request came. Then the
+    /// backend stops: what still runs ends at its next step with what it has (finish reason
+    /// `shutdown`), what still waits is refused.
     pub async fn after(self, mut stops: Stops) {
         stops.next().await;
-        if self.most.is_zero() {
-            return;
-        }
         self.lifecycle.drain();
-        eprintln!(
-            "treespec serve: draining: unready, new requests refused; up to {} s for the requests in flight (signal again to stop now)",
-            self.most.as_secs()
-        );
-        self.wait(&mut stops).await;
+        if !self.most.is_zero() {
+            eprintln!(
+                "treespec serve: draining: unready, new requests refused; up to {} s for the requests in flight (signal again to stop now)",
+                self.most.as_secs_f64()
+            );
+            self.wait(&mut stops).await;
+        }
         match self.busy() {
             0 => eprintln!("treespec serve: drained"),
-            n => eprintln!("treespec serve: stopping with {n} request(s) unfinished"),
+            n => {
+                eprintln!("treespec serve: stopping now: {n} request(s) end with finish_reason \"shutdown\"")
+            }
         }
+        self.backend.stop();
     }
 
     /// Until nothing is queued or running, `most` passed, or the next stop request.
@@ -47,7 +51,7 @@ impl Drain {
         let mut second = std::pin::pin!(stops.next());
         while self.busy() > 0 && tokio::time::Instant::now() < deadline {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                 _ = &mut second => return,
             }
         }

@@ -1,7 +1,14 @@
-//! The server's life from the listening socket to the exit: serve until told to stop, drain,
-//! save what the tenants taught it ([`run`]). The `treespec serve` binary and the tests drive the
-//! same code; only where the stop requests come from differs ([`Stops`]: the OS's signals, or a
-//! test's sender). A second stop request skips the rest of the drain.
+//! The server's life from the listening socket to the exit: serve until told to stop, drain
+//! within a bound, end what still runs, save what the tenants taught it ([`run`]). The
+//! `treespec serve` binary and the tests drive the same code; only where the stop requests come
+//! from differs ([`Stops`]: the OS's signals, or a test's sender).
+//!
+//! The bound is the point: orchestrators send SIGKILL when their grace period ends, so a server
+//! that lets running streams finish on their own (minutes for a long answer) loses them and the
+//! history since its last save. Here the drain waits at most `--drain` seconds, then the
+//! scheduler ends every request still decoding with what it has (finish reason
+//! [`SHUTDOWN`](crate::job::SHUTDOWN)), the connections close within [`CLOSE_WAIT`], and the
+//! histories are saved. A second stop request skips the rest of the drain.
 
 mod drain;
 mod saves;
@@ -19,6 +26,10 @@ use tokio::net::TcpListener;
 
 use crate::histories::TenantHistories;
 
+/// Longest wait, once the server stops, for its connections to send their last bytes (every
+/// request has had its final event by then; only a client that does not read holds one open).
+pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// What [`run`] serves and keeps.
 pub struct Serving {
     /// The application ([`crate::router`]).
@@ -32,7 +43,8 @@ pub struct Serving {
 }
 
 /// Serve on `listener` until `stops` asks twice or the drain ends, then save the histories.
-/// Returns once the connections are closed and the save is done; a failed save is the error.
+/// Returns once the connections are closed (or [`CLOSE_WAIT`] passed) and the save is done; a
+/// failed save is the error.
 pub async fn run(listener: TcpListener, serving: Serving, stops: Stops) -> anyhow::Result<()> {
     let Serving { app, drain, histories, save_every } = serving;
     let saver = save_every.map(|every| PeriodicSave::start(histories.clone(), every));

@@ -48,17 +48,18 @@ pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
         return Err(ApiError::invalid("temperature", format!("temperature must be ≤ 2, got {temperature}")));
     }
     let top_p = c.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], got {top_p}")));
+    if !(0.0..=1.0).contains(&top_p) {
+        return Err(ApiError::invalid("top_p", format!("top_p must be in [0, 1], got {top_p}")));
     }
+    // OpenAI's clients send `top_p: 0` for greedy decoding: a nucleus of no mass keeps the one
+    // most likely token (as llama.cpp's sampler keeps at least one), which is greedy decoding.
+    let (temperature, top_p) = if top_p == 0.0 { (0.0, 1.0) } else { (temperature, top_p) };
     let d = SamplingParams::default();
     let top_k = match integer(&c.top_k, "top_k")? {
-        None => None,
-        Some(k) if k < 1 => {
-            return Err(ApiError::invalid(
-                "top_k",
-                format!("top_k must be ≥ 1 (omit it to disable), got {k}"),
-            ))
+        // llama.cpp's (and llama-server's) 0: no top-k.
+        None | Some(0) => None,
+        Some(k) if k < 0 => {
+            return Err(ApiError::invalid("top_k", format!("top_k must be ≥ 0 (0 or omitted: off), got {k}")))
         }
         Some(k) => Some(usize::try_from(k).unwrap_or(usize::MAX)),
     };
@@ -315,7 +316,6 @@ mod tests {
     #[test]
     fn bad_values_and_types_name_their_field() {
         for (field, v) in [
-            ("top_k", json!(0)),
             ("top_k", json!(-5)),
             ("top_k", json!(2.5)),
             ("top_k", json!("40")),

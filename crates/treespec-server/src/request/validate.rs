@@ -140,6 +140,10 @@ pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
             ApiError::invalid(None, "the request body is too large")
                 .with_status(status)
                 .with_code("body_too_large")
+        } else if crate::http::deadline::timed_out(&r) {
+            ApiError::invalid(None, format!("could not read the request body: {r}"))
+                .with_status(StatusCode::REQUEST_TIMEOUT)
+                .with_code("body_timeout")
         } else {
             ApiError::invalid(None, format!("could not read the request body: {r}")).with_status(status)
         }
@@ -166,7 +170,36 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if !value.is_object() {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(|e| ApiError::invalid(None, format!("invalid request: {e}")))
+    // The field a type error is about goes into `param`, as the range checks' errors do: a
+    // client's SDK shows it beside the message.
+    serde_path_to_error::deserialize(&value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // Fields of a flattened struct (the parameters both routes share) reach serde without
+        // their path: the culprit is then found by reading each top-level field alone.
+        let field = if path == "." { culprit::<T>(&value) } else { Some(path) };
+        match field {
+            None => ApiError::invalid(None, format!("invalid request: {inner}")),
+            Some(field) => {
+                let mut error = ApiError::invalid(None, format!("invalid request: `{field}`: {inner}"));
+                error.param = Some(field);
+                error
+            }
+        }
+    })
+}
+
+/// The top-level field of `body` that `T` cannot read on its own (a missing field is not one:
+/// only the fields present are tried, each alone), if exactly that is what fails.
+fn culprit<T: DeserializeOwned>(body: &Value) -> Option<String> {
+    let fields = body.as_object()?;
+    fields.iter().find_map(|(name, value)| {
+        let alone = Value::Object(serde_json::Map::from_iter([(name.clone(), value.clone())]));
+        match serde_json::from_value::<T>(alone) {
+            Err(e) if !e.to_string().starts_with("missing field") => Some(name.clone()),
+            _ => None,
+        }
+    })
 }
 
 /// Validate a chat completion request.
@@ -606,7 +639,6 @@ mod tests {
             ("max_completion_tokens", json!(0)),
             ("temperature", json!(-0.1)),
             ("temperature", json!(2.5)),
-            ("top_p", json!(0.0)),
             ("top_p", json!(1.5)),
             ("top_p", json!(-1)),
         ] {
@@ -624,6 +656,22 @@ mod tests {
             chat_json(json!({"messages": msg(), "max_tokens": 127, "temperature": 0, "top_p": 1, "seed": 7}))
                 .unwrap();
         assert_eq!((ok.max_tokens, ok.sampling.temperature, ok.seed), (Some(127), 0.0, 7));
+        // What OpenAI clients send for greedy decoding, and llama.cpp's "no top-k".
+        let greedy = chat_json(json!({"messages": msg(), "temperature": 0.8, "top_p": 0})).unwrap();
+        assert_eq!((greedy.sampling.temperature, greedy.sampling.top_p), (0.0, 1.0));
+        let all = chat_json(json!({"messages": msg(), "temperature": 0.8, "top_k": 0})).unwrap();
+        assert_eq!((all.sampling.temperature, all.sampling.top_k), (0.8, None));
+    }
+
+    #[test]
+    fn a_type_error_names_its_field() {
+        for (field, v) in [("seed", json!(1.5)), ("prompt_cache_key", json!(5)), ("max_tokens", json!("9"))] {
+            let e = chat_json(json!({"messages": msg(), field: v})).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some(field)), "{e:?}");
+            assert!(e.message.contains(field) && e.message.contains("invalid type"), "{}", e.message);
+        }
+        let e = chat_json(json!({"messages": [{"role": "user", "content": 5}]})).unwrap_err();
+        assert!(e.param.as_deref().is_some_and(|p| p.starts_with("messages")), "{e:?}");
     }
 
     #[test]

@@ -44,10 +44,14 @@ pub enum Event {
     Error(ApiError),
 }
 
+/// The finish reason of a request the server ended because it stops (its drain deadline passed,
+/// or it was told to stop twice): what was decoded so far, then this.
+pub const SHUTDOWN: &str = "shutdown";
+
 /// The end of a generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
-    /// `stop` (end-of-generation token or stop string) or `length`.
+    /// `stop` (end-of-generation token or stop string), `length`, or [`SHUTDOWN`].
     pub finish_reason: &'static str,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
@@ -125,6 +129,9 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn model_text(&self) -> Arc<dyn ModelText>;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;
+    /// The server stops now: the requests decoding end at their next step with what they have
+    /// (finish reason [`SHUTDOWN`]), the waiting ones are refused retryably, new ones fail.
+    fn stop(&self);
     /// Where the models run, in words (`CPU`, or a GPU and its layers; `/health`, `/props`).
     fn device(&self) -> String {
         "CPU".to_string()

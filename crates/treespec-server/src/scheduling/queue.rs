@@ -30,6 +30,8 @@ struct State {
     jobs: VecDeque<Waiting>,
     /// No more jobs will come (the backend's handle was dropped).
     closed: bool,
+    /// The server is stopping: the requests decoding end now ([`JobQueue::stop`]).
+    stopping: bool,
 }
 
 /// The waiting requests of one backend.
@@ -137,6 +139,19 @@ impl JobQueue {
     pub fn close(&self) {
         self.lock().closed = true;
         self.arrived.notify_all();
+    }
+
+    /// The server stops now (its drain is over, or it was told twice): no job will come, and
+    /// the jobs still waiting are returned for the caller to refuse (retryably). The scheduler
+    /// sees [`JobQueue::is_stopping`] before its next step and ends the requests it decodes.
+    pub fn stop(&self) -> Vec<Job> {
+        self.lock().stopping = true;
+        self.close_and_take_all()
+    }
+
+    /// Whether the server stops now (see [`JobQueue::stop`]).
+    pub fn is_stopping(&self) -> bool {
+        self.lock().stopping
     }
 
     /// The first job's number.

@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request::validate::{JobSpec, Limits};
 use crate::scheduling::job::ModelText;
-use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError};
+use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, SHUTDOWN};
 use crate::scheduling::queue::JobQueue;
 use crate::tenant::Tenant;
 
@@ -152,6 +152,11 @@ impl GenerationBackend for BatchPool {
     fn slots(&self) -> usize {
         self.parallel
     }
+    fn stop(&self) {
+        for job in self.queue.stop() {
+            let _ = job.events.send(Event::Error(ApiError::draining()));
+        }
+    }
 }
 
 /// What the scheduler keeps beside a request's lane.
@@ -214,6 +219,10 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             }
             // Between steps: requests whose clients left free their places in the queue too.
             queue.prune();
+            if queue.is_stopping() {
+                self.stop_all();
+                continue;
+            }
             self.admit(&queue);
             self.drop_cancelled();
             if self.batch.is_empty() {
@@ -335,8 +344,24 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
     }
 
+    /// The server stops now: every request decoding ends with what it has, its final event
+    /// saying so ([`SHUTDOWN`]), and learns from it as from any finished request (the history
+    /// saved at the stop keeps it).
+    fn stop_all(&mut self) {
+        self.ready = None;
+        for k in (0..self.batch.len()).rev() {
+            self.retire_as(k, Ok(()), Some(SHUTDOWN));
+        }
+    }
+
     /// End request `k`: free its lane, report it.
     fn retire(&mut self, k: usize, end: Result<(), RunError>) {
+        self.retire_as(k, end, None);
+    }
+
+    /// End request `k` as [`Scheduler::retire`] does; a finished one reports `reason` as its
+    /// finish reason when one is given.
+    fn retire_as(&mut self, k: usize, end: Result<(), RunError>, reason: Option<&'static str>) {
         let (s, out) = self.batch.leave(self.models.lm(), k, end.is_ok());
         self.metrics.in_flight(s.tenant, -1);
         // A request that ended well has its output; one that did not, its error.
@@ -346,7 +371,9 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
                 return;
             }
             self.metrics.generation(s.tenant, &s.method, (s.prompt_tokens, s.cached), &out.stats);
-            let _ = s.events.send(Event::Done(finished(&out, &s.method, s.prompt_tokens, s.cached)));
+            let mut done = finished(&out, &s.method, s.prompt_tokens, s.cached);
+            done.finish_reason = reason.unwrap_or(done.finish_reason);
+            let _ = s.events.send(Event::Done(done));
         } else if let Err(e) = end {
             match e {
                 RunError::Cancelled(_) => self.metrics.cancelled(s.tenant, &s.method),
@@ -385,6 +412,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let lm = self.models.lm();
         let used = self.batch.iter().map(|(lane, _)| lm.committed_len(lane.lane)).sum();
         self.metrics.set_kv_cells(used, lm.capacity());
+        self.metrics.set_saved_prefix_bytes(lm.saved_prefix_bytes());
         let mut results = results;
         for k in (0..self.batch.len()).rev() {
             match std::mem::replace(&mut results[k], LaneStep::Waiting) {

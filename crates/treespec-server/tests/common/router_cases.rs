@@ -400,7 +400,7 @@ async fn error_paths_are_openai_errors() {
             StatusCode::BAD_REQUEST,
             "temperature",
         ),
-        (post("/v1/chat/completions", chat(json!({"top_p": 0}))), StatusCode::BAD_REQUEST, "top_p"),
+        (post("/v1/chat/completions", chat(json!({"top_p": -0.1}))), StatusCode::BAD_REQUEST, "top_p"),
         (post("/v1/chat/completions", chat(json!({"top_p": 1.01}))), StatusCode::BAD_REQUEST, "top_p"),
         (
             post(
