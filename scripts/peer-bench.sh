@@ -22,7 +22,11 @@
 #         llama.cpp lookup     llama-lookup (n-gram cache, 8 drafted tokens)
 #         llama.cpp draft      llama-speculative-simple --spec-type draft-simple -md DRAFT (3 drafted
 #                              tokens; with -md only)
-#       and writes one JSON line per run: prompt id, category, tool, decode tokens/s.
+#       and writes one JSON line per run: prompt id, category, tool, decode tokens/s, the prompt's
+#       token count as the tool read it, and plain decoding's answer (`text`). The prompt file holds
+#       the text plus the trailing newline `-f` drops, so the tools read the tokens treespec does
+#       (scripts/lib/same_prompt.py; the comparisons leave out a prompt whose counts or greedy plain
+#       answers differ).
 #       $PEER_TOOLS picks a subset (e.g. "plain ngram-mod"; default: all of them that apply).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -86,16 +90,8 @@ build() {
     log "built into $bin"
 }
 
-# Decode tokens/s of one tool run from its log (the tools print it in two formats).
-parse_speed() {
-    python3 -c '
-import re, sys
-text = sys.stdin.read()
-m = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
-if not m:
-    m = re.search(r"(?<!prompt )eval time =.*?/\s*\d+ (?:runs|tokens).*?([\d.]+) tokens per second", text)
-print(m.group(1) if m else "nan")'
-}
+# What the tools read and print, and whether two runs were on the same tokens (issue #68).
+same_prompt="$repo_root/scripts/lib/same_prompt.py"
 
 run() {
     local prompts="$1" out="$2"
@@ -139,21 +135,27 @@ run() {
         local id category
         id="$(jq -r .id <<<"$line")"
         category="$(jq -r .category <<<"$line")"
-        jq -j .text <<<"$line" >"$tmp/prompt.txt"
+        # The exact text treespec decodes from: `-f` drops one trailing newline, so the file
+        # holds one more when the text ends in one.
+        jq -j .text <<<"$line" | python3 "$same_prompt" write-prompt "$tmp/prompt.txt"
         for tool in "${tools[@]}"; do
             local cmd
             case "$tool" in
-                plain) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt") ;;
-                json-schema) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv -f "$tmp/prompt.txt" -j "$(jq -c .schema <<<"$line")") ;;
+                plain) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv --no-display-prompt -f "$tmp/prompt.txt") ;;
+                json-schema) cmd=("$bin/llama-completion" "${common[@]}" -no-cnv --no-display-prompt -f "$tmp/prompt.txt" -j "$(jq -c .schema <<<"$line")") ;;
                 ngram-mod) cmd=("$bin/llama-speculative-simple" "${common[@]}" --spec-type ngram-mod -f "$tmp/prompt.txt") ;;
                 lookup) cmd=("$bin/llama-lookup" "${common[@]}" --spec-draft-n-max 8 -f "$tmp/prompt.txt") ;;
                 draft) cmd=("$bin/llama-speculative-simple" "${common[@]}" -md "$draft" --spec-type draft-simple --spec-draft-n-max 3 -f "$tmp/prompt.txt") ;;
             esac
-            local speed
-            speed="$("${cmd[@]}" </dev/null 2>&1 | parse_speed || true)"
-            log "[$i/$count] $category $id llama.cpp $tool: $speed tok/s"
-            jq -cn --arg id "$id" --arg category "$category" --arg tool "llama.cpp $tool" \
-                --argjson tps "${speed/nan/null}" '{id: $id, category: $category, tool: $tool, tokens_per_s: $tps}' >>"$out"
+            "${cmd[@]}" </dev/null >"$tmp/stdout.txt" 2>"$tmp/log.txt" || true
+            local parsed
+            parsed="$(python3 "$same_prompt" parse-run "$tmp/stdout.txt" "$tmp/log.txt")"
+            log "[$i/$count] $category $id llama.cpp $tool: $(jq -r .tokens_per_s <<<"$parsed") tok/s, $(jq -r .prompt_tokens <<<"$parsed") prompt tokens"
+            # The answer only from plain decoding (the reference treespec plain's is checked against).
+            jq -c --arg id "$id" --arg category "$category" --arg tool "llama.cpp $tool" \
+                '{id: $id, category: $category, tool: $tool, tokens_per_s, prompt_tokens}
+                 + (if $tool == "llama.cpp plain" or $tool == "llama.cpp json-schema" then {text} else {} end)' \
+                <<<"$parsed" >>"$out"
         done
     done <"$prompts"
     rm -rf "$tmp"

@@ -9,11 +9,23 @@ tool's divided by llama.cpp's plain decoding (llama-completion). "all" pools eve
 rows compare the two plain decoders and the best of each family. Below the table, each prompt's own
 speed-up over its family's plain, as the mean and the median over prompts (the pooled "all" reads
 the prompts in the middle of the tokens/s range, most of them prose).
+
+Only prompts both plain decoders read as the same tokens count (issue #68): treespec plain's
+prompt token count and greedy answer (BENCH_DIR/plain-answers.jsonl, written by `treespec bench`)
+against llama.cpp plain's (PEERS.jsonl's `prompt_tokens` and `text`; on a structured run
+`llama-completion --json-schema` is llama.cpp's plain); a prompt whose counts differ or whose
+answers differ beyond a near tie (scripts/lib/same_prompt.py) is listed below the table and left
+out of every row. Results without plain-answers.jsonl (before #68) are not checked, and the table
+says so.
 """
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import same_prompt  # noqa: E402
 
 
 def medians(rows):
@@ -37,7 +49,7 @@ def per_prompt(runs, peers):
     tps = {k: statistics.median(v) for k, v in tps.items() if all(v)}
     ids = sorted({i for i, _ in tps})
     gains = {}
-    for name, plain in [("auto", "plain"), ("llama.cpp ngram-mod", "llama.cpp plain")]:
+    for name, plain in [("auto", "plain"), ("llama.cpp ngram-mod", PEER_PLAIN)]:
         g = [tps[(i, name)] / tps[(i, plain)] for i in ids if (i, name) in tps and (i, plain) in tps]
         if g:
             gains[name] = (statistics.mean(g), statistics.median(g), len(g))
@@ -52,6 +64,32 @@ def per_prompt(runs, peers):
     return text + "\n"
 
 
+PEER_PLAIN = "llama.cpp plain"
+PEER_SCHEMA = "llama.cpp json-schema"
+
+
+def same_tokens(runs, peers, bench_dir):
+    """The runs and peer runs of the prompts both plain decoders read as the same tokens, and the
+    lines saying which were left out (scripts/lib/same_prompt.py)."""
+    answers_file = os.path.join(bench_dir, "plain-answers.jsonl")
+    if not os.path.exists(answers_file):
+        return runs, peers, [f"Same tokens: NOT CHECKED (no {answers_file}: results from before issue #68)."]
+    ours = {}
+    for line in open(answers_file):
+        if line.strip():
+            a = json.loads(line)
+            ours.setdefault(str(a["prompt_id"]), a)
+    theirs = {}
+    for p in peers:
+        if p["tool"] in (PEER_PLAIN, PEER_SCHEMA):
+            theirs.setdefault(str(p["id"]), p)
+    pairs = {i: (a, theirs.get(i, {})) for i, a in ours.items()}
+    _, left_out, near = same_prompt.split(pairs)
+    runs = [r for r in runs if str(r["prompt_id"]) not in left_out]
+    peers = [p for p in peers if str(p["id"]) not in left_out]
+    return runs, peers, same_prompt.report(left_out, near, len(pairs))
+
+
 def main():
     args = sys.argv[1:]
     out = None
@@ -62,9 +100,11 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     results = json.load(open(args[0]))
-    ours = [(r["method"], r["category"], r["tokens_per_s"]) for r in results["runs"]]
     peers = [json.loads(line) for line in open(args[1]) if line.strip()]
+    runs, peers, apart = same_tokens(results["runs"], peers, os.path.dirname(os.path.abspath(args[0])))
+    ours = [(r["method"], r["category"], r["tokens_per_s"]) for r in runs]
     theirs = [(p["tool"], p["category"], p["tokens_per_s"]) for p in peers]
+    peer_plain = PEER_PLAIN if any(p["tool"] == PEER_PLAIN for p in peers) else PEER_SCHEMA
     med = medians(ours + theirs)
     categories = ["all"] + sorted({c for _, c, _ in ours} & {c for _, c, _ in theirs})
     methods = list(dict.fromkeys(m for m, _, _ in ours))
@@ -75,22 +115,23 @@ def main():
         return a / b if a and b else None
 
     lines = ["| | " + " | ".join(categories) + " |", "|---|" + "---:|" * len(categories)]
-    rows = [(f"treespec `{m}`", m, "plain") for m in methods] + [(t, t, "llama.cpp plain") for t in tools]
+    rows = [(f"treespec `{m}`", m, "plain") for m in methods] + [(t, t, peer_plain) for t in tools]
     table = {}
     for label, name, plain in rows:
         cells = [ratio(name, plain, c) for c in categories]
         table[label] = cells
         lines.append(f"| {label} | " + " | ".join(f"{x:.2f}×" if x else "–" for x in cells) + " |")
     # Plain against plain: the kernels are the same, so this should be ≈ 1.
-    cells = [ratio("plain", "llama.cpp plain", c) for c in categories]
-    lines.append("| treespec plain ÷ llama.cpp plain | " + " | ".join(f"{x:.2f}" if x else "–" for x in cells) + " |")
+    cells = [ratio("plain", peer_plain, c) for c in categories]
+    lines.append(f"| treespec plain ÷ {peer_plain} | " + " | ".join(f"{x:.2f}" if x else "–" for x in cells) + " |")
     best_peer = [max((v[i] for k, v in table.items() if k.startswith("llama.cpp") and v[i]), default=None) for i in range(len(categories))]
     if "treespec `auto`" in table:
         cells = [a / b if a and b else None for a, b in zip(table["treespec `auto`"], best_peer)]
         lines.append("| `auto` ÷ best llama.cpp tool | " + " | ".join(f"{x:.2f}" if x else "–" for x in cells) + " |")
     text = "\n".join(lines) + "\n"
     text += "\nmedian tokens/s: " + ", ".join(f"{n} {med[(n, 'all')]:.1f}" for n in methods + tools if (n, "all") in med) + "\n"
-    text += per_prompt(results["runs"], peers)
+    text += per_prompt(runs, peers)
+    text += "\n" + "\n".join(apart) + "\n"
     print(text)
     if out:
         open(out, "w").write(text)

@@ -8,6 +8,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/fetch-models.sh smollm2
 
+echo "[test] the side-by-side harness feeds llama.cpp's tools the tokens treespec reads (stand-in tools, no build)"
+python3 scripts/same-prompt-test.py
 echo "[test] cargo fmt --check"
 cargo fmt --all -- --check
 echo "[test] cargo clippy -D warnings"

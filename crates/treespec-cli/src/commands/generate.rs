@@ -144,6 +144,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     target.set_prefill_progress(prefill_bar(prepared.request.prompt.len()));
     let bytes = models.token_bytes();
     let json = args.json;
+    let prompt_tokens = prepared.request.prompt.len();
     let grammar = prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
     let out = generate_constrained(
         &mut target,
@@ -171,7 +172,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("treespec: warning: {warning}");
     }
     if json {
-        let mut result = json_result(&out.text, &out, method.name(), &drafter.extra_stats());
+        let mut result = json_result(&out.text, &out, prompt_tokens, method.name(), &drafter.extra_stats());
         result["learned_prices"] = match &store {
             Some(store) if !args.no_learned_prices => prices_json(store, loaded.as_ref(), saved.as_ref()),
             _ => serde_json::Value::Null,
@@ -262,8 +263,16 @@ fn prices_json(
     })
 }
 
-/// `--json`: the text, the tokens and the statistics as one object.
-fn json_result(text: &str, out: &GenerateOutput, method: &str, extra: &ExtraStats) -> serde_json::Value {
+/// `--json`: the text, the tokens and the statistics as one object. `prompt_tokens` is the
+/// prompt's length as the target read it (chat-formatted with `--chat`): what a side-by-side run
+/// checks llama.cpp's tools read as well.
+fn json_result(
+    text: &str,
+    out: &GenerateOutput,
+    prompt_tokens: usize,
+    method: &str,
+    extra: &ExtraStats,
+) -> serde_json::Value {
     let s = &out.stats;
     json!({
         "text": text,
@@ -271,6 +280,7 @@ fn json_result(text: &str, out: &GenerateOutput, method: &str, extra: &ExtraStat
         "finish_reason": out.finish_reason.as_str(),
         "method": method,
         "stats": {
+            "prompt_tokens": prompt_tokens,
             "new_tokens": s.new_tokens,
             "target_forwards": s.target_forwards,
             "draft_forwards": s.draft_forwards,

@@ -14,16 +14,19 @@ use treespec_request::{
 
 /// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
 /// the special tokens written out, so that another tool tokenizing it (special tokens parsed)
-/// decodes after the same prompt.
+/// decodes after the same prompt; with their count (`prompt_tokens`), which the side-by-side runs
+/// check the other tool read as well.
 pub fn dump_prompts(models: &ModelRuntime, prompts: &[Prompt], chat: bool, path: &Path) -> Result<()> {
     let mut out = String::new();
     for p in prompts {
         let mut bytes = Vec::new();
-        for t in models.prompt_tokens(PromptText::text_or_user(&p.text, chat))? {
+        let tokens = models.prompt_tokens(PromptText::text_or_user(&p.text, chat))?;
+        for &t in &tokens {
             bytes.extend(models.target().token_to_bytes(t, true)?);
         }
         let text = String::from_utf8_lossy(&bytes);
-        let mut line = json!({ "id": p.id, "category": p.category, "text": text });
+        let mut line =
+            json!({ "id": p.id, "category": p.category, "text": text, "prompt_tokens": tokens.len() });
         if let Some(schema) = &p.schema {
             line["schema"] = schema.clone();
         }

@@ -25,6 +25,8 @@ use treespec_engine::{MethodKind, MethodSpec, METHOD_NAMES};
 use super::args::{MethodArgs, ModelArgs, RuntimeArgs, SamplingArgs};
 use super::models::load_runtime;
 use llama_backend::{dump_prompts, LlamaBackend};
+use treespec_bench::runner::PlainText;
+use treespec_llama::ModelRuntime;
 
 /// The prompt set used when `--prompts` is not given (relative to the repository root).
 pub const DEFAULT_PROMPTS: &str = "../shared/data/spec-bench/question.jsonl";
@@ -167,10 +169,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     let Some(mut measured) = measure(&args, &plan)? else { return Ok(()) };
     let texts = std::mem::take(&mut measured.output.plain_texts);
+    let answers = std::mem::take(&mut measured.answers);
     let results = results(&args, &plan, measured, started_unix_s);
     report(&results, &plan.out_dir)?;
     let path = treespec_bench::report::write_plain_texts(&plan.out_dir, &texts)?;
     eprintln!("  {} (plain decoding's tokens, for scripts/copy-bound.py)", path.display());
+    if !answers.is_empty() {
+        let path = plan.out_dir.join("plain-answers.jsonl");
+        let text: String = answers.iter().map(|a| format!("{a}\n")).collect();
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("  {} (plain decoding's answers, for scripts/side-by-side.py)", path.display());
+    }
     Ok(())
 }
 
@@ -308,6 +317,30 @@ struct Measured {
     output: RunOutput,
     machine: MachineInfo,
     options: serde_json::Value,
+    /// Plain decoding's answers as text (`plain-answers.jsonl`; none on the toy models).
+    answers: Vec<serde_json::Value>,
+}
+
+/// Plain decoding's answers spelled as llama.cpp's tools print theirs (special tokens not
+/// written out), with the prompt's token count: what scripts/side-by-side.py checks llama.cpp
+/// plain read and answered the same (scripts/lib/same_prompt.py).
+fn plain_answers(models: &ModelRuntime, texts: &[PlainText]) -> Result<Vec<serde_json::Value>> {
+    texts
+        .iter()
+        .map(|t| {
+            let mut bytes = Vec::new();
+            for &token in &t.output {
+                bytes.extend(models.target().token_to_bytes(token, false)?);
+            }
+            Ok(json!({
+                "prompt_id": t.prompt_id,
+                "category": t.category,
+                "repeat": t.repeat,
+                "prompt_tokens": t.prompt.len(),
+                "text": String::from_utf8_lossy(&bytes),
+            }))
+        })
+        .collect()
 }
 
 /// Run every method on every prompt (None: `--dump-prompts` wrote its file instead).
@@ -318,7 +351,8 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
         let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.runtime.ctx);
         let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
         let options = json!({ "toy": { "vocab": 64, "order": 2, "noise": 1.0 }, "ctx": args.runtime.ctx });
-        return Ok(Some(Measured { output, machine: MachineInfo::collect(1, Vec::new()), options }));
+        let machine = MachineInfo::collect(1, Vec::new());
+        return Ok(Some(Measured { output, machine, options, answers: Vec::new() }));
     };
     let models = load_runtime(margs)?;
     let chat = !args.no_chat;
@@ -340,12 +374,13 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
     machine.device = Some(models.target().runs_on().to_string());
     let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
     let options = json!({ "ctx": args.runtime.ctx, "exact": args.runtime.exact, "threads": threads });
-    Ok(Some(Measured { output, machine, options }))
+    let answers = plain_answers(&models, &output.plain_texts)?;
+    Ok(Some(Measured { output, machine, options, answers }))
 }
 
 /// The results file's content.
 fn results(args: &BenchArgs, plan: &Plan, measured: Measured, started_unix_s: u64) -> Results {
-    let Measured { output, mut machine, options } = measured;
+    let Measured { output, mut machine, options, .. } = measured;
     machine.load_average_end = load_average();
     let p = &plan.sampling;
     let methods = plan
