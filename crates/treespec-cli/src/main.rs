@@ -57,7 +57,12 @@ enum DiscoCommand {
 }
 
 fn main() {
-    let cli = Cli::parse_from(commands::spellings::llama_spellings(std::env::args_os()));
+    let args: Vec<_> = std::env::args_os().collect();
+    if let Some(why) = commands::spellings::refused_flag(&args) {
+        eprintln!("error: {why}");
+        std::process::exit(2);
+    }
+    let cli = Cli::parse_from(commands::spellings::llama_spellings(args));
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(*args),
         Command::Generate(args) => commands::generate::run(*args),

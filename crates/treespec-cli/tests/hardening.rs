@@ -250,3 +250,28 @@ fn n_minus_one_runs_to_the_end() {
         );
     }
 }
+
+/// Issue #65: tree verification stays exact with llama-server's GPU-user settings, flash attention
+/// on and a q8_0 KV cache given by flag: `chain` and `suffix` emit plain decoding's tokens under
+/// `--exact`; with flash attention off the quantized V cache is refused by name.
+#[test]
+fn trees_stay_exact_with_flash_attention_and_a_quantized_cache() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let prompt = "Write the numbers from one to twenty in words, separated by commas.";
+    let run = |method: &str| {
+        let args =
+            ["generate", "-m", m, "--draft", m, "--method", method, "-p", prompt, "-n", "48", "-t", "1"];
+        let flags = ["--exact", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--json", "--chat"];
+        let out = treespec(&[&args[..], &flags[..]].concat(), LIMIT);
+        ok(&out);
+        serde_json::from_str::<Value>(out.stdout.trim()).unwrap()["token_ids"].clone()
+    };
+    let plain = run("plain");
+    for method in ["chain", "suffix"] {
+        assert_eq!(run(method), plain, "{method}");
+    }
+    let off =
+        treespec(&["generate", "-m", m, "-p", "hi", "-n", "1", "-t", "1", "--exact", "-fa", "off"], LIMIT);
+    refused(&off, "needs flash attention");
+}

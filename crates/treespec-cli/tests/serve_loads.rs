@@ -257,3 +257,56 @@ fn sigterm_drains_the_request_in_flight_then_stops() {
     assert!(tail.iter().any(|l| l.contains("treespec serve: drained")), "{tail:?}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A published llama-server command line starts treespec with the same meaning (issue #65):
+/// `-c 8192 -fa on -ctk q8_0 -ctv q8_0 -np 4 --jinja -a mymodel` (and `-ngl 99` where the build
+/// has a GPU backend; on a CPU build it is refused, as llama.cpp's tools' GPU flags are here).
+/// The alias is the model's name on /v1/models and in answers; `-n` caps a request; the flags
+/// treespec does not take are refused with what to do instead.
+#[test]
+fn a_llama_server_command_line_starts_and_serves_with_the_same_meaning() {
+    let Some(model) = model() else { return };
+    let dir = scratch("serve-llama-flags");
+    let m = model.to_str().unwrap();
+    let flags =
+        ["-c", "8192", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-np", "4", "--jinja", "-a", "mymodel"];
+    let mut child = command(&["serve", "-m", m])
+        .args(flags)
+        .args(["-n", "5", "-cb", "--metrics", "--slots", "--port", "0", "-t", "1", "--method", "plain"])
+        .env("TREESPEC_CACHE_DIR", dir.join("cache"))
+        .spawn()
+        .unwrap();
+    let (log, _lines) = until_listening(&mut child);
+    let addr = log
+        .split("listening on http://")
+        .nth(1)
+        .map(str::trim)
+        .expect("the server listens: {log}")
+        .to_owned();
+    let models = http(&addr, "GET /v1/models HTTP/1.1", "");
+    assert!(models.contains("\"id\":\"mymodel\""), "{models}");
+    let answer = http(
+        &addr,
+        CHAT_HEAD,
+        r#"{"model": "mymodel", "messages": [{"role": "user", "content": "Count to 50."}], "temperature": 0}"#,
+    );
+    let body: serde_json::Value =
+        serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(body["model"], "mymodel", "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 5, "-n 5 caps a request that sets no max_tokens: {body}");
+    let slots = http(&addr, "GET /slots HTTP/1.1", "");
+    assert!(slots.starts_with("HTTP/1.1 200"), "{slots}");
+    assert_eq!(slots.matches("\"id\"").count(), 4, "-np 4 slots: {slots}");
+    let _ = child.kill();
+    let _ = child.wait();
+    for (flag, needle) in
+        [("-hf", "-m FILE"), ("--embedding", "text generation only"), ("--mmproj", "multimodal")]
+    {
+        let run = treespec(&["serve", "-m", m, flag, "x", "--port", "0"], LIMIT);
+        assert_eq!(run.code, Some(2), "{run:#?}");
+        assert!(run.stderr.contains(needle), "{flag}: {run:#?}");
+    }
+    let run = treespec(&["serve", "-m", m, "-fa", "off", "-ctv", "q8_0", "--port", "0", "-t", "1"], LIMIT);
+    assert!(run.stderr.contains("needs flash attention"), "{run:#?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

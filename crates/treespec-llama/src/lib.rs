@@ -18,6 +18,7 @@ pub mod devices;
 mod draft_lanes;
 mod hparams;
 mod kv;
+mod kv_options;
 mod lm;
 mod load;
 mod memory;
@@ -35,8 +36,9 @@ pub use compat::{check_compatible, CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFEREN
 pub use devices::{Device, DeviceKind, GpuLayers, Offload};
 pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
+pub use kv_options::{CacheType, FlashAttn, KvCache};
 pub use lm::{LlamaLm, PrefillProgress};
-pub use load::{models_loaded, LlamaModel, LoadOptions, MAX_PATHS};
+pub use load::{models_loaded, LlamaModel, LoadOptions, EXACT_KV_CACHE, MAX_PATHS};
 pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};

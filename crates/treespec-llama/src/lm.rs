@@ -20,7 +20,7 @@
 use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
 
-use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -122,7 +122,9 @@ impl LlamaModel {
         }
         let o = self.options();
         // Every context allocates its own cache: check each against what is left now.
-        check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, o.exact, 0, mem_available())?;
+        // A quantized cache is sized as Q8_0 (an upper bound for every quantized type).
+        let q8 = o.exact || o.kv_cache.quantized();
+        check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, q8, 0, mem_available())?;
         // llama.cpp reserves an output row per sequence id and caps output rows at n_batch, which
         // it caps at n_ctx: a context smaller than its sequence count aborts. Such a context gets
         // n_seq cells (a few KB each); callers keep to the size asked for.
@@ -139,7 +141,8 @@ impl LlamaModel {
             // Full-size sliding-window caches, so truncate/commit can always go back (gemma3).
             .with_swa_full(true)
             .with_n_threads(o.threads as i32)
-            .with_n_threads_batch(o.threads as i32);
+            .with_n_threads_batch(o.threads_batch.unwrap_or(o.threads) as i32)
+            .with_flash_attention_policy(o.flash_attn.param());
         // Exact mode: ggml's flash attention over an F16/F32 KV cache takes a split-KV path for a
         // single-row batch once the cache holds ≥ 512 cells (each thread sums a slice of the KV,
         // then the partial softmaxes are merged), so a token decoded alone gets different logits
@@ -148,11 +151,8 @@ impl LlamaModel {
         // through the one generic kernel for every batch shape, which makes attention
         // batch-invariant (plain decoding in exact mode uses the same cache type, so exact mode
         // is compared with itself).
-        let params = if o.exact {
-            params.with_type_k(KvCacheType::Q8_0).with_type_v(KvCacheType::Q8_0)
-        } else {
-            params
-        };
+        let cache = if o.exact { crate::load::EXACT_KV_CACHE } else { o.kv_cache };
+        let params = params.with_type_k(cache.k.param()).with_type_v(cache.v.param());
         let backend = backend::backend()?;
         backend::clear_captured();
         let ctx = {

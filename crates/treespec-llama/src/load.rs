@@ -28,6 +28,7 @@ use treespec_engine::{EngineError, Result};
 
 use crate::backend;
 use crate::devices::{devices, DeviceList, GpuLayers, Offload};
+use crate::kv_options::{CacheType, FlashAttn, KvCache};
 use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
 use crate::threads::{available_cores, effective_threads};
@@ -35,6 +36,10 @@ use crate::threads::{available_cores, effective_threads};
 /// llama.cpp's hard limit on sequence ids (`LLAMA_MAX_SEQ` = 256) minus the two we reserve: the
 /// committed prefix and a scratch id used while committing.
 pub const MAX_PATHS: usize = 254;
+
+/// The KV cache of exact mode: Q8_0 keys and values go through one attention kernel whatever the
+/// batch's shape (see `lm.rs`).
+pub const EXACT_KV_CACHE: KvCache = KvCache { k: CacheType::Q8_0, v: CacheType::Q8_0 };
 
 /// How to load a model and size the contexts made from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +65,18 @@ pub struct LoadOptions {
     pub offload: Offload,
     /// The draft model's, when it differs from the target's (llama.cpp's `-ngld`).
     pub draft_offload: Option<Offload>,
+    /// Flash attention (`-fa`; default: llama.cpp's `auto`).
+    pub flash_attn: FlashAttn,
+    /// The KV cache's element types (`-ctk`, `-ctv`; default F16). Exact mode needs Q8_0.
+    pub kv_cache: KvCache,
+    /// The draft model's (`-ctkd`, `-ctvd`), when it differs from the target's.
+    pub draft_kv_cache: Option<KvCache>,
+    /// Threads for prompt processing (`-tb`; default: `threads`).
+    pub threads_batch: Option<usize>,
+    /// Map the model file instead of reading it (llama.cpp's default; `--no-mmap` reads it).
+    pub mmap: bool,
+    /// Lock the weights in memory so the OS never swaps them out (`--mlock`).
+    pub mlock: bool,
 }
 
 impl Default for LoadOptions {
@@ -72,6 +89,12 @@ impl Default for LoadOptions {
             exact: false,
             offload: Offload::default(),
             draft_offload: None,
+            flash_attn: FlashAttn::Auto,
+            kv_cache: KvCache::default(),
+            draft_kv_cache: None,
+            threads_batch: None,
+            mmap: true,
+            mlock: false,
         }
     }
 }
@@ -80,7 +103,8 @@ impl LoadOptions {
     /// The options a draft model loads with: the target's, with the draft's offload.
     pub fn for_draft(&self) -> Self {
         let offload = self.draft_offload.clone().unwrap_or_else(|| self.offload.clone());
-        Self { offload, draft_offload: None, ..self.clone() }
+        let kv_cache = self.draft_kv_cache.unwrap_or(self.kv_cache);
+        Self { offload, draft_offload: None, kv_cache, draft_kv_cache: None, ..self.clone() }
     }
 
     fn validate(&self) -> Result<()> {
@@ -96,6 +120,26 @@ impl LoadOptions {
         }
         if self.n_ubatch == 0 || self.n_ubatch > i32::MAX as usize {
             return bad(format!("n_ubatch must be at least 1 (got {})", self.n_ubatch));
+        }
+        if self.threads_batch == Some(0) {
+            return bad("threads-batch must be at least 1 (got 0)".to_string());
+        }
+        for (cache, which) in [(Some(self.kv_cache), "-ctk/-ctv"), (self.draft_kv_cache, "-ctkd/-ctvd")] {
+            let Some(cache) = cache else { continue };
+            if self.exact && cache != KvCache::default() && cache != EXACT_KV_CACHE {
+                return bad(format!(
+                    "--exact keeps the KV cache as q8_0 (the one attention kernel for every batch shape); {which} {}/{} would change that",
+                    cache.k, cache.v
+                ));
+            }
+            if cache.v.quantized() && self.flash_attn == FlashAttn::Off {
+                let whose =
+                    if self.exact { "--exact's".to_string() } else { format!("{which} {}:", cache.v) };
+                return bad(format!(
+                    "a quantized V cache ({whose} {}) needs flash attention, and -fa is off",
+                    cache.v
+                ));
+            }
         }
         if self.exact && self.offload.layers.any() {
             // Exactness needs one matmul path for every batch size; llama.cpp's GPU backends pick
@@ -238,7 +282,7 @@ impl LlamaModel {
                 path,
                 &facts.hparams,
                 options.ctx_size,
-                options.exact,
+                options.exact || options.kv_cache.quantized(),
                 facts.file_size,
                 mem_available(),
             )?;
@@ -258,6 +302,13 @@ impl LlamaModel {
         // SAFETY: plain C struct of defaults.
         let mut params = unsafe { llama_cpp_sys_2::llama_model_default_params() };
         params.use_extra_bufts = !options.exact;
+        // llama.cpp's own choice unless asked otherwise (`--no-mmap`, `--mlock`).
+        params.load_mode = match (options.mmap, options.mlock) {
+            (true, false) => params.load_mode,
+            (true, true) => llama_cpp_sys_2::LLAMA_LOAD_MODE_MMAP_MLOCK,
+            (false, true) => llama_cpp_sys_2::LLAMA_LOAD_MODE_MLOCK,
+            (false, false) => llama_cpp_sys_2::LLAMA_LOAD_MODE_NONE,
+        };
         // The CPU unless layers are asked for, whatever the build (llama.cpp's own default would
         // offload everything in a GPU build).
         params.n_gpu_layers = options.offload.layers.param();

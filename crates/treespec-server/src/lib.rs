@@ -83,6 +83,8 @@ pub struct ServerConfig {
     /// Longest time a request's headers, and then its whole body, may take to arrive
     /// (`--timeout`, llama-server's `-to`): a client trickling bytes is cut off with a 408.
     pub timeout: std::time::Duration,
+    /// Serve the chat page at `GET /` (llama-server's web UI; `--no-webui` turns it off).
+    pub webui: bool,
 }
 
 /// llama-server's default `--timeout`, in seconds.
@@ -97,6 +99,7 @@ impl Default for ServerConfig {
             max_body_bytes: 1 << 20,
             lifecycle: Lifecycle::default(),
             timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+            webui: true,
         }
     }
 }
@@ -131,11 +134,13 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         .route("/v1/loads", get(gateway::loads))
         .route("/openapi.json", get(openapi::openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), routes::watch_auth));
+    let page = Router::new();
+    let page = if config.webui { page.route("/", get(routes::chat_page)) } else { page };
     Router::new()
         .merge(v1)
         .merge(watch)
+        .merge(page)
         .route("/health", get(routes::health))
-        .route("/", get(routes::chat_page))
         .fallback(routes::not_found)
         // After every route: a known path with the wrong method gets an OpenAI error body too.
         .method_not_allowed_fallback(routes::method_not_allowed)

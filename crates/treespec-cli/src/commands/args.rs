@@ -7,7 +7,7 @@ use clap::Args;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
-use treespec_llama::{GpuLayers, LoadOptions, Offload};
+use treespec_llama::{CacheType, FlashAttn, GpuLayers, KvCache, LoadOptions, Offload, EXACT_KV_CACHE};
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -56,6 +56,42 @@ pub struct RuntimeArgs {
     /// Render chats with the Jinja template in FILE instead of the model file's.
     #[arg(long = "chat-template-file", value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
+    /// Chats are always rendered with the template's Jinja (llama-server's `--jinja`): accepted,
+    /// nothing to do.
+    #[arg(long = "jinja")]
+    pub jinja: bool,
+    /// Flash attention: on, off or auto (llama.cpp's `-fa`; auto: where the backend supports it).
+    #[arg(long = "flash-attn", value_name = "on|off|auto", default_value = "auto", value_parser = FlashAttn::parse)]
+    pub flash_attn: FlashAttn,
+    /// The KV cache's key type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (llama.cpp's
+    /// `-ctk`; exact mode keeps q8_0).
+    #[arg(long = "cache-type-k", value_name = "TYPE", value_parser = CacheType::parse)]
+    pub cache_type_k: Option<CacheType>,
+    /// The KV cache's value type (llama.cpp's `-ctv`; a quantized one needs flash attention).
+    #[arg(long = "cache-type-v", value_name = "TYPE", value_parser = CacheType::parse)]
+    pub cache_type_v: Option<CacheType>,
+    /// The draft model's KV cache key type (llama.cpp's `-ctkd`; default: the target's).
+    #[arg(long = "cache-type-k-draft", value_name = "TYPE", value_parser = CacheType::parse)]
+    pub cache_type_k_draft: Option<CacheType>,
+    /// The draft model's KV cache value type (llama.cpp's `-ctvd`; default: the target's).
+    #[arg(long = "cache-type-v-draft", value_name = "TYPE", value_parser = CacheType::parse)]
+    pub cache_type_v_draft: Option<CacheType>,
+    /// Threads for prompt processing (llama.cpp's `-tb`; default: -t).
+    #[arg(long = "threads-batch", value_parser = super::threads::threads_arg)]
+    pub threads_batch: Option<usize>,
+    /// Tokens llama.cpp computes per graph (llama.cpp's `-ub`).
+    #[arg(long = "ubatch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ubatch_size: u32,
+    /// llama.cpp's logical batch (`-b`): accepted, nothing to do (a forward of any size that fits
+    /// the context is one `llama_decode` here).
+    #[arg(short = 'b', long = "batch-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: Option<u32>,
+    /// Read the model file instead of mapping it (llama.cpp's `--no-mmap`).
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
+    /// Lock the weights in memory so they are never swapped out (llama.cpp's `--mlock`).
+    #[arg(long = "mlock")]
+    pub mlock: bool,
 }
 
 impl RuntimeArgs {
@@ -79,11 +115,28 @@ impl RuntimeArgs {
         let offload = Offload { layers: self.gpu_layers.unwrap_or_default(), device: self.device.clone() };
         let draft_offload =
             self.gpu_layers_draft.map(|layers| Offload { layers, device: self.device.clone() });
+        let kv_cache =
+            KvCache { k: self.cache_type_k.unwrap_or_default(), v: self.cache_type_v.unwrap_or_default() };
+        let draft_kv_cache =
+            (self.cache_type_k_draft.is_some() || self.cache_type_v_draft.is_some()).then(|| KvCache {
+                k: self.cache_type_k_draft.unwrap_or(kv_cache.k),
+                v: self.cache_type_v_draft.unwrap_or(kv_cache.v),
+            });
+        // Exact mode's own q8_0 cache stands unless a type was asked for (then it is checked).
+        let asked = self.cache_type_k.is_some() || self.cache_type_v.is_some();
+        let kv_cache = if self.exact && !asked { EXACT_KV_CACHE } else { kv_cache };
         let mut o = LoadOptions {
             ctx_size: self.ctx,
             exact: self.exact,
             offload,
             draft_offload,
+            n_ubatch: self.ubatch_size as usize,
+            flash_attn: self.flash_attn,
+            kv_cache,
+            draft_kv_cache,
+            threads_batch: self.threads_batch,
+            mmap: !self.no_mmap,
+            mlock: self.mlock,
             ..LoadOptions::default()
         };
         if let Some(t) = self.threads {

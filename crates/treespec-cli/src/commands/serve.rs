@@ -132,6 +132,25 @@ pub struct ServeArgs {
     #[arg(long = "timeout", visible_alias = "to", value_name = "SECONDS",
           default_value_t = treespec_server::DEFAULT_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
+    /// The model's name on /v1/models, /props and in every response (llama-server's `-a`;
+    /// default: the model file's stem). Clients send it back as `model`.
+    #[arg(short = 'a', long = "alias")]
+    pub alias: Option<String>,
+    /// Most new tokens of any request (llama-server's `-n`): the default of a request that sets
+    /// none, and a cap on one that asks for more (-1: no cap).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// llama-server's `--spec-default`: the speculative method chosen for you, here `auto` (as
+    /// `--method auto`).
+    #[arg(long = "spec-default")]
+    pub spec_default: bool,
+    /// Do not serve the chat page at `GET /` (llama-server's `--no-webui`).
+    #[arg(long = "no-webui")]
+    pub no_webui: bool,
+    /// llama-server's switches for what is always on here: continuous batching (`-cb`), the
+    /// `/metrics`, `/slots` and `/props` routes. Accepted, nothing to do.
+    #[arg(long = "cont-batching", alias = "metrics", alias = "slots", alias = "props", action = clap::ArgAction::Count)]
+    pub always_on: u8,
 }
 
 /// The API keys of `--api-key` and `--api-key-file`.
@@ -173,6 +192,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let runtime = Arc::new(load_runtime(&args.models)?);
     // The history files are the tenants' ([`TenantHistories`]), not the default method's.
     let mut spec = args.method.spec();
+    if args.spec_default {
+        spec.method = treespec_engine::MethodKind::Auto;
+    }
     let history_path = spec.knobs.suffix_history.take();
     let histories = match &history_path {
         Some(path) => {
@@ -195,7 +217,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
     let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram };
+    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram, alias: args.alias.clone() };
     let limits = StepLimits {
         prefill_chunk: args.prefill_chunk,
         decode_chunk,
@@ -203,7 +225,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         batch_draft: args.draft_batching == DraftBatching::Batch,
         ..StepLimits::default()
     };
-    let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits };
+    let n_predict = match args.n_predict {
+        -1 => None,
+        n if n >= 1 => Some(n as usize),
+        n => anyhow::bail!("-n (--n-predict) is at least 1, or -1 for no cap, got {n}"),
+    };
+    let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits, n_predict };
     let pool: Arc<dyn GenerationBackend> =
         Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
@@ -222,6 +249,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body,
         lifecycle: lifecycle.clone(),
         timeout: Duration::from_secs(args.timeout),
+        webui: !args.no_webui,
     };
     let drain = Drain {
         lifecycle,

@@ -1,6 +1,6 @@
 //! llama.cpp's spellings that clap cannot express. clap's short flags are one character, so
 //! llama.cpp's `-md FILE` would read as `-m d`; it is rewritten to `--model-draft` before parsing,
-//! and so are `-ngl`, `-ngld`, `-dev`, `-np` and `-to`.
+//! and so are llama.cpp's other multi-letter flags in [`LONG`] (`-ngl`, `-fa`, `-ctk`, `-np`, …).
 //! (`-c`, `-n`, `-t`, `-s`, `--temp`, `--ctx-size`, `--spec-draft-n-max` are plain clap spellings.)
 
 use std::ffi::OsString;
@@ -13,10 +13,69 @@ const LONG: &[(&str, &str)] = &[
     ("-dev", "--device"),
     ("-np", "--parallel"),
     ("-to", "--timeout"),
+    ("-fa", "--flash-attn"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-ctkd", "--cache-type-k-draft"),
+    ("-ctvd", "--cache-type-v-draft"),
+    ("-tb", "--threads-batch"),
+    ("-ub", "--ubatch-size"),
+    ("-cb", "--cont-batching"),
+    ("-cram", "--cache-ram"),
 ];
 
 /// Flags whose next argument is free text, never a flag to rewrite.
 const TEXT_FLAGS: &[&str] = &["-p", "--prompt", "--stop", "--api-key"];
+
+/// llama.cpp flags treespec refuses, with what to do instead (clap would only say "unexpected
+/// argument").
+const REFUSED: &[(&[&str], &str)] = &[
+    (
+        &["-hf", "--hf-repo", "-hfr", "-hff", "--hf-file", "-hft", "--hf-token", "-hfd", "--hf-repo-draft"],
+        "treespec reads local GGUF files only (no model hub here): download the file and pass -m FILE \
+         (scripts/fetch-models.sh fetches the project's models)",
+    ),
+    (
+        &["--embedding", "--embeddings", "--rerank", "--reranking", "--pooling"],
+        "treespec serves text generation only: run llama-server for embeddings or reranking beside it",
+    ),
+    (
+        &["--lora", "--lora-scaled", "--lora-init-without-apply"],
+        "LoRA adapters are not applied at run time: merge the adapter into the GGUF (llama.cpp's \
+         llama-export-lora) and pass the merged file",
+    ),
+    (
+        &["-mm", "--mmproj", "-mmu", "--mmproj-url", "--mmproj-auto", "--no-mmproj"],
+        "multimodal projectors are not supported: treespec decodes text",
+    ),
+    (
+        &["-nocb", "--no-cont-batching"],
+        "requests are always batched (one forward holds every request's rows); --parallel 1 serves one at a time",
+    ),
+    (
+        &["--no-jinja"],
+        "chats are always rendered with the chat template's Jinja (give another with --chat-template-file)",
+    ),
+];
+
+/// The first llama.cpp flag of `args` that treespec refuses, with the message saying why and what
+/// to do instead.
+pub fn refused_flag(args: &[OsString]) -> Option<String> {
+    let mut after_text_flag = false;
+    for a in args.iter().filter_map(|a| a.to_str()) {
+        if a == "--" {
+            return None;
+        }
+        let flag = a.split_once('=').map_or(a, |(f, _)| f);
+        if !after_text_flag {
+            if let Some((_, why)) = REFUSED.iter().find(|(flags, _)| flags.contains(&flag)) {
+                return Some(format!("{flag}: {why}"));
+            }
+        }
+        after_text_flag = TEXT_FLAGS.contains(&a);
+    }
+    None
+}
 
 /// The command line with llama.cpp's multi-letter short flags spelled as long ones.
 pub fn llama_spellings(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
@@ -53,6 +112,18 @@ mod tests {
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect()
+    }
+
+    #[test]
+    fn refused_flags_say_what_to_do_unless_they_are_text() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let why = refused_flag(&args(&["t", "serve", "-hf", "org/model"])).unwrap();
+        assert!(why.starts_with("-hf: ") && why.contains("-m FILE"), "{why}");
+        assert!(refused_flag(&args(&["t", "serve", "-m", "x", "--lora=a.gguf"]))
+            .unwrap()
+            .contains("llama-export-lora"));
+        assert!(refused_flag(&args(&["t", "generate", "-p", "--embedding"])).is_none(), "a prompt is text");
+        assert!(refused_flag(&args(&["t", "serve", "-m", "x", "-np", "4", "--jinja"])).is_none());
     }
 
     #[test]

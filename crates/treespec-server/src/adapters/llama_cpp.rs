@@ -29,13 +29,16 @@ pub struct LlamaConfig {
     /// Host memory the batch scheduler keeps finished requests' prefixes in, in bytes
     /// (`--cache-ram`; see `treespec_llama::SAVED_PREFIX_BYTES`).
     pub cache_ram: usize,
+    /// The model's name on `/v1/models`, `/props` and every response (llama-server's `-a`;
+    /// default: the file's stem).
+    pub alias: Option<String>,
 }
 
 impl LlamaConfig {
     /// `method` by default on `runtime`, every tenant's suffix state in memory only.
     pub fn new(runtime: Arc<ModelRuntime>, method: Method) -> Self {
         let methods = Arc::new(ServerMethods::new(method, runtime.clone()));
-        Self { runtime, methods, cache_ram: treespec_llama::SAVED_PREFIX_BYTES }
+        Self { runtime, methods, cache_ram: treespec_llama::SAVED_PREFIX_BYTES, alias: None }
     }
 
     /// The default method.

@@ -98,10 +98,10 @@ impl BatchPool {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
         config.check()?;
-        let LlamaConfig { runtime, methods, cache_ram } = config;
+        let LlamaConfig { runtime, methods, cache_ram, alias } = config;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
         let text = Arc::new(LlamaText(runtime.clone()));
-        let model = model_id(&runtime.paths().model);
+        let model = alias.unwrap_or_else(|| model_id(&runtime.paths().model));
         let (pool, inbox) = BatchPool::new(scheduler, model, limits, text, metrics.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let runtime_for_rate = runtime.clone();

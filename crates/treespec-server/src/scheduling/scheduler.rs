@@ -63,11 +63,14 @@ pub struct SchedulerConfig {
     pub queue: usize,
     /// Chunked prefill and tree size limits per step.
     pub limits: StepLimits,
+    /// Most new tokens of any request (llama-server's `-n`): the default of a request that sets
+    /// none, and a cap on one that asks for more.
+    pub n_predict: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { parallel: 8, queue: 64, limits: StepLimits::default() }
+        Self { parallel: 8, queue: 64, limits: StepLimits::default(), n_predict: None }
     }
 }
 
@@ -85,6 +88,7 @@ pub struct BatchPool {
     plain_rate: Option<PlainRate>,
     text: Arc<dyn ModelText>,
     parallel: usize,
+    n_predict: Option<usize>,
 }
 
 impl BatchPool {
@@ -100,7 +104,17 @@ impl BatchPool {
         let queue = JobQueue::new(config.queue, metrics);
         let parallel = config.parallel;
         let device = "CPU".to_string();
-        let pool = Self { queue: queue.clone(), model_id, device, limits, plain_rate: None, text, parallel };
+        let n_predict = config.n_predict;
+        let pool = Self {
+            queue: queue.clone(),
+            model_id,
+            device,
+            limits,
+            plain_rate: None,
+            text,
+            parallel,
+            n_predict,
+        };
         (pool, queue)
     }
 
@@ -131,7 +145,10 @@ impl GenerationBackend for BatchPool {
     fn limits(&self) -> Limits {
         self.limits.clone()
     }
-    fn submit(&self, job: Job) -> Result<(), ApiError> {
+    fn submit(&self, mut job: Job) -> Result<(), ApiError> {
+        if let Some(cap) = self.n_predict {
+            job.spec.max_tokens = Some(job.spec.max_tokens.map_or(cap, |n| n.min(cap)));
+        }
         self.queue.push(job)
     }
     fn queue_depth(&self) -> usize {
