@@ -308,5 +308,8 @@ fn a_llama_server_command_line_starts_and_serves_with_the_same_meaning() {
     }
     let run = treespec(&["serve", "-m", m, "-fa", "off", "-ctv", "q8_0", "--port", "0", "-t", "1"], LIMIT);
     assert!(run.stderr.contains("needs flash attention"), "{run:#?}");
+    // The server's sampling defaults are checked at start as a request's fields are.
+    let run = treespec(&["serve", "-m", m, "--top-p", "1.5", "--port", "0", "-t", "1"], LIMIT);
+    assert!(run.stderr.contains("--top-p") && run.code == Some(1), "{run:#?}");
     std::fs::remove_dir_all(dir).unwrap();
 }

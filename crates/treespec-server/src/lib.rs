@@ -43,6 +43,7 @@ pub mod tenant;
 
 pub use adapters::{llama_cpp, toy};
 pub use http::serve;
+pub use request::sampling::SamplingDefaults;
 pub use request::{prepare, prompt, validate};
 pub use scheduling::{histories, job, methods, scheduler};
 
@@ -85,6 +86,8 @@ pub struct ServerConfig {
     pub timeout: std::time::Duration,
     /// Serve the chat page at `GET /` (llama-server's web UI; `--no-webui` turns it off).
     pub webui: bool,
+    /// Sampling defaults for the fields a request leaves unset (llama-server's `--temp`, …).
+    pub sampling: SamplingDefaults,
 }
 
 /// llama-server's default `--timeout`, in seconds.
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             lifecycle: Lifecycle::default(),
             timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS),
             webui: true,
+            sampling: Default::default(),
         }
     }
 }
@@ -121,6 +125,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         started: routes::unix_now(),
         lifecycle: config.lifecycle,
         body_timeout: config.timeout,
+        sampling: config.sampling,
     };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
     let v1 = Router::new()

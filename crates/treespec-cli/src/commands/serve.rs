@@ -13,8 +13,8 @@ use treespec_server::histories::TenantHistories;
 use treespec_server::lifecycle::{self, Drain, Serving, Stops};
 use treespec_server::methods::ServerMethods;
 use treespec_server::{
-    router, ApiKeys, BatchPool, GenerationBackend, Lifecycle, LlamaConfig, Metrics, SchedulerConfig,
-    ServerConfig, Tenant,
+    router, ApiKeys, BatchPool, GenerationBackend, Lifecycle, LlamaConfig, Metrics, SamplingDefaults,
+    SchedulerConfig, ServerConfig, Tenant,
 };
 
 use super::args::{MethodArgs, ModelArgs};
@@ -147,10 +147,61 @@ pub struct ServeArgs {
     /// Do not serve the chat page at `GET /` (llama-server's `--no-webui`).
     #[arg(long = "no-webui")]
     pub no_webui: bool,
+    #[command(flatten)]
+    pub sampling: ServerSampling,
     /// llama-server's switches for what is always on here: continuous batching (`-cb`), the
     /// `/metrics`, `/slots` and `/props` routes. Accepted, nothing to do.
     #[arg(long = "cont-batching", alias = "metrics", alias = "slots", alias = "props", action = clap::ArgAction::Count)]
     pub always_on: u8,
+}
+
+/// The server's sampling defaults (llama-server's flags): what a request that sets a field not
+/// gets instead of its route's default (OpenAI's temperature 1 on `/v1/*`, llama-server's 0.8 on
+/// `/completion`).
+#[derive(Debug, Args)]
+pub struct ServerSampling {
+    /// Temperature of requests that set none.
+    #[arg(long = "temp", alias = "temperature")]
+    pub temp: Option<f64>,
+    /// Top-k of requests that set none (0: off).
+    #[arg(long = "top-k")]
+    pub top_k: Option<i64>,
+    /// Top-p of requests that set none.
+    #[arg(long = "top-p")]
+    pub top_p: Option<f64>,
+    /// Min-p of requests that set none.
+    #[arg(long = "min-p")]
+    pub min_p: Option<f64>,
+    /// Seed of requests that set none (-1: a random one each).
+    #[arg(short = 's', long = "seed", allow_negative_numbers = true)]
+    pub seed: Option<i64>,
+    /// Repetition penalty of requests that set none.
+    #[arg(long = "repeat-penalty")]
+    pub repeat_penalty: Option<f64>,
+    /// Tokens the repetition penalty looks back over, for requests that set none (-1: all).
+    #[arg(long = "repeat-last-n", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i64>,
+}
+
+impl ServerSampling {
+    /// The defaults, each checked now as a request's field would be (a bad one stops the start).
+    fn defaults(&self) -> Result<SamplingDefaults> {
+        let d = SamplingDefaults {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+        };
+        let mut probe = treespec_server::api::CommonParams::default();
+        d.fill(&mut probe);
+        treespec_server::validate::sampling_params(&probe).map_err(|e| {
+            anyhow::anyhow!("--{}: {}", e.param.unwrap_or_default().replace('_', "-"), e.message)
+        })?;
+        Ok(d)
+    }
 }
 
 /// The API keys of `--api-key` and `--api-key-file`.
@@ -188,6 +239,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--parallel, --prefill-chunk, --decode-chunk and --queue must be at least 1");
     }
     let keys = api_keys(&args)?;
+    let sampling = args.sampling.defaults()?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
     // The history files are the tenants' ([`TenantHistories`]), not the default method's.
@@ -250,6 +302,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         lifecycle: lifecycle.clone(),
         timeout: Duration::from_secs(args.timeout),
         webui: !args.no_webui,
+        sampling,
     };
     let drain = Drain {
         lifecycle,

@@ -544,7 +544,8 @@ pub async fn completion(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: LlamaCompletionRequest = parse_body(&headers, body)?;
+    let mut req: LlamaCompletionRequest = parse_body(&headers, body)?;
+    s.sampling.fill(&mut req.common);
     let session = gateway::session_key(None, &headers)?;
     let pieces = prompt_pieces(&req.prompt)?;
     let length = length_field(&req);

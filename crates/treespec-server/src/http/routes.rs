@@ -20,6 +20,7 @@ use crate::http::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
 use crate::http::respond::{respond, ClientClosed, Submitted};
 use crate::http::serve::PeerClosed;
 use crate::metrics::{Metrics, View, CLIENT_CLOSED};
+use crate::request::sampling::SamplingDefaults;
 use crate::request::validate;
 use crate::scheduling::job::GenerationBackend;
 use crate::tenant::{ApiKeys, Tenant};
@@ -43,6 +44,8 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     /// Longest time a request's body may take to arrive (`deadline.rs`).
     pub body_timeout: std::time::Duration,
+    /// The server's sampling defaults for fields a request leaves unset (every route).
+    pub sampling: SamplingDefaults,
 }
 
 impl AppState {
@@ -212,7 +215,8 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
-    let req: ChatCompletionRequest = validate::parse_json(&bytes)?;
+    let mut req: ChatCompletionRequest = validate::parse_json(&bytes)?;
+    s.sampling.fill(&mut req.common);
     let session = gateway::session_key(req.common.prompt_cache_key.as_deref(), &headers)?;
     let length = validate::openai_length_field(&req.common);
     let named = |e| validate::in_request_names(e, "messages", length);
@@ -233,7 +237,8 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(&headers, body)?;
-    let req: CompletionRequest = validate::parse_json(&bytes)?;
+    let mut req: CompletionRequest = validate::parse_json(&bytes)?;
+    s.sampling.fill(&mut req.common);
     let session = gateway::session_key(req.common.prompt_cache_key.as_deref(), &headers)?;
     let length = validate::openai_length_field(&req.common);
     let named = |e| validate::in_request_names(e, "prompt", length);

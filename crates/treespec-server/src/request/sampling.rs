@@ -38,6 +38,46 @@ pub(crate) fn integer(v: &Option<Value>, param: &'static str) -> Result<Option<i
     }
 }
 
+/// The server's sampling defaults (llama-server's `--temp`, `--top-k`, `--top-p`, `--min-p`,
+/// `--seed`, `--repeat-penalty`, `--repeat-last-n`): what a request that sets a field not gets
+/// instead of the route's own default. None: the route's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingDefaults {
+    /// Temperature.
+    pub temperature: Option<f64>,
+    /// Top-k (0: off).
+    pub top_k: Option<i64>,
+    /// Nucleus threshold.
+    pub top_p: Option<f64>,
+    /// Min-p.
+    pub min_p: Option<f64>,
+    /// Seed.
+    pub seed: Option<i64>,
+    /// Repetition penalty.
+    pub repeat_penalty: Option<f64>,
+    /// Tokens the repetition penalty looks back over (-1: all).
+    pub repeat_last_n: Option<i64>,
+}
+
+impl SamplingDefaults {
+    /// Give each field `c` leaves unset the server's default, before the request is checked (so
+    /// a bad default is reported as the request's field would be, and every route means the same).
+    pub fn fill(&self, c: &mut CommonParams) {
+        c.temperature = c.temperature.or(self.temperature);
+        c.top_p = c.top_p.or(self.top_p);
+        c.seed = c.seed.or(self.seed);
+        let value = |set: &mut Option<Value>, default: Option<Value>| {
+            if set.is_none() {
+                *set = default;
+            }
+        };
+        value(&mut c.top_k, self.top_k.map(Value::from));
+        value(&mut c.min_p, self.min_p.map(Value::from));
+        value(&mut c.repeat_penalty, self.repeat_penalty.map(Value::from));
+        value(&mut c.repeat_last_n, self.repeat_last_n.map(Value::from));
+    }
+}
+
 /// The request's sampling parameters (OpenAI defaults: temperature 1, top_p 1).
 pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
     let temperature = c.temperature.unwrap_or(1.0);
@@ -310,6 +350,22 @@ mod tests {
         assert_eq!(
             parse(json!({})).unwrap(),
             SamplingParams { temperature: 1.0, ..SamplingParams::default() }
+        );
+    }
+
+    #[test]
+    fn server_defaults_fill_only_what_a_request_leaves_unset() {
+        let defaults =
+            SamplingDefaults { temperature: Some(0.2), top_k: Some(5), seed: Some(9), ..Default::default() };
+        let mut c: CommonParams = serde_json::from_value(json!({"top_k": 40})).unwrap();
+        defaults.fill(&mut c);
+        let p = params(&c).unwrap();
+        assert_eq!((p.temperature, p.top_k, c.seed), (0.2, Some(40), Some(9)));
+        let mut untouched: CommonParams = serde_json::from_value(json!({"temperature": 1.5})).unwrap();
+        SamplingDefaults::default().fill(&mut untouched);
+        assert_eq!(
+            params(&untouched).unwrap(),
+            params(&serde_json::from_value(json!({"temperature": 1.5})).unwrap()).unwrap()
         );
     }
 

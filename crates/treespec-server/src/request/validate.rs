@@ -202,6 +202,12 @@ fn culprit<T: DeserializeOwned>(body: &Value) -> Option<String> {
     })
 }
 
+/// The sampling parameters `c` asks for, checked as a request's are (the server's defaults are
+/// checked with it at start).
+pub fn sampling_params(c: &CommonParams) -> Result<treespec_core::sampling::SamplingParams, ApiError> {
+    sampling::params(c)
+}
+
 /// Validate a chat completion request.
 pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiError> {
     if req.messages.is_empty() {
