@@ -23,3 +23,5 @@ python3 scripts/soak.py --server-cmd "target/release/treespec serve -m models/Sm
 echo "[test] short soak with a shared draft model: 8 streaming clients for 15 s, chain drafts batched across requests"
 python3 scripts/soak.py --server-cmd "target/release/treespec serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf -md models/SmolLM2-135M-Instruct.Q4_1.gguf --method chain -k 3 -t 2 -c 4096 --parallel 8 --cache-ram 16 --port {port}" \
     --clients 8 --duration 15 --max-tokens 16 --strict-metrics --max-rss-growth 0.25
+echo "[test] real clients, unmodified, against the server: the openai and instructor rows of scripts/clients-check.sh"
+bash scripts/clients-check.sh --ci
