@@ -17,6 +17,7 @@ mod compat;
 pub mod devices;
 mod draft_lanes;
 mod hparams;
+mod kernels;
 mod kv;
 mod lm;
 mod load;

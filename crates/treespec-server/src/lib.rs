@@ -50,14 +50,14 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
-use http::{gateway, llama_server, openapi, routes};
+use http::{gateway, llama_server, openai_wire, openapi, routes};
 
 pub use error::ApiError;
-pub use gateway::Lifecycle;
+pub use http::lifecycle::Lifecycle;
+pub use http::state::AppState;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama_cpp::LlamaConfig;
 pub use metrics::Metrics;
-pub use routes::AppState;
 pub use scheduler::{BatchPool, SchedulerConfig};
 pub use serve::serve;
 pub use tenant::{ApiKeys, Tenant};
@@ -106,7 +106,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         keys,
         metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
         metrics_open: config.metrics_open,
-        started: routes::unix_now(),
+        started: openai_wire::now(),
         lifecycle: config.lifecycle,
     };
     let auth = || middleware::from_fn_with_state(state.clone(), routes::auth);
