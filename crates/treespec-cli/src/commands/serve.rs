@@ -158,6 +158,7 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
 /// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
 /// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
 /// when a request added to it, and at shutdown, so that the next start drafts from it.
+#[allow(clippy::too_many_lines)] // #67: shrinks when the server owns its lifecycle
 pub fn run(args: ServeArgs) -> Result<()> {
     let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
     if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 || args.queue == 0 {
