@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The test command (README and CI): set the machine up, fetch the small test model, then check
-# formatting and lints and run every test in release mode (the statistical tests run 10^5+
-# trials and the llama.cpp tests want optimised code).
+# The test command (README and CI): check the repository's rules (seconds, before any build),
+# set the machine up, fetch the small test model, then check formatting and lints and run every
+# test in release mode (the statistical tests run 10^5+ trials and the llama.cpp tests want
+# optimised code).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+echo "[test] rules: import cycles, indexes, doc paths, function length (scripts/rules/)"
+bash scripts/rules/check.sh
 bash scripts/setup.sh
 bash scripts/fetch-models.sh smollm2
 

@@ -144,26 +144,41 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trac
     Ok(Replayed { plain_ms, ms, emitted: history.len() - plen - 1, forwards })
 }
 
-fn main() -> Result<()> {
+/// The command line.
+#[derive(Default)]
+struct Options {
+    tokens: String,
+    curve: String,
+    score_path: Option<String>,
+    pessimism: Option<f64>,
+    per_answer: bool,
+    trace: bool,
+    refine: bool,
+    cold: bool,
+    uninformed: bool,
+    prices_in: Option<String>,
+    prices_out: Option<String>,
+}
+
+fn parse_args() -> Result<Options> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut positional, mut score_path, mut pessimism) = (Vec::new(), None, None);
-    let (mut per_answer, mut trace, mut refine, mut cold, mut uninformed) =
-        (false, false, false, false, false);
-    let (mut prices_in, mut prices_out) = (None, None);
+    let (mut o, mut positional) = (Options::default(), Vec::new());
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--score" => score_path = Some(it.next().context("--score needs a file")?.clone()),
+            "--score" => o.score_path = Some(it.next().context("--score needs a file")?.clone()),
             "--pessimism" => {
-                pessimism = Some(it.next().context("--pessimism needs a number")?.parse::<f64>()?)
+                o.pessimism = Some(it.next().context("--pessimism needs a number")?.parse::<f64>()?)
             }
-            "--per-answer" => per_answer = true,
-            "--trace" => trace = true,
-            "--refine" => refine = true,
-            "--cold" => cold = true,
-            "--uninformed" => uninformed = true,
-            "--prices" => prices_in = Some(it.next().context("--prices needs a file")?.clone()),
-            "--write-prices" => prices_out = Some(it.next().context("--write-prices needs a file")?.clone()),
+            "--per-answer" => o.per_answer = true,
+            "--trace" => o.trace = true,
+            "--refine" => o.refine = true,
+            "--cold" => o.cold = true,
+            "--uninformed" => o.uninformed = true,
+            "--prices" => o.prices_in = Some(it.next().context("--prices needs a file")?.clone()),
+            "--write-prices" => {
+                o.prices_out = Some(it.next().context("--write-prices needs a file")?.clone())
+            }
             _ => positional.push(a.clone()),
         }
     }
@@ -173,67 +188,38 @@ fn main() -> Result<()> {
              [--refine] [--per-answer] [--trace] [--cold] [--uninformed | --prices FILE] [--write-prices FILE]"
         );
     };
-    if cold && prices_out.is_some() {
+    if o.cold && o.prices_out.is_some() {
         bail!("--write-prices needs a warm replay: a cold one starts every answer afresh and keeps nothing");
     }
-    let decide = read_curve(Path::new(curve))?;
-    let score = match &score_path {
-        Some(p) => read_curve(Path::new(p))?,
-        None => decide.clone(),
-    };
-    let costs = SharedCosts::new(CostModel { target: decide, draft: None, refine, elsewhere: false });
-    let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
-    if let Some(z) = pessimism {
-        config.pessimism = z;
-    }
-    let start = match &prices_in {
+    (o.tokens, o.curve) = (tokens.clone(), curve.clone());
+    Ok(o)
+}
+
+/// The prices the replay starts from: a file's, the uninformed ones, or the shipped prior.
+fn starting_prices(o: &Options) -> Result<SuffixPricing> {
+    Ok(match &o.prices_in {
         Some(p) => serde_json::from_str::<SuffixPricing>(
             &std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?,
         )
         .with_context(|| format!("{p} holds no suffix prices"))?,
-        None if uninformed => SuffixPricing::uninformed(),
+        None if o.uninformed => SuffixPricing::uninformed(),
         None => SuffixPricing::new(),
-    };
-    config.shared.set_pricing(start.clone());
-    let fresh = |config: &SuffixConfig| -> Result<SuffixDrafter> {
-        let shared = SuffixShared::with_pricing(GlobalHistory::new(DEFAULT_CAP_TOKENS)?, start.clone());
-        Ok(SuffixDrafter::new(SuffixConfig { shared, ..config.clone() })?)
-    };
-    let mut drafter = SuffixDrafter::new(config.clone())?;
-    let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
-    let file = std::fs::read_to_string(tokens).with_context(|| format!("reading {tokens}"))?;
-    for (i, line) in file.lines().enumerate() {
-        let text: PlainText =
-            serde_json::from_str(line).with_context(|| format!("{tokens}, line {}", i + 1))?;
-        if text.output.is_empty() {
-            continue;
-        }
-        if cold {
-            drafter = fresh(&config)?;
-        }
-        let r = replay(&mut drafter, &text, &score, trace)?;
-        if per_answer {
-            eprintln!(
-                "{}\t{}\t{:.3}\t{:.2}",
-                text.prompt_id,
-                text.category,
-                r.plain_ms / r.ms,
-                r.emitted as f64 / r.forwards.max(1) as f64
-            );
-        }
-        for key in [text.category.clone(), "all".to_string()] {
-            let t = tallies.entry(key).or_default();
-            t.speedups.push(r.plain_ms / r.ms);
-            t.plain_ms += r.plain_ms;
-            t.ms += r.ms;
-            t.emitted += r.emitted;
-            t.forwards += r.forwards;
-        }
+    })
+}
+
+/// One answer's replay counted in its category and in `all`.
+fn tally(tallies: &mut BTreeMap<String, Tally>, category: &str, r: &Replayed) {
+    for key in [category.to_string(), "all".to_string()] {
+        let t = tallies.entry(key).or_default();
+        t.speedups.push(r.plain_ms / r.ms);
+        t.plain_ms += r.plain_ms;
+        t.ms += r.ms;
+        t.emitted += r.emitted;
+        t.forwards += r.forwards;
     }
-    if let Some(p) = &prices_out {
-        let learned = config.shared.pricing_snapshot();
-        std::fs::write(p, serde_json::to_string(&learned)?).with_context(|| format!("writing {p}"))?;
-    }
+}
+
+fn print_table(tallies: BTreeMap<String, Tally>) {
     println!("| category | answers | median speed-up | pooled speed-up | tokens per forward |");
     println!("|---|---:|---:|---:|---:|");
     for (category, mut t) in tallies {
@@ -246,5 +232,56 @@ fn main() -> Result<()> {
             t.emitted as f64 / t.forwards.max(1) as f64
         );
     }
+}
+
+fn main() -> Result<()> {
+    let o = parse_args()?;
+    let decide = read_curve(Path::new(&o.curve))?;
+    let score = match &o.score_path {
+        Some(p) => read_curve(Path::new(p))?,
+        None => decide.clone(),
+    };
+    let costs =
+        SharedCosts::new(CostModel { target: decide, draft: None, refine: o.refine, elsewhere: false });
+    let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
+    if let Some(z) = o.pessimism {
+        config.pessimism = z;
+    }
+    let start = starting_prices(&o)?;
+    config.shared.set_pricing(start.clone());
+    let fresh = |config: &SuffixConfig| -> Result<SuffixDrafter> {
+        let shared = SuffixShared::with_pricing(GlobalHistory::new(DEFAULT_CAP_TOKENS)?, start.clone());
+        Ok(SuffixDrafter::new(SuffixConfig { shared, ..config.clone() })?)
+    };
+    let mut drafter = SuffixDrafter::new(config.clone())?;
+    let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
+    let tokens = &o.tokens;
+    let file = std::fs::read_to_string(tokens).with_context(|| format!("reading {tokens}"))?;
+    for (i, line) in file.lines().enumerate() {
+        let text: PlainText =
+            serde_json::from_str(line).with_context(|| format!("{tokens}, line {}", i + 1))?;
+        if text.output.is_empty() {
+            continue;
+        }
+        if o.cold {
+            drafter = fresh(&config)?;
+        }
+        let r = replay(&mut drafter, &text, &score, o.trace)?;
+        if o.per_answer {
+            eprintln!(
+                "{}\t{}\t{:.3}\t{:.2}",
+                text.prompt_id,
+                text.category,
+                r.plain_ms / r.ms,
+                r.emitted as f64 / r.forwards.max(1) as f64
+            );
+        }
+        tally(&mut tallies, &text.category, &r);
+    }
+    if let Some(p) = &o.prices_out {
+        let learned = config.shared.pricing_snapshot();
+        std::fs::write(p, serde_json::to_string(&learned)?).with_context(|| format!("writing {p}"))?;
+    }
+    print_table(tallies);
     Ok(())
 }

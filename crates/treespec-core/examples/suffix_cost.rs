@@ -13,12 +13,9 @@ use std::time::Instant;
 use treespec_core::suffix::{GlobalHistory, LookupLimits};
 use treespec_core::TokenId;
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let path = args.get(1).cloned().unwrap_or_else(|| "../shared/data/spec-bench/question.jsonl".into());
-    let requests: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
-    let cap: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+/// The first turn of each prompt in the JSON lines file at `path`, word by word mapped to ids.
+fn word_prompts(path: &str) -> Vec<Vec<TokenId>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let mut ids: HashMap<String, TokenId> = HashMap::new();
     let prompts: Vec<Vec<TokenId>> = text
         .lines()
@@ -34,6 +31,15 @@ fn main() {
         })
         .collect();
     assert!(!prompts.is_empty(), "no prompts in {path}");
+    prompts
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).cloned().unwrap_or_else(|| "../shared/data/spec-bench/question.jsonl".into());
+    let requests: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let cap: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let prompts = word_prompts(&path);
 
     let mut history = GlobalHistory::new(cap).expect("valid cap");
     let mut added = 0usize;

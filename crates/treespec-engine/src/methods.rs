@@ -201,8 +201,8 @@ mod tests {
                 trace: None,
             }),
         ];
-        assert_eq!(methods.len(), crate::registry::METHOD_NAMES.len());
-        for (method, &name) in methods.iter().zip(crate::registry::METHOD_NAMES) {
+        assert_eq!(methods.len(), crate::method_kind::METHOD_NAMES.len());
+        for (method, &name) in methods.iter().zip(crate::method_kind::METHOD_NAMES) {
             assert_eq!(method.name(), name);
             let d = method.build(Some(ToyLm::new(m.clone(), 64))).unwrap();
             assert_eq!(d.name(), name);

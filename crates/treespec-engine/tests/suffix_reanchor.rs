@@ -4,6 +4,9 @@
 //! decoding's, and its sampled output has the target's joint distribution (χ²) with re-anchoring
 //! nodes verified and accepted.
 
+// Tests are exempt from the 80-line limit (clippy.toml): a test reads top to bottom as one story.
+#![allow(clippy::too_many_lines)]
+
 #[path = "../../treespec-core/tests/common/mod.rs"]
 mod common;
 

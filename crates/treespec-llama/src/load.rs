@@ -224,7 +224,7 @@ pub fn models_loaded() -> usize {
     MODELS_LOADED.load(Ordering::Relaxed)
 }
 
-use crate::runtime::TILED_ENV;
+use crate::kernels::TILED_ENV;
 
 /// Exact mode needs ggml's tiled K-quant matmul off. ggml reads `GGML_CPU_TILED_MM` once, at the
 /// first matmul of the process, so this must happen before any decode; we refuse otherwise rather
@@ -240,7 +240,7 @@ fn disable_tiled_matmul() -> Result<()> {
              once); load exact models first, or start the process with {TILED_ENV}=0"
         ))),
         Err(_) => {
-            crate::runtime::turn_tiled_off();
+            crate::kernels::turn_tiled_off();
             Ok(())
         }
     }

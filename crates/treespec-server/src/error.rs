@@ -142,3 +142,20 @@ impl IntoResponse for ApiError {
         r
     }
 }
+
+/// The error a body past its deadline ends with (the handlers' body reading answers it 408).
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?} (--timeout)")]
+pub struct BodyTimedOut(pub std::time::Duration);
+
+/// Whether a request body's error is [`BodyTimedOut`] (somewhere in its chain of sources).
+pub fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<BodyTimedOut>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}

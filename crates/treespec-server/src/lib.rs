@@ -31,6 +31,9 @@
 //! back as `tool_calls`; tool results and earlier calls in the history are rendered for the
 //! model. Chat `logprobs`/`top_logprobs` come with each token.
 
+// Tests are exempt from the 80-line limit (clippy.toml): a test reads top to bottom as one story.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 mod adapters;
 pub mod api;
 pub mod error;
@@ -53,14 +56,14 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
-use http::{deadline, gateway, llama_server, openapi, routes};
+use http::{deadline, gateway, llama_server, openai_wire, openapi, routes};
 
 pub use error::ApiError;
-pub use gateway::Lifecycle;
+pub use http::lifecycle::Lifecycle;
+pub use http::state::AppState;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama_cpp::LlamaConfig;
 pub use metrics::Metrics;
-pub use routes::AppState;
 pub use scheduler::{BatchPool, SchedulerConfig};
 pub use serve::serve;
 pub use tenant::{ApiKeys, Tenant};
@@ -122,7 +125,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         keys,
         metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
         metrics_open: config.metrics_open,
-        started: routes::unix_now(),
+        started: openai_wire::now(),
         lifecycle: config.lifecycle,
         body_timeout: config.timeout,
         sampling: config.sampling,

@@ -4,6 +4,9 @@
 //! (never a 5xx, a panic or a hang). Bounded: `TREESPEC_FUZZ_CASES` cases per property (default a
 //! few seconds' worth for CI); `scripts/fuzz.sh` runs many more.
 
+// Tests are exempt from the 80-line limit (clippy.toml): a test reads top to bottom as one story.
+#![allow(clippy::too_many_lines)]
+
 use std::sync::Arc;
 
 use axum::body::Body;

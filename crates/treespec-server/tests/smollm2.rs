@@ -5,6 +5,9 @@
 //! Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (scripts/fetch-models.sh); set
 //! TREESPEC_SKIP_MODEL_TESTS=1 to skip.
 
+// Tests are exempt from the 80-line limit (clippy.toml): a test reads top to bottom as one story.
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use std::path::PathBuf;

@@ -6,9 +6,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::client::{chat, Reply};
+use super::client::{chat, Reply, ToolCall};
 use super::edits::{agent_message, apply_search_replace, whole_file};
-use super::workload::{SessionSpec, Workload};
+use super::workload::{SessionSpec, SourceFile, Turn, Workload};
 
 /// Requests per tools turn at most (a model that keeps calling tools is cut off).
 pub const MAX_TOOL_STEPS: usize = 4;
@@ -121,32 +121,14 @@ impl Player<'_> {
             request.push(json!({ "role": "user", "content": user }));
             messages.push(json!({ "role": "user", "content": history_user }));
             for step in 0..MAX_TOOL_STEPS {
-                let mut body = json!({
-                    "model": model,
-                    "messages": request,
-                    "max_tokens": spec.max_tokens,
-                    "temperature": sampling.temperature,
-                    "seed": sampling.seed,
-                });
-                if !spec.tools.is_empty() {
-                    body["tools"] = json!(spec.tools);
-                }
+                let body = request_body(model, sampling, spec, &request);
                 let reply = chat(client, &server.url, body, &session)
                     .await
                     .map_err(|e| e.context(format!("turn {}", turn + 1)))?;
-                let edit_applied = file.as_mut().filter(|_| spec.workload.is_agent()).map(|f| {
-                    let new_text = match spec.workload {
-                        Workload::AgentWhole => {
-                            whole_file(&reply.text).filter(|_| reply.finish_reason == "stop")
-                        }
-                        _ => Some(apply_search_replace(&f.text, &reply.text).text),
-                    };
-                    let changed = new_text.as_ref().is_some_and(|n| *n != f.text);
-                    if let Some(n) = new_text {
-                        f.text = n;
-                    }
-                    changed
-                });
+                let edit_applied = file
+                    .as_mut()
+                    .filter(|_| spec.workload.is_agent())
+                    .map(|f| apply_edit(spec.workload, f, &reply));
                 let sent = self.keep_messages.then(|| request.clone());
                 let calls = reply.tool_calls.clone();
                 request.push(reply.message());
@@ -165,11 +147,7 @@ impl Player<'_> {
                 if calls.is_empty() {
                     break;
                 }
-                for call in calls {
-                    let result = t.tool_results.get(&call.name).cloned().unwrap_or_else(|| {
-                        json!({ "error": format!("no result recorded for {}", call.name) }).to_string()
-                    });
-                    let message = json!({ "role": "tool", "tool_call_id": call.id, "content": result });
+                for message in tool_results(t, calls) {
                     request.push(message.clone());
                     messages.push(message);
                 }
@@ -179,4 +157,48 @@ impl Player<'_> {
         }
         Ok(())
     }
+}
+
+/// One chat request's body: the conversation so far, the session's length and tools, the run's
+/// sampling.
+fn request_body(model: &str, sampling: Sampling, spec: &SessionSpec, request: &[Value]) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": request,
+        "max_tokens": spec.max_tokens,
+        "temperature": sampling.temperature,
+        "seed": sampling.seed,
+    });
+    if !spec.tools.is_empty() {
+        body["tools"] = json!(spec.tools);
+    }
+    body
+}
+
+/// An agent's answer applied to its copy of the file (a whole file only from an answer that
+/// finished, search/replace blocks from any); whether the file changed.
+fn apply_edit(workload: Workload, file: &mut SourceFile, reply: &Reply) -> bool {
+    let new_text = match workload {
+        Workload::AgentWhole => whole_file(&reply.text).filter(|_| reply.finish_reason == "stop"),
+        _ => Some(apply_search_replace(&file.text, &reply.text).text),
+    };
+    let changed = new_text.as_ref().is_some_and(|n| *n != file.text);
+    if let Some(n) = new_text {
+        file.text = n;
+    }
+    changed
+}
+
+/// The tool messages answering `calls`: each call's recorded result, or an error naming a tool
+/// the session recorded no result for.
+fn tool_results(turn: &Turn, calls: Vec<ToolCall>) -> Vec<Value> {
+    calls
+        .into_iter()
+        .map(|call| {
+            let result = turn.tool_results.get(&call.name).cloned().unwrap_or_else(|| {
+                json!({ "error": format!("no result recorded for {}", call.name) }).to_string()
+            });
+            json!({ "role": "tool", "tool_call_id": call.id, "content": result })
+        })
+        .collect()
 }

@@ -18,15 +18,16 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use treespec_core::sampling::SamplingParams;
 use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
 use treespec_engine::drafters::{DecisionTrace, StorePlaces, StoreSave, SuffixStore};
 use treespec_engine::{
-    generate_constrained, ExtraStats, GenerateOutput, Method, MethodSpec, TokenConstraint,
+    generate_constrained, Drafter, ExtraStats, GenerateOutput, Method, MethodSpec, Prepared, TokenConstraint,
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_llama::runtime::default_cache_dir;
-use treespec_llama::{ModelRuntime, PrefillProgress};
+use treespec_llama::{LlamaLm, ModelRuntime, PrefillProgress};
 use treespec_request::{prepare, PrepareError, Prompt, RequestPrompt, RequestSpec};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
@@ -93,19 +94,8 @@ fn attach_trace(method: &mut Method, path: Option<&Path>) -> Result<()> {
 
 /// Run `generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let text = match (&args.prompt, &args.file) {
-        (Some(p), _) => p.clone(),
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?
-        }
-        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
-    };
-    let most_new = match args.n {
-        // The context's end stops it first.
-        -2 | -1 => args.models.runtime.ctx,
-        n if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
-        n => bail!("-n must be at least 1, or -1 (until the end of generation or of the context), got {n}"),
-    };
+    let text = prompt_text(&args)?;
+    let most_new = most_new_tokens(&args)?;
     let sampling = args.sampling.params()?;
     let models = load_runtime(&args.models)?;
     let mut spec = args.method.spec();
@@ -122,10 +112,60 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
     };
+    let mut prepared = prepare_request(&args, &text, &models, &method, sampling, draft.as_mut())?;
+    // `-n` is a most, not a demand: a prompt that leaves less room stops at the context's end.
+    prepared.request.max_new_tokens = most_new;
+    let prompt_tokens = prepared.request.prompt.len();
+    target.set_prefill_progress(prefill_bar(prompt_tokens));
+    let out = stream_answer(&mut target, &mut prepared, &models, args.json)?;
+    let ran = Ran { method: &method, out: &out, prompt_tokens, drafter: prepared.drafter.as_ref() };
+    finish(&args, store.as_mut(), loaded.as_ref(), ran)
+}
+
+/// `-n` as a number of tokens: -1 or -2 (llama.cpp's "until the end") is the context's size,
+/// which stops it first.
+fn most_new_tokens(args: &GenerateArgs) -> Result<usize> {
+    match args.n {
+        -2 | -1 => Ok(args.models.runtime.ctx),
+        n if n >= 1 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        n => bail!("-n must be at least 1, or -1 (until the end of generation or of the context), got {n}"),
+    }
+}
+
+/// What a run produced, for [`finish`].
+struct Ran<'a> {
+    method: &'a Method,
+    out: &'a GenerateOutput,
+    /// The prompt's length as the target read it.
+    prompt_tokens: usize,
+    drafter: &'a dyn Drafter,
+}
+
+/// The prompt: `-p TEXT`, or the file `-f FILE` names.
+fn prompt_text(args: &GenerateArgs) -> Result<String> {
+    match (&args.prompt, &args.file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))
+        }
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+    }
+}
+
+/// The request made ready on the loaded models (its tokens, grammar, drafter on `draft`, stops);
+/// a prompt too long for the context says which flag to raise.
+fn prepare_request<'d>(
+    args: &GenerateArgs,
+    text: &str,
+    models: &ModelRuntime,
+    method: &Method,
+    sampling: SamplingParams,
+    draft: Option<&'d mut LlamaLm<'_>>,
+) -> Result<Prepared<'d>> {
     let grammar = args.structured.spec()?;
     let spec = RequestSpec {
-        prompt: RequestPrompt::Formatted(Prompt::text_or_user(&text, args.chat)),
-        method: &method,
+        prompt: RequestPrompt::Formatted(Prompt::text_or_user(text, args.chat)),
+        method,
         max_new_tokens: None,
         context: models.options().ctx_size,
         sampling,
@@ -134,20 +174,25 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         grammar: grammar.as_ref(),
         tool_calls: None,
     };
-    let mut prepared = prepare(&models, &spec, draft.as_mut()).map_err(|e| match e {
+    prepare(models, &spec, draft).map_err(|e| match e {
         PrepareError::PromptTooLong { .. } => anyhow::anyhow!("{e} (raise --ctx)"),
         PrepareError::Grammar(g) => anyhow::Error::new(g).context("compiling the output grammar"),
         e => e.into(),
-    })?;
-    // `-n` is a most, not a demand: a prompt that leaves less room stops at the context's end.
-    prepared.request.max_new_tokens = most_new;
-    target.set_prefill_progress(prefill_bar(prepared.request.prompt.len()));
+    })
+}
+
+/// Decode the request, its text streamed to stdout as it comes (with `--json`, nothing until
+/// the end).
+fn stream_answer(
+    target: &mut LlamaLm<'_>,
+    prepared: &mut Prepared<'_>,
+    models: &ModelRuntime,
+    json: bool,
+) -> Result<GenerateOutput> {
     let bytes = models.token_bytes();
-    let json = args.json;
-    let prompt_tokens = prepared.request.prompt.len();
     let grammar = prepared.constraint.as_deref_mut().map(|c| c as &mut dyn TokenConstraint);
     let out = generate_constrained(
-        &mut target,
+        target,
         prepared.drafter.as_mut(),
         &prepared.request,
         grammar,
@@ -162,8 +207,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             true
         },
     )?;
-    let drafter = prepared.drafter;
+    Ok(out)
+}
 
+/// The run's end: the suffix state saved for the next run, then one JSON object (`--json`) or
+/// the rest of the text and the statistics line on stderr.
+fn finish(
+    args: &GenerateArgs,
+    mut store: Option<&mut SuffixStore>,
+    loaded: Option<&(PathBuf, u64)>,
+    ran: Ran<'_>,
+) -> Result<()> {
+    let Ran { method, out, prompt_tokens, drafter } = ran;
     let saved = match store.as_mut() {
         Some(store) => store.save_changed()?,
         None => None,
@@ -171,10 +226,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     for warning in saved.iter().flat_map(|s| &s.warnings) {
         eprintln!("treespec: warning: {warning}");
     }
-    if json {
-        let mut result = json_result(&out.text, &out, prompt_tokens, method.name(), &drafter.extra_stats());
+    if args.json {
+        let mut result = json_result(&out.text, out, prompt_tokens, method.name(), &drafter.extra_stats());
         result["learned_prices"] = match &store {
-            Some(store) if !args.no_learned_prices => prices_json(store, loaded.as_ref(), saved.as_ref()),
+            Some(store) if !args.no_learned_prices => prices_json(store, loaded, saved.as_ref()),
             _ => serde_json::Value::Null,
         };
         println!("{result}");

@@ -234,10 +234,7 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
 /// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
 /// when a request added to it, and at shutdown, so that the next start drafts from it.
 pub fn run(args: ServeArgs) -> Result<()> {
-    let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
-    if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 || args.queue == 0 {
-        anyhow::bail!("--parallel, --prefill-chunk, --decode-chunk and --queue must be at least 1");
-    }
+    let scheduler = scheduler_config(&args)?;
     let keys = api_keys(&args)?;
     let sampling = args.sampling.defaults()?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
@@ -248,28 +245,49 @@ pub fn run(args: ServeArgs) -> Result<()> {
         spec.method = treespec_engine::MethodKind::Auto;
     }
     let history_path = spec.knobs.suffix_history.take();
-    let histories = match &history_path {
-        Some(path) => {
-            let cap = spec.knobs.suffix_cap.unwrap_or(treespec_core::suffix::DEFAULT_CAP_TOKENS);
-            let tenants: Vec<Tenant> = keys.tenants().collect();
-            let histories = TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?;
-            for h in histories.held().iter().filter(|h| h.docs > 0) {
-                eprintln!(
-                    "treespec serve: loaded the suffix history {} ({} tokens in {} documents)",
-                    h.path.display(),
-                    h.tokens,
-                    h.docs
-                );
-            }
-            histories
-        }
-        None => TenantHistories::in_memory(),
-    };
+    let histories = load_histories(history_path.as_deref(), &spec, &runtime, &keys)?;
     let metrics = Arc::new(Metrics::default());
     let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
     let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram, alias: args.alias.clone() };
+    let pool: Arc<dyn GenerationBackend> =
+        Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
+    eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
+    report_keys(&args, &keys);
+    let lifecycle = Lifecycle::default();
+    let server = ServerConfig {
+        api_keys: keys,
+        metrics_key: args.metrics_key.clone(),
+        metrics_open: args.metrics_open,
+        max_body_bytes: args.max_body,
+        lifecycle: lifecycle.clone(),
+        timeout: Duration::from_secs(args.timeout),
+        webui: !args.no_webui,
+        sampling,
+    };
+    let most = Duration::from_secs(args.drain);
+    let drain = Drain { lifecycle, backend: pool.clone(), metrics: metrics.clone(), most };
+    let serving = Serving {
+        app: router(pool, metrics, server),
+        drain,
+        histories,
+        save_every: (history_path.is_some() && args.history_save_every > 0)
+            .then(|| Duration::from_secs(args.history_save_every)),
+    };
+    serve_until_stopped(&args.host, args.port, serving)?;
+    if methods.is_measuring() {
+        exit_while_measuring();
+    }
+    Ok(())
+}
+
+/// The scheduler's settings from the flags, each checked before any model loads.
+fn scheduler_config(args: &ServeArgs) -> Result<SchedulerConfig> {
+    let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
+    if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 || args.queue == 0 {
+        anyhow::bail!("--parallel, --prefill-chunk, --decode-chunk and --queue must be at least 1");
+    }
     let limits = StepLimits {
         prefill_chunk: args.prefill_chunk,
         decode_chunk,
@@ -282,44 +300,49 @@ pub fn run(args: ServeArgs) -> Result<()> {
         n if n >= 1 => Some(n as usize),
         n => anyhow::bail!("-n (--n-predict) is at least 1, or -1 for no cap, got {n}"),
     };
-    let scheduler = SchedulerConfig { parallel: args.parallel, queue: args.queue, limits, n_predict };
-    let pool: Arc<dyn GenerationBackend> =
-        Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
-    eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
-    if keys.required() {
-        let sharing = match args.share_history {
-            ShareHistory::Tenant => "each key learns only from its own requests",
-            ShareHistory::All => "every key learns from every request (--share-history all)",
-        };
-        eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
+    Ok(SchedulerConfig { parallel: args.parallel, queue: args.queue, limits, n_predict })
+}
+
+/// Every tenant's suffix history: from the files named after `path` (each loaded now, its file
+/// checked for writing), or in memory only.
+fn load_histories(
+    path: Option<&std::path::Path>,
+    spec: &MethodSpec,
+    runtime: &treespec_llama::ModelRuntime,
+    keys: &ApiKeys,
+) -> Result<Arc<TenantHistories>> {
+    let Some(path) = path else { return Ok(TenantHistories::in_memory()) };
+    let cap = spec.knobs.suffix_cap.unwrap_or(treespec_core::suffix::DEFAULT_CAP_TOKENS);
+    let tenants: Vec<Tenant> = keys.tenants().collect();
+    let histories = TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?;
+    for h in histories.held().iter().filter(|h| h.docs > 0) {
+        eprintln!(
+            "treespec serve: loaded the suffix history {} ({} tokens in {} documents)",
+            h.path.display(),
+            h.tokens,
+            h.docs
+        );
     }
-    let lifecycle = Lifecycle::default();
-    let server = ServerConfig {
-        api_keys: keys,
-        metrics_key: args.metrics_key.clone(),
-        metrics_open: args.metrics_open,
-        max_body_bytes: args.max_body,
-        lifecycle: lifecycle.clone(),
-        timeout: Duration::from_secs(args.timeout),
-        webui: !args.no_webui,
-        sampling,
+    Ok(histories)
+}
+
+/// Say how many keys guard the server and who learns from whom.
+fn report_keys(args: &ServeArgs, keys: &ApiKeys) {
+    if !keys.required() {
+        return;
+    }
+    let sharing = match args.share_history {
+        ShareHistory::Tenant => "each key learns only from its own requests",
+        ShareHistory::All => "every key learns from every request (--share-history all)",
     };
-    let drain = Drain {
-        lifecycle,
-        backend: pool.clone(),
-        metrics: metrics.clone(),
-        most: Duration::from_secs(args.drain),
-    };
-    let serving = Serving {
-        app: router(pool, metrics, server),
-        drain,
-        histories,
-        save_every: (history_path.is_some() && args.history_save_every > 0)
-            .then(|| Duration::from_secs(args.history_save_every)),
-    };
+    eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
+}
+
+/// Listen on `host:port` and serve until stopped ([`lifecycle::run`]: the drain, the saves).
+fn serve_until_stopped(host: &str, port: u16, serving: Serving) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let addr = format!("{host}:{port}");
     let served = rt.block_on(async move {
-        let addr = format!("{}:{}", args.host, args.port);
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
@@ -327,21 +350,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     });
     // A connection past CLOSE_WAIT is dropped with the runtime, not waited for.
     rt.shutdown_timeout(Duration::from_millis(200));
-    served?;
-    if methods.is_measuring() {
-        // The curves are being measured on a thread of their own, inside llama.cpp: returning
-        // would run llama.cpp's static destructors under it (a crash at exit). Everything of ours
-        // is saved and the half-measured curve was never cached: leave at once.
-        eprintln!(
-            "treespec serve: stopped while measuring the cost curves (measured again at the next start)"
-        );
-        use std::io::Write;
-        let _ = std::io::stderr().flush();
-        // SAFETY: `_exit` ends the process without running destructors or atexit handlers; no
-        // state of ours is left unwritten (the histories were saved above, stdout is unused).
-        unsafe { libc::_exit(0) }
-    }
-    Ok(())
+    served
+}
+
+/// The curves are being measured on a thread of their own, inside llama.cpp: returning would run
+/// llama.cpp's static destructors under it (a crash at exit). Everything of ours is saved and
+/// the half-measured curve was never cached: leave at once.
+fn exit_while_measuring() -> ! {
+    eprintln!("treespec serve: stopped while measuring the cost curves (measured again at the next start)");
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process without running destructors or atexit handlers; no state
+    // of ours is left unwritten (the histories were saved before, stdout is unused).
+    unsafe { libc::_exit(0) }
 }
 
 /// The server's methods. A cost-aware default whose curves this machine has not measured yet

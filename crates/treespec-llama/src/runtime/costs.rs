@@ -39,8 +39,8 @@ use treespec_engine::measure::profile::{
     check_curve, measure_curve, CurveCheck, MeasureOptions, Progress, PROFILE_SIZES,
 };
 
-use super::kernels::{self, TiledMatmul, TILED_ENV};
 use super::models::{ModelPair, ModelPaths};
+use crate::kernels::{self, TiledMatmul, TILED_ENV};
 use crate::load::{LlamaModel, DECODED};
 
 /// Interleaved rounds over every batch size of a start-up profile (the fastest repeat is kept;
@@ -69,7 +69,7 @@ struct CachedCurve {
     #[serde(default)]
     observations: u64,
     /// The CPU kernel setting the curve was measured with, when not ggml's default (see
-    /// [`super::kernels`]): every later process applies it before its first decode.
+    /// [`crate::kernels`]): every later process applies it before its first decode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     kernels: Option<String>,
 }
@@ -211,7 +211,7 @@ impl CostCache {
     }
 
     /// Apply the CPU kernel setting recorded with the target's cached curve to this process
-    /// (before its first decode; see [`super::kernels`]), so the curve and the kernels agree.
+    /// (before its first decode; see [`crate::kernels`]), so the curve and the kernels agree.
     pub(crate) fn apply_recorded_kernels(&self, path: &Path, target: &LlamaModel) {
         if matches!(self.given, Ok(Some(_))) || target.runs_on() != "CPU" {
             return;
@@ -492,7 +492,7 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
 
 /// The CPU kernels the curve about to be measured runs on: on a CPU's first profile, the faster
 /// of ggml's two matmul paths, timed in child processes and set for this process now (see
-/// [`super::kernels`]); what the environment already says otherwise. Recorded in the cache.
+/// [`crate::kernels`]); what the environment already says otherwise. Recorded in the cache.
 fn choose_kernels(path: &Path, model: &LlamaModel) -> Option<String> {
     let o = model.options();
     if model.runs_on() == "CPU" && !o.exact && kernels::probe_allowed(DECODED.load(Ordering::SeqCst)) {

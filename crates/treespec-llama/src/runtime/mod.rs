@@ -20,7 +20,6 @@
 
 mod costs;
 mod fingerprint;
-mod kernels;
 mod models;
 mod prompt_model;
 
@@ -35,10 +34,9 @@ use treespec_engine::EngineError;
 use treespec_request::{Prompt, TokenTable, VocabularyCache};
 use treespec_text::{ChatMessage, ChatTemplate};
 
+pub use crate::kernels::tiled_matmul_state;
 pub use costs::default_cache_dir;
 pub use fingerprint::tokenizer_id;
-pub use kernels::tiled_matmul_state;
-pub(crate) use kernels::{turn_tiled_off, TILED_ENV};
 pub use models::{ModelBytes, ModelPaths};
 pub use prompt_model::read_token_table;
 

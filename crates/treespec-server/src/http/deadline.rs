@@ -16,12 +16,8 @@ use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
-use crate::http::routes::AppState;
-
-/// The error a body past its deadline ends with (the handlers' body reading answers it 408).
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within {0:?} (--timeout)")]
-pub struct BodyTimedOut(pub Duration);
+use crate::error::BodyTimedOut;
+use crate::http::state::AppState;
 
 /// A body that fails once `deadline` has passed since it was made.
 struct DeadlineBody {
@@ -64,16 +60,4 @@ pub async fn body_deadline(State(s): State<AppState>, req: Request, next: Next) 
         Body::new(DeadlineBody { inner, sleep: Box::pin(tokio::time::sleep(deadline)), deadline })
     });
     next.run(req).await
-}
-
-/// Whether a body error is [`BodyTimedOut`] (somewhere in its chain of sources).
-pub fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if e.is::<BodyTimedOut>() {
-            return true;
-        }
-        next = e.source();
-    }
-    false
 }

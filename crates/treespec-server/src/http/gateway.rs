@@ -3,7 +3,7 @@
 //! conversation a request belongs to.
 //!
 //! - **Draining.** On SIGTERM the server does not vanish with requests in flight: it turns
-//!   unready first ([`Lifecycle::drain`]): `/health` answers 503 `draining`, new generation
+//!   unready first ([`Lifecycle::drain`](super::lifecycle::Lifecycle::drain)): `/health` answers 503 `draining`, new generation
 //!   requests are refused with a retryable 503 (a gateway such as SMG retries them on another
 //!   replica), and the requests already queued or running finish; then it exits.
 //! - **Load.** `GET /v1/loads` answers in the shape SMG reads from a worker that is neither
@@ -16,9 +16,6 @@
 //!   `X-SMG-Routing-Key` header or a plain `X-Session-Id` ([`session_key`]), checks it, and
 //!   keeps it per tenant (a key names a conversation of its tenant only).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -26,35 +23,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
-use crate::http::routes::AppState;
+use crate::http::state::AppState;
 use crate::metrics::View;
-
-/// Whether the server still takes new requests. Shared by the routes and the front end that
-/// catches the stop signal.
-#[derive(Debug, Clone, Default)]
-pub struct Lifecycle {
-    draining: Arc<AtomicBool>,
-}
-
-impl Lifecycle {
-    /// Stop taking new requests: `/health` turns 503 and new generations are refused (retryably).
-    pub fn drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether the server is draining.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-
-    /// The refusal of a new request while draining.
-    pub fn check(&self) -> Result<(), ApiError> {
-        match self.is_draining() {
-            true => Err(ApiError::draining()),
-            false => Ok(()),
-        }
-    }
-}
 
 /// Longest session key accepted (bytes).
 pub const MAX_SESSION_KEY: usize = 256;
@@ -129,7 +99,7 @@ pub async fn loads(State(s): State<AppState>, axum::Extension(view): axum::Exten
     let running = s.metrics.generations_in_flight(view);
     let usage = if total > 0 { used as f64 / total as f64 } else { 0.0 };
     Json(Loads {
-        timestamp: crate::http::routes::unix_now(),
+        timestamp: crate::http::openai_wire::now(),
         dp_rank_count: 1,
         loads: vec![RankLoad {
             dp_rank: 0,
@@ -172,15 +142,5 @@ mod tests {
         h.insert("x-session-id", HeaderValue::from_bytes(b"caf\xe9").unwrap());
         let e = session_key(None, &h).unwrap_err();
         assert!(e.message.contains("x-session-id"), "{}", e.message);
-    }
-
-    #[test]
-    fn draining_refuses_new_requests_retryably() {
-        let l = Lifecycle::default();
-        assert!(l.check().is_ok());
-        l.clone().drain();
-        let e = l.check().unwrap_err();
-        assert_eq!(e.status.as_u16(), 503);
-        assert!(e.retry_after.is_some());
     }
 }

@@ -43,8 +43,8 @@ use crate::api::{
 use crate::error::ApiError;
 use crate::http::gateway;
 use crate::http::respond::{respond, to_json, Submitted, Wire};
-use crate::http::routes::{AppState, Arrived};
 use crate::http::serve::PeerClosed;
+use crate::http::state::{AppState, Arrived};
 use crate::request::sampling;
 use crate::request::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
 use crate::scheduling::job::{Finished, ModelText, SHUTDOWN};

@@ -20,8 +20,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::{ChoiceLogprobs, LogprobEntry, TextSpan, TreespecStats};
 use crate::error::ApiError;
-use crate::http::routes::{AppState, Arrived};
 use crate::http::serve::PeerClosed;
+use crate::http::state::{AppState, Arrived};
 use crate::metrics::RequestTimer;
 use crate::request::validate::JobSpec;
 use crate::scheduling::job::{Event, Finished, Job};

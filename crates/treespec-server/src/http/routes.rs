@@ -1,7 +1,7 @@
 //! HTTP handlers: parse → validate → queue → answer (JSON, or server-sent events ending with
-//! `data: [DONE]`). No tensors here: everything model-side is behind [`GenerationBackend`].
+//! `data: [DONE]`). No tensors here: everything model-side is behind
+//! [`GenerationBackend`](crate::scheduling::job::GenerationBackend).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
@@ -15,73 +15,14 @@ use serde_json::json;
 
 use crate::api::*;
 use crate::error::ApiError;
-use crate::http::gateway::{self, Lifecycle};
+use crate::http::gateway;
 use crate::http::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
 use crate::http::respond::{respond, ClientClosed, Submitted};
 use crate::http::serve::PeerClosed;
-use crate::metrics::{Metrics, View, CLIENT_CLOSED};
-use crate::request::sampling::SamplingDefaults;
+use crate::http::state::{AppState, Arrived};
+use crate::metrics::{View, CLIENT_CLOSED};
 use crate::request::validate;
-use crate::scheduling::job::GenerationBackend;
-use crate::tenant::{ApiKeys, Tenant};
-
-/// Shared state of the handlers.
-#[derive(Clone)]
-pub struct AppState {
-    /// The model side.
-    pub backend: Arc<dyn GenerationBackend>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// The accepted API keys (none: open), each a tenant.
-    pub keys: Arc<ApiKeys>,
-    /// The operator's key for the server-wide `/metrics` (`--metrics-key`).
-    pub metrics_key: Option<Arc<str>>,
-    /// Server-wide figures for anybody (`--metrics-open`).
-    pub metrics_open: bool,
-    /// Server start (Unix seconds), the models' `created`.
-    pub started: u64,
-    /// Whether new requests are still taken (draining on SIGTERM: `gateway.rs`).
-    pub lifecycle: Lifecycle,
-    /// Longest time a request's body may take to arrive (`deadline.rs`).
-    pub body_timeout: std::time::Duration,
-    /// The server's sampling defaults for fields a request leaves unset (every route).
-    pub sampling: SamplingDefaults,
-}
-
-impl AppState {
-    /// Whether the server-wide figures (queue, activity) are anybody's to read: opened on
-    /// purpose, or a server without keys or operator key, where everybody is one tenant.
-    pub fn figures_public(&self) -> bool {
-        self.metrics_open || (!self.keys.required() && self.metrics_key.is_none())
-    }
-
-    /// What a scrape carrying `given` may read of the metrics (None: refused).
-    pub fn viewer(&self, given: Option<&str>) -> Option<View> {
-        if self.figures_public() {
-            return Some(View::Server);
-        }
-        let operator = self.metrics_key.as_deref().zip(given).is_some_and(|(k, g)| ApiKeys::same_key(k, g));
-        if operator {
-            return Some(View::Server);
-        }
-        // Without tenant keys only the operator's key opens the metrics.
-        self.keys.required().then(|| self.keys.tenant(given)).flatten().map(View::Tenant)
-    }
-
-    /// What a request of `tenant` may see of the server's activity (`/slots`).
-    pub fn view_of(&self, tenant: Tenant) -> View {
-        if self.figures_public() {
-            View::Server
-        } else {
-            View::Tenant(tenant)
-        }
-    }
-}
-
-/// Server start time for [`AppState::started`].
-pub fn unix_now() -> u64 {
-    now()
-}
+use crate::tenant::Tenant;
 
 /// `GET /health`: ready at once; while this machine's cost curves are measured in the background it says so,
 /// and which method serves meanwhile. Open to all, so the queue's depth only where the
@@ -147,10 +88,6 @@ pub async fn not_found(req: Request) -> ApiError {
 pub async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
 }
-
-/// When a request arrived (set by [`track`]), for time to first token and latency.
-#[derive(Debug, Clone, Copy)]
-pub struct Arrived(pub Instant);
 
 /// Counts every answered request by route and status; stamps its arrival.
 pub async fn track(State(s): State<AppState>, mut req: Request, next: Next) -> Response {

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Stops;
-use crate::gateway::Lifecycle;
 use crate::job::GenerationBackend;
 use crate::metrics::{Metrics, View};
+use crate::Lifecycle;
 
 /// How a server drains before it stops.
 pub struct Drain {

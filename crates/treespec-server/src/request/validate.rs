@@ -140,7 +140,7 @@ pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
             ApiError::invalid(None, "the request body is too large")
                 .with_status(status)
                 .with_code("body_too_large")
-        } else if crate::http::deadline::timed_out(&r) {
+        } else if crate::error::timed_out(&r) {
             ApiError::invalid(None, format!("could not read the request body: {r}"))
                 .with_status(StatusCode::REQUEST_TIMEOUT)
                 .with_code("body_timeout")

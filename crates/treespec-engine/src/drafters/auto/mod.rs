@@ -229,6 +229,121 @@ impl<M: CausalLm> AutoDrafter<M> {
         (ms, rows, forward_ms, curve_ms)
     }
 
+    /// Choice among the free offers (ties go to the earlier offer: plain decoding, then the
+    /// suffix draft), keeping the suffix draft's tree for a graft when it lost.
+    fn choose_free(&self, mut offers: Vec<Candidate>, rate: f64) -> FreeChoice {
+        let on_offer: Vec<_> = offers.iter().map(|c| (c.policy, c.predicted)).collect();
+        let best_free = self.bandit.choose(&on_offer, rate);
+        let traced: Vec<Offer> = match self.trace {
+            Some(_) => offers.iter().map(|c| self.offer(c, rate)).collect(),
+            None => Vec::new(),
+        };
+        let best = offers.swap_remove(best_free);
+        let suffix_tree = offers.into_iter().find(|c| c.policy == Policy::Suffix).map(|c| c.tree);
+        FreeChoice { best, suffix_tree, traced }
+    }
+
+    /// The model's tree, drafted to beat `bar` (the best free offer's gain), or None while the
+    /// model sits idle. A draft model that cannot pay even along its best chain (in a batch: on
+    /// the batch's rate, which its drafting time holds up for every request) stays idle, apart
+    /// from a rare step that lets its calibration see whether the text got easier (its own step
+    /// declines where not even a perfect draft could pay, catch-up of a deferred start included).
+    fn model_offer(&mut self, ctx: &ProposeContext, bar: f64) -> Result<Option<Candidate>> {
+        if let Some(m) = self.model.as_mut() {
+            m.set_forward(ctx.batch_rows, ctx.history.len());
+        }
+        let steps = self.steps;
+        let model =
+            self.model.as_mut().filter(|m| m.chain_can_pay() || steps.is_multiple_of(MODEL_RECHECK_EVERY));
+        let Some(m) = model else { return Ok(None) };
+        m.set_bar(bar);
+        let tree = m.propose(ctx)?;
+        let ms = self.suffix.economics().map_or(0.0, |e| e.ms(tree.drafted()));
+        let predicted = Prediction { tokens: m.last_expected(), ms };
+        Ok(Some(Candidate { policy: Policy::Model, predicted, tree, values: None, probe: false }))
+    }
+
+    /// The model's tree against the best free offer: under greedy decoding the better of the
+    /// two; under sampling the model's whenever it drafted (it ran only because its bound beat
+    /// the bar: its tree is verified as drawn). A losing model tree is discarded.
+    fn model_or_free(
+        &mut self,
+        ctx: &ProposeContext,
+        best: Candidate,
+        model: Candidate,
+        suffix_tree: Option<TokenTree>,
+        rate: f64,
+    ) -> Result<Candidate> {
+        let pair = [(best.policy, best.predicted), (Policy::Model, model.predicted)];
+        let model_wins =
+            model.tree.drafted() > 0 && (!ctx.sampler.is_greedy() || self.bandit.choose(&pair, rate) == 1);
+        if !model_wins {
+            self.model.as_mut().expect("the model proposed").discard_proposal(model.tree.len());
+            return Ok(best);
+        }
+        let suffix_tree = if best.policy == Policy::Suffix { Some(best.tree) } else { suffix_tree };
+        match suffix_tree.filter(|_| ctx.sampler.is_greedy()) {
+            Some(suffix_tree) => self.grafted(model, &suffix_tree, rate),
+            None => Ok(model),
+        }
+    }
+
+    /// Greedy: the model's tree with the suffix draft's nodes grafted on, if they pay.
+    fn grafted(&mut self, mut best: Candidate, suffix_tree: &TokenTree, rate: f64) -> Result<Candidate> {
+        let gain = best.predicted.tokens - rate * best.predicted.ms;
+        if let Some((combined, _)) = graft(&best.tree, gain, suffix_tree, &self.suffix)? {
+            best.predicted.ms = self.suffix.economics().map_or(0.0, |e| e.ms(combined.drafted()));
+            best.tree = combined;
+            self.combined += 1;
+        }
+        Ok(best)
+    }
+
+    /// The chosen proposal counted and held as pending (with its trace) until [`Self::book`]
+    /// reads its outcome; returns its tree.
+    fn book_choice(
+        &mut self,
+        ctx: &ProposeContext,
+        best: Candidate,
+        offers: Vec<Offer>,
+        rate: f64,
+        started: Instant,
+        catch_up: Duration,
+    ) -> TokenTree {
+        if best.policy != Policy::Suffix {
+            self.suffix.discard_proposal();
+        }
+        self.choice = best.policy;
+        self.counts[best.policy as usize] += 1;
+        let trace = self.trace.as_ref().map(|_| StepTrace {
+            step: self.steps,
+            context: ctx.history.len(),
+            batch_rows: ctx.batch_rows,
+            rate,
+            long_match_chain: self.long.last_chain_len(),
+            long_match_acceptance: self.long.acceptance(),
+            bet_cap: self.cap.nodes(),
+            offers,
+            chosen: best.policy,
+            verified_nodes: 0,
+            emitted: 0,
+            forward_rows: 0,
+            forward_ms: 0.0,
+            curve_ms: 0.0,
+            step_ms: 0.0,
+            catch_up_ms: catch_up.as_secs_f64() * 1e3,
+        });
+        self.pending = Some(Pending {
+            policy: best.policy,
+            predicted: best.predicted,
+            values: best.values,
+            started,
+            forward: None,
+            trace,
+        });
+        best.tree
+    }
+
     /// Book the verified step for its policy (and trace it).
     fn book(&mut self, tree: &TokenTree, outcome: &VerifyOutcome) {
         let Some(mut pending) = self.pending.take() else { return };
@@ -258,6 +373,14 @@ impl<M: CausalLm> AutoDrafter<M> {
             trace.write(&step);
         }
     }
+}
+
+/// The free offers' outcome: the best of them, the suffix draft's tree when it was not the best
+/// (a model tree may still graft it), and the offers as traced.
+struct FreeChoice {
+    best: Candidate,
+    suffix_tree: Option<TokenTree>,
+    traced: Vec<Offer>,
 }
 
 /// One policy's proposal at a step.
@@ -310,106 +433,27 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         Ok(())
     }
 
+    /// One step in phases: the free offers and the choice among them, the model's tree when it
+    /// may beat that choice (with the suffix draft grafted on under greedy decoding), then the
+    /// choice booked as pending until its outcome is observed.
     fn propose(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
         let mut started = Instant::now();
         let suffix_tree = self.suffix.propose(ctx)?;
         self.steps += 1;
         let rate = self.suffix.economics().map_or(0.0, |e| e.rate);
-        let mut offers = self.free_offers(ctx, suffix_tree)?;
-        let on_offer: Vec<_> = offers.iter().map(|c| (c.policy, c.predicted)).collect();
-        // Ties go to the earlier offer: plain decoding, then the suffix draft.
-        let best_free = self.bandit.choose(&on_offer, rate);
-        let mut traced: Vec<Offer> = match self.trace {
-            Some(_) => offers.iter().map(|c| self.offer(c, rate)).collect(),
-            None => Vec::new(),
-        };
-        let mut best = offers.swap_remove(best_free);
-        let suffix_offer = offers.into_iter().find(|c| c.policy == Policy::Suffix).map(|c| c.tree);
-        // A draft model that cannot pay even along its best chain (in a batch: on the batch's
-        // rate, which its drafting time holds up for every request) stays idle, apart from a rare
-        // step that lets its calibration see whether the text got easier (its own step declines
-        // where not even a perfect draft could pay, catch-up of a deferred start included).
-        if let Some(m) = self.model.as_mut() {
-            m.set_forward(ctx.batch_rows, ctx.history.len());
-        }
-        let steps = self.steps;
-        let model =
-            self.model.as_mut().filter(|m| m.chain_can_pay() || steps.is_multiple_of(MODEL_RECHECK_EVERY));
-        if let Some(m) = model {
-            m.set_bar(best.predicted.tokens - rate * best.predicted.ms);
-            let model_tree = m.propose(ctx)?;
-            let ms = self.suffix.economics().map_or(0.0, |e| e.ms(model_tree.drafted()));
-            let model_offer = Candidate {
-                policy: Policy::Model,
-                predicted: Prediction { tokens: m.last_expected(), ms },
-                tree: model_tree,
-                values: None,
-                probe: false,
-            };
-            let pair = [(best.policy, best.predicted), (Policy::Model, model_offer.predicted)];
-            let model_wins = model_offer.tree.drafted() > 0
-                // Sampling: the model ran only because its bound beat the bar: verify its tree
-                // as drawn.
-                && (!ctx.sampler.is_greedy() || self.bandit.choose(&pair, rate) == 1);
-            if self.trace.is_some() && model_offer.tree.drafted() > 0 {
-                traced.push(self.offer(&model_offer, rate));
+        let offers = self.free_offers(ctx, suffix_tree)?;
+        let FreeChoice { mut best, suffix_tree, mut traced } = self.choose_free(offers, rate);
+        if let Some(model) = self.model_offer(ctx, best.predicted.tokens - rate * best.predicted.ms)? {
+            if self.trace.is_some() && model.tree.drafted() > 0 {
+                traced.push(self.offer(&model, rate));
             }
-            let m = self.model.as_mut().expect("the model proposed");
-            if model_wins {
-                let free = std::mem::replace(&mut best, model_offer);
-                let suffix_tree = if free.policy == Policy::Suffix { Some(free.tree) } else { suffix_offer };
-                // Greedy: the suffix draft's nodes grafted onto the model's tree, if they pay.
-                if ctx.sampler.is_greedy() {
-                    if let Some(suffix_tree) = suffix_tree.as_ref() {
-                        let gain = best.predicted.tokens - rate * best.predicted.ms;
-                        if let Some((combined, _)) = graft(&best.tree, gain, suffix_tree, &self.suffix)? {
-                            let ms = self.suffix.economics().map_or(0.0, |e| e.ms(combined.drafted()));
-                            best.predicted.ms = ms;
-                            best.tree = combined;
-                            self.combined += 1;
-                        }
-                    }
-                }
-            } else {
-                m.discard_proposal(model_offer.tree.len());
-            }
+            best = self.model_or_free(ctx, best, model, suffix_tree, rate)?;
         }
         // A catch-up is a one-off that its rule priced over the steps left: the step is booked
         // (and the model's policy judged) without it.
         let catch_up = self.model.as_mut().map_or(Duration::ZERO, |m| m.take_catch_up());
         started += catch_up;
-        if best.policy != Policy::Suffix {
-            self.suffix.discard_proposal();
-        }
-        self.choice = best.policy;
-        self.counts[best.policy as usize] += 1;
-        let trace = self.trace.as_ref().map(|_| StepTrace {
-            step: self.steps,
-            context: ctx.history.len(),
-            batch_rows: ctx.batch_rows,
-            rate,
-            long_match_chain: self.long.last_chain_len(),
-            long_match_acceptance: self.long.acceptance(),
-            bet_cap: self.cap.nodes(),
-            offers: traced,
-            chosen: best.policy,
-            verified_nodes: 0,
-            emitted: 0,
-            forward_rows: 0,
-            forward_ms: 0.0,
-            curve_ms: 0.0,
-            step_ms: 0.0,
-            catch_up_ms: catch_up.as_secs_f64() * 1e3,
-        });
-        self.pending = Some(Pending {
-            policy: best.policy,
-            predicted: best.predicted,
-            values: best.values,
-            started,
-            forward: None,
-            trace,
-        });
-        Ok(best.tree)
+        Ok(self.book_choice(ctx, best, traced, rate, started, catch_up))
     }
 
     /// A free proposal may be cut by a batch budget; a model tree may not (its nodes are

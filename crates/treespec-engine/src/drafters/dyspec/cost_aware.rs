@@ -38,15 +38,30 @@ const FEED_FRACTION: f64 = 0.3;
 const LOOKAHEAD_NODES: usize = 4;
 
 impl<M: CausalLm> DySpecDrafter<M> {
+    /// One step under the cost model, in the module's four decisions.
     pub(super) fn propose_auto(&mut self, ctx: &ProposeContext) -> Result<TokenTree> {
-        let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
         let budget = self.config.budget.min(ctx.max_nodes);
         let depth = self.config.max_depth.min(ctx.max_depth);
         let root_only = TokenTree::new(ctx.root());
         if budget == 0 || depth == 0 {
             return Ok(root_only);
         }
-        // 1. Draft at all?
+        let draft = self.draft_at_all(ctx, depth);
+        self.last_gain = 0.0;
+        self.last_expected = 1.0;
+        if !draft {
+            self.auto.as_mut().expect("propose_auto needs the cost model").set_raw(vec![1.0]);
+            return Ok(root_only);
+        }
+        self.sync(ctx.history)?;
+        let (tree, cal) = self.grow_priced(ctx, budget, depth)?;
+        self.cut_to_best_prefix(ctx, tree, cal)
+    }
+
+    /// Decision 1, draft at all: when the lookahead pays, or for a probe; a deferred model only
+    /// when what it would add over the steps left repays catching it up.
+    fn draft_at_all(&mut self, ctx: &ProposeContext, depth: usize) -> bool {
+        let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
         let econ = auto.economics();
         let start_rows = if self.synced { self.draft.unfed_len().max(1) } else { 1 };
         let start_ms = auto.draft_cost(start_rows);
@@ -73,14 +88,18 @@ impl<M: CausalLm> DySpecDrafter<M> {
         }
         let pays = pays && draft;
         auto.note_drafting(pays, draft);
-        self.last_gain = 0.0;
-        self.last_expected = 1.0;
-        if !draft {
-            auto.set_raw(vec![1.0]);
-            return Ok(root_only);
-        }
+        draft
+    }
 
-        self.sync(ctx.history)?;
+    /// Decisions 2 and 3: the tree grown node by node and depth by depth while each pays, with
+    /// every node's raw confidence and calibrated value; the draft forwards' times go to the cost
+    /// model.
+    fn grow_priced(
+        &mut self,
+        ctx: &ProposeContext,
+        budget: usize,
+        depth: usize,
+    ) -> Result<(TokenTree, Calibrated)> {
         let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
         // The root's row is borrowed from the draft's output: read before the growth feeds it.
         let root_logits = self.draft.start_step()?;
@@ -90,14 +109,25 @@ impl<M: CausalLm> DySpecDrafter<M> {
         if let Some(root) = root {
             g.grow_auto(root, &mut self.draft, auto, &mut cal)?;
         }
-        let (mut tree, fed) = (g.tree, g.fed);
+        let (tree, fed) = (g.tree, g.fed);
         for (rows, ms) in self.draft.take_timings() {
             auto.observe_draft(rows, ms);
         }
         self.stats.drafted += tree.drafted() as u64;
         self.stats.fed += fed;
+        Ok((tree, cal))
+    }
 
-        // 4. Greedy: cut to the best prefix in value order.
+    /// Decision 4, greedy only: the tree cut to its best prefix in value order (the draft model's
+    /// rows remapped to the nodes kept). Sampled trees are never cut. Either way the step's
+    /// expected gain and tokens are noted and the nodes' raw confidences handed to the calibration.
+    fn cut_to_best_prefix(
+        &mut self,
+        ctx: &ProposeContext,
+        mut tree: TokenTree,
+        mut cal: Calibrated,
+    ) -> Result<TokenTree> {
+        let auto = self.auto.as_mut().expect("propose_auto needs the cost model");
         if ctx.sampler.is_greedy() {
             let order = value_order(&tree, &cal.value);
             let values: Vec<f64> = order.iter().map(|&n| cal.value[n]).collect();
