@@ -4,7 +4,7 @@
 //! Floors: the leaf types every room points down to (`MethodKind`, errors, the backend seam) on
 //! the ground floor; the loop (`generation`, `generate`, `batched`), the drafters and the method
 //! registry above them; measurement (`measure`: cost curves, acceptance) in a room of its own.
-//! What only tests use (`DfaConstraint`, `toy::WatchedLm`, `batched::run_batched`) is built for
+//! What only tests use (`DfaConstraint`, `toy::WatchedLm`, `batched::run_batched`, `every_method`) is built for
 //! the crate's tests and with the `test-support` feature, which the workspace's tests enable.
 
 pub mod auto_budget;
@@ -15,6 +15,8 @@ pub mod draft_model;
 mod drafter;
 pub mod drafters;
 mod error;
+#[cfg(any(test, feature = "test-support"))]
+pub mod every_method;
 mod extra_stats;
 mod generate;
 mod generation;

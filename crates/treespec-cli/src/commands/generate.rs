@@ -125,7 +125,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_new_tokens: None,
         context: models.options().ctx_size,
         sampling,
-        seed: args.sampling.seed,
+        seed: args.sampling.seed(),
         stop: &args.stop,
         grammar: grammar.as_ref(),
         tool_calls: None,

@@ -624,6 +624,7 @@ mod tests {
             chat_json(json!({"messages": msg(), "max_tokens": 127, "temperature": 0, "top_p": 1, "seed": 7}))
                 .unwrap();
         assert_eq!((ok.max_tokens, ok.sampling.temperature, ok.seed), (Some(127), 0.0, 7));
+        assert!(ok.sampling.reproducible, "a named seed decides the text");
     }
 
     #[test]
