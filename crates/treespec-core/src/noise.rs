@@ -46,13 +46,23 @@ impl PositionNoise {
 
     /// The token drawn from `p` at sequence position `pos`: `argmin_x E(pos, x) / p(x)` over
     /// `p`'s support (the lowest id on an exact tie, which has probability 0).
+    ///
+    /// The logarithm is skipped where it cannot matter: `E = −ln U ≥ 1 − U`, so a token whose
+    /// `(1 − U) / p(x)` already reaches the best race so far cannot win (a margin covers the
+    /// rounding of both sides). Most of a large vocabulary has a small `p(x)` and is skipped,
+    /// and the result is the same token as the plain scan's.
     pub fn choose(&self, p: &Dist, pos: u64) -> TokenId {
         let key = self.key(pos);
         let mut best = f64::INFINITY;
         let mut at = 0usize;
         for (x, &px) in p.probs().iter().enumerate() {
             if px > 0.0 {
-                let race = exponential_at(key, x as TokenId) / px as f64;
+                let u = uniform_at(key, x as TokenId);
+                let px = px as f64;
+                if (1.0 - u) * (1.0 - 1e-9) >= best * px {
+                    continue;
+                }
+                let race = -u.ln() / px;
                 if race < best {
                     best = race;
                     at = x;
@@ -73,12 +83,16 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `−ln U` for the uniform of `token` under a position's `key`. The top 53 bits, offset by a
-/// half, put `U` strictly inside (0, 1), so `E` is finite and positive.
+/// `−ln U` for the uniform of `token` under a position's `key`.
 fn exponential_at(key: u64, token: TokenId) -> f64 {
+    -uniform_at(key, token).ln()
+}
+
+/// The uniform `U` of `token` under a position's `key`: the top 53 bits of its hash, offset by
+/// a half, put it strictly inside (0, 1), so `E` is finite and positive.
+fn uniform_at(key: u64, token: TokenId) -> f64 {
     let h = mix64(key.wrapping_add((token as u64 + 1).wrapping_mul(GAMMA)));
-    let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
-    -u.ln()
+    ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
 }
 
 #[cfg(test)]
@@ -104,6 +118,24 @@ mod tests {
         assert!((mean - 1.0).abs() < 0.02, "mean {mean}");
         assert!((var - 1.0).abs() < 0.06, "variance {var}");
         assert!(xs.iter().all(|x| x.is_finite() && *x > 0.0));
+    }
+
+    /// The skipped logarithms never change the choice: the same token as the plain scan.
+    #[test]
+    fn the_pruned_scan_chooses_what_the_plain_scan_chooses() {
+        let n = PositionNoise::new(5);
+        for (k, sharp) in [0.1f32, 1.0, 4.0].into_iter().enumerate() {
+            let w: Vec<f32> = (0..2000).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 * sharp).exp()).collect();
+            let p = Dist::from_weights(w).unwrap();
+            for pos in 0..200u64 {
+                let pos = pos + 1000 * k as u64;
+                let plain = (0..p.len())
+                    .map(|x| (n.exponential(pos, x as TokenId) / p.prob(x as TokenId) as f64, x))
+                    .fold((f64::INFINITY, 0), |b, c| if c.0 < b.0 { c } else { b })
+                    .1;
+                assert_eq!(n.choose(&p, pos), plain as TokenId, "sharpness {sharp}, position {pos}");
+            }
+        }
     }
 
     #[test]
