@@ -41,11 +41,10 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use treespec_bench::runner::PlainText;
 use treespec_core::cost::CostCurve;
-use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{Sampler, SamplingParams};
 use treespec_core::suffix::{GlobalHistory, SuffixPricing, DEFAULT_CAP_TOKENS};
 use treespec_core::tree::{NodeId, TokenTree};
-use treespec_core::verify::{verify, TargetDists};
+use treespec_core::verify::{verify, Choice, TargetDists};
 use treespec_core::{Dist, TokenId};
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
 use treespec_engine::drafters::{SuffixConfig, SuffixDrafter, SuffixShared};
@@ -101,7 +100,6 @@ impl TargetDists for Answer<'_> {
 fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trace: bool) -> Result<Replayed> {
     let sampler = Sampler::new(SamplingParams::greedy())?;
     // Greedy verification draws nothing; the stream is what the verifier's signature asks for.
-    let mut rng = StreamRng::new(0, Stream::Verify);
     let plen = text.prompt.len();
     let mut history = text.prompt.clone();
     history.extend(&text.output);
@@ -121,7 +119,7 @@ fn replay(drafter: &mut SuffixDrafter, text: &PlainText, score: &CostCurve, trac
         };
         let tree = drafter.propose(&ctx)?;
         let mut answer = Answer { tree: &tree, answer: &history[at..] };
-        let outcome = verify(&tree, &mut answer, true, &mut rng)?;
+        let outcome = verify(&tree, &mut answer, Choice::Greedy)?;
         let step_ms = score.ms_at(tree.len(), at);
         if trace {
             println!(

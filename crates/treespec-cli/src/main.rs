@@ -112,7 +112,7 @@ mod tests {
         assert_eq!(g.models.runtime.draft.as_deref().and_then(|p| p.to_str()), Some("D.gguf"));
         assert_eq!(
             (g.models.runtime.ctx, g.n, g.models.runtime.threads, g.sampling.temp, g.sampling.seed),
-            (2048, 16, Some(1), 0.5, 3)
+            (2048, 16, Some(1), 0.5, Some(3))
         );
         let g = parse(
             "treespec generate -m T --model-draft D --ctx-size 512 --spec-draft-n-max 6 --method chain -p x",

@@ -9,6 +9,8 @@
 //! * [`sampling`] — logits → the exact processed distribution used by draft and target;
 //! * [`verify`] — the three lossless verification families of ALGORITHMS.md §2, plus greedy;
 //! * [`rng`] — seeded, reproducible random streams;
+//! * [`noise`] — noise fixed per (seed, position, token): sampling whose output a seed decides
+//!   under every method;
 //! * [`stats`] — per-step acceptance records and their aggregation;
 //! * [`suffix`] — suffix drafting: match index, global history, continuation tries, pricing;
 //! * [`ngram`] — context n-grams and static Katz tables for prompt lookup;
@@ -30,6 +32,7 @@ pub mod dist;
 pub mod error;
 pub mod flatten;
 pub mod ngram;
+pub mod noise;
 pub mod online_calibration;
 pub mod policy_bandit;
 pub mod rng;

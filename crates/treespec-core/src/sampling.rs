@@ -28,6 +28,10 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// OpenAI's frequency penalty: subtracted once per occurrence in the window. In [-2, 2].
     pub frequency_penalty: f32,
+    /// Reproducible sampling: each token is drawn with noise fixed by the request's seed and its
+    /// position ([`crate::noise`]), so a seed gives the same text under every method, alone or
+    /// batched. Set when a request names its seed; ignored under greedy decoding.
+    pub reproducible: bool,
 }
 
 impl Default for SamplingParams {
@@ -41,6 +45,7 @@ impl Default for SamplingParams {
             penalty_last_n: 64,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            reproducible: false,
         }
     }
 }

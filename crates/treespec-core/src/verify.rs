@@ -20,9 +20,16 @@
 //!
 //! Greedy decoding (temperature 0) is the limit of all three: follow the child equal to the
 //! target's argmax, then emit the argmax. It consumes no random numbers.
+//!
+//! Reproducible sampling ([`Choice::Seeded`]) walks the tree as greedy does, with the target's
+//! argmax replaced by its token drawn with the noise fixed for that node's sequence position
+//! ([`PositionNoise`]): the emitted tokens are then exactly plain decoding's under the same
+//! seed, whatever the drafter proposed and however its children were drawn.
 
 use crate::dist::Dist;
+use crate::noise::PositionNoise;
 use crate::rng::StreamRng;
+use crate::sampling::Sampler;
 use crate::tree::{Draw, NodeId, TokenTree, ROOT};
 use crate::{Error, Result, TokenId};
 
@@ -72,18 +79,57 @@ impl VerifyOutcome {
     }
 }
 
-/// Verify `tree` against the target. `greedy` selects argmax matching (temperature 0).
+/// How the target picks its token at a node, which decides how the walk goes on.
+#[derive(Debug)]
+pub enum Choice<'r> {
+    /// Temperature 0: the target's argmax (no random numbers).
+    Greedy,
+    /// Exact rejection steps on the drafted children (the three families), with the verifier's
+    /// coins from this stream: what a sample is depends on the coins rejected drafts used.
+    Sampled(&'r mut StreamRng),
+    /// The target's own sample, drawn with `noise` at the node's sequence position (`next` is
+    /// the position of the token after the root; a node at depth d decides position next + d).
+    /// The output is a function of the seed, the prompt and the target alone.
+    Seeded {
+        /// The request's noise.
+        noise: PositionNoise,
+        /// Sequence position of the root's next token (the history's length).
+        next: u64,
+    },
+}
+
+impl<'r> Choice<'r> {
+    /// What `sampler` calls for at a root whose next token sits at sequence position `next`:
+    /// greedy at temperature 0, seeded by `seed` when reproducible, else coins from `rng`.
+    pub fn for_sampler(sampler: &Sampler, seed: u64, next: usize, rng: &'r mut StreamRng) -> Self {
+        if sampler.is_greedy() {
+            Choice::Greedy
+        } else if sampler.params().reproducible {
+            Choice::Seeded { noise: PositionNoise::new(seed), next: next as u64 }
+        } else {
+            Choice::Sampled(rng)
+        }
+    }
+}
+
+/// Verify `tree` against the target, picking the target's tokens as `choice` says.
 pub fn verify(
     tree: &TokenTree,
     target: &mut dyn TargetDists,
-    greedy: bool,
-    rng: &mut StreamRng,
+    mut choice: Choice<'_>,
 ) -> Result<VerifyOutcome> {
     let mut out = VerifyOutcome { accepted: Vec::new(), tokens: Vec::new(), depths: Vec::new() };
     let mut at = ROOT;
     loop {
         let children = tree.children(at);
-        let step = if greedy { greedy_step(tree, target, at)? } else { sampled_step(tree, target, at, rng)? };
+        let step = match &mut choice {
+            Choice::Greedy => follow(tree, at, target.greedy(at)?),
+            Choice::Sampled(rng) => sampled_step(tree, target, at, rng)?,
+            Choice::Seeded { noise, next } => {
+                let pos = *next + tree.node(at).depth as u64;
+                follow(tree, at, noise.choose(&target.dist(at)?, pos))
+            }
+        };
         if !children.is_empty() {
             out.depths.push(DepthRecord {
                 depth: tree.node(at).depth + 1,
@@ -120,12 +166,13 @@ struct Step {
     tried: usize,
 }
 
-fn greedy_step(tree: &TokenTree, target: &mut dyn TargetDists, at: NodeId) -> Result<Step> {
-    let want = target.greedy(at)?;
+/// The deterministic walk (greedy and seeded): follow the child holding `want`, the target's
+/// own token at `at`, or end on `want` when no child holds it.
+fn follow(tree: &TokenTree, at: NodeId, want: TokenId) -> Step {
     let children = tree.children(at);
     match children.iter().position(|&c| tree.node(c).token == want) {
-        Some(i) => Ok(Step { next: Next::Accept(children[i]), tried: i + 1 }),
-        None => Ok(Step { next: Next::Bonus(want), tried: children.len() }),
+        Some(i) => Step { next: Next::Accept(children[i]), tried: i + 1 },
+        None => Step { next: Next::Bonus(want), tried: children.len() },
     }
 }
 
@@ -243,14 +290,35 @@ mod tests {
         t.add(ROOT, 2, Draw::Deterministic, 1.0).unwrap();
         t.add(a, 2, Draw::Deterministic, 1.0).unwrap();
         let b = t.add(a, 1, Draw::Deterministic, 1.0).unwrap();
-        let mut rng = StreamRng::new(0, Stream::Verify);
-        let out = verify(&t, &mut Fixed(d(&[0.1, 0.5, 0.4])), true, &mut rng).unwrap();
+        let out = verify(&t, &mut Fixed(d(&[0.1, 0.5, 0.4])), Choice::Greedy).unwrap();
         assert_eq!(out.accepted, vec![a, b]);
         assert_eq!(out.tokens, vec![1, 1, 1]);
         assert_eq!(out.path(), vec![ROOT, a, b]);
         assert_eq!(out.depths[0], DepthRecord { depth: 1, candidates: 2, tried: 1, accepted: true });
         assert_eq!(out.depths[1], DepthRecord { depth: 2, candidates: 2, tried: 2, accepted: true });
         assert_eq!(out.depths.len(), 2);
+    }
+
+    /// The seeded walk follows the child equal to the target's own noisy choice at each depth,
+    /// whatever the children's draws say, and ends on the choice where no child holds it.
+    #[test]
+    fn seeded_walk_follows_the_targets_choice_at_each_position() {
+        let p = d(&[0.3, 0.3, 0.4]);
+        let q = Arc::new(d(&[0.9, 0.05, 0.05]));
+        for seed in 0..40 {
+            let noise = PositionNoise::new(seed);
+            let (c1, c2) = (noise.choose(&p, 10), noise.choose(&p, 11));
+            let mut t = TokenTree::new(0);
+            let kids: Vec<NodeId> = (0..3)
+                .map(|x| t.add(ROOT, x, Draw::WithoutReplacement { q: q.clone() }, 0.1).unwrap())
+                .collect();
+            let grand = t.add(kids[c1 as usize], (c2 + 1) % 3, Draw::Deterministic, 0.1).unwrap();
+            let out = verify(&t, &mut Fixed(p.clone()), Choice::Seeded { noise, next: 10 }).unwrap();
+            assert_eq!(out.accepted, vec![kids[c1 as usize]], "seed {seed}");
+            assert_eq!(out.tokens, vec![c1, c2]);
+            assert_ne!(out.accepted.last(), Some(&grand));
+            assert_eq!(out.depths[1], DepthRecord { depth: 2, candidates: 1, tried: 1, accepted: false });
+        }
     }
 
     #[test]
@@ -263,7 +331,7 @@ mod tests {
             let mut t = TokenTree::new(0);
             let x = q.sample(&mut drng);
             t.add(ROOT, x, Draw::Iid { q: q.clone() }, q.prob(x)).unwrap();
-            let out = verify(&t, &mut Fixed(p.clone()), false, &mut rng).unwrap();
+            let out = verify(&t, &mut Fixed(p.clone()), Choice::Sampled(&mut rng)).unwrap();
             assert_eq!(out.accepted.len(), 1);
         }
     }
@@ -275,7 +343,7 @@ mod tests {
         t.add(ROOT, 1, Draw::Iid { q }, 0.0).unwrap();
         let mut rng = StreamRng::new(0, Stream::Verify);
         assert!(matches!(
-            verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng),
+            verify(&t, &mut Fixed(d(&[0.5, 0.5])), Choice::Sampled(&mut rng)),
             Err(Error::BadDraftNode { .. })
         ));
     }
@@ -287,7 +355,7 @@ mod tests {
         t.add(ROOT, 1, Draw::Iid { q }, 0.3).unwrap();
         let mut rng = StreamRng::new(0, Stream::Verify);
         assert!(matches!(
-            verify(&t, &mut Fixed(d(&[0.5, 0.5])), false, &mut rng),
+            verify(&t, &mut Fixed(d(&[0.5, 0.5])), Choice::Sampled(&mut rng)),
             Err(Error::VerifyMismatch(_))
         ));
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use common::{binomial_p_value, chi_square, FAMILY_ALPHA};
 use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::tree::{Draw, NodeId, TokenTree, ROOT};
-use treespec_core::verify::{verify, TargetDists};
+use treespec_core::verify::{verify, Choice, TargetDists};
 use treespec_core::{Dist, Result, TokenId};
 
 /// Trials per configuration.
@@ -419,7 +419,7 @@ fn run_config(index: usize, c: &Config, alpha: f64) -> Vec<String> {
     let mut accepted = 0u64;
     for _ in 0..TRIALS {
         let tree = draft(&c.kids, &mut drng);
-        let out = verify(&tree, &mut target, false, &mut vrng).unwrap();
+        let out = verify(&tree, &mut target, Choice::Sampled(&mut vrng)).unwrap();
         // Structure of the outcome of a one-level tree.
         assert!(out.accepted.len() <= 1, "{}: {out:?}", c.name);
         assert_eq!(out.tokens.len(), out.accepted.len() + 1, "{}", c.name);

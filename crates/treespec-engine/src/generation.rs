@@ -15,7 +15,7 @@ use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::Sampler;
 use treespec_core::stats::DecodeStats;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
-use treespec_core::verify::{verify, TargetDists, VerifyOutcome};
+use treespec_core::verify::{verify, Choice, TargetDists, VerifyOutcome};
 use treespec_core::TokenId;
 
 use crate::backend::Logits;
@@ -31,7 +31,8 @@ use crate::text_stream::TextStream;
 /// The state of one generation between steps.
 #[derive(Debug)]
 pub struct Generation {
-    /// Seeds the drafter's stream (the verifier's is `verify_rng`).
+    /// Seeds the drafter's stream, and under reproducible sampling the target's noise (else the
+    /// verifier's coins come from `verify_rng`).
     seed: u64,
     stop: StopConditions,
     sampler: Sampler,
@@ -309,7 +310,10 @@ impl Generation {
             history: &self.history,
             constraint: constraint.as_mut().map(|c| &mut **c as &mut dyn TokenConstraint),
         };
-        let outcome = verify(&tree, &mut rows, self.sampler.is_greedy(), &mut self.verify_rng)?;
+        // Seeded: the target's token at each position is fixed by (seed, position), so every
+        // method emits plain decoding's tokens (`Choice::Seeded`).
+        let choice = Choice::for_sampler(&self.sampler, self.seed, self.history.len(), &mut self.verify_rng);
+        let outcome = verify(&tree, &mut rows, choice)?;
         let logprobs = match self.logprobs {
             Some(top) => token_logprobs(&mut rows, &outcome, top)?,
             None => Vec::new(),

@@ -4,7 +4,7 @@
 //! Floors: the leaf types every room points down to (`MethodKind`, errors, the backend seam) on
 //! the ground floor; the loop (`generation`, `generate`, `batched`), the drafters and the method
 //! registry above them; measurement (`measure`: cost curves, acceptance) in a room of its own.
-//! What only tests use (`DfaConstraint`, `toy::WatchedLm`, `batched::run_batched`) is built for
+//! What only tests use (`DfaConstraint`, `toy::WatchedLm`, `batched::run_batched`, `every_method`) is built for
 //! the crate's tests and with the `test-support` feature, which the workspace's tests enable.
 
 // Tests are exempt from the 80-line limit (clippy.toml): a test reads top to bottom as one story.
@@ -18,6 +18,8 @@ pub mod draft_model;
 mod drafter;
 pub mod drafters;
 mod error;
+#[cfg(any(test, feature = "test-support"))]
+pub mod every_method;
 mod extra_stats;
 mod generate;
 mod generation;

@@ -278,7 +278,6 @@ impl treespec_core::verify::TargetDists for Answer<'_> {
 #[ignore = "a measurement on recorded answers: needs TREESPEC_REPLAY_TOKENS and TREESPEC_REPLAY_CURVE"]
 fn replay_recorded_answers_with_and_without_re_anchoring() {
     use std::collections::BTreeMap;
-    use treespec_core::rng::{Stream, StreamRng};
     use treespec_engine::ProposeContext;
     let (Ok(tokens), Ok(curve)) =
         (std::env::var("TREESPEC_REPLAY_TOKENS"), std::env::var("TREESPEC_REPLAY_CURVE"))
@@ -311,7 +310,6 @@ fn replay_recorded_answers_with_and_without_re_anchoring() {
             if output.is_empty() {
                 continue;
             }
-            let mut rng = StreamRng::new(0, Stream::Verify);
             let plen = prompt.len();
             let mut history = prompt.clone();
             history.extend(&output);
@@ -330,7 +328,9 @@ fn replay_recorded_answers_with_and_without_re_anchoring() {
                 };
                 let tree = drafter.propose(&ctx).unwrap();
                 let mut answer = Answer { tree: &tree, answer: &history[at..] };
-                let outcome = treespec_core::verify::verify(&tree, &mut answer, true, &mut rng).unwrap();
+                let outcome =
+                    treespec_core::verify::verify(&tree, &mut answer, treespec_core::verify::Choice::Greedy)
+                        .unwrap();
                 let step_ms = curve.ms_at(tree.len(), at);
                 ms += step_ms;
                 plain_ms += (0..outcome.tokens.len()).map(|j| curve.ms_at(1, at + j)).sum::<f64>();

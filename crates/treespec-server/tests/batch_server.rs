@@ -25,17 +25,15 @@ fn app(
     (router(pool.clone(), metrics.clone(), ServerConfig::default()), pool, metrics)
 }
 
-/// Request `i`. Sampled requests use methods whose drafts depend on the request alone, so the
-/// same seed gives the same sample; `suffix` (a history shared across requests) and cost-aware
-/// `dyspec` (shared learned costs) draft differently beside other requests, which changes which
-/// random numbers a sample uses but not its distribution — they are compared greedy.
+/// Request `i`, sampled with its seed: a named seed decides the text under every method
+/// (reproducible sampling), also `suffix` (a history shared across requests) and cost-aware
+/// `dyspec` (shared learned costs), which draft differently beside other requests.
 fn request(i: usize) -> Value {
     let methods = ["plain", "chain", "lookup", "suffix", "dyspec"];
-    let temperature = if i % methods.len() < 3 { 0.9 } else { 0.0 };
     json!({
         "messages": [{"role": "user", "content": format!("request {i}: {}", "abc ".repeat(i % 4))}],
         "max_tokens": 12 + i % 9,
-        "temperature": temperature,
+        "temperature": 0.9,
         "seed": 1000 + i,
         "treespec": {"method": methods[i % methods.len()]},
     })
@@ -192,4 +190,44 @@ async fn a_request_behind_one_that_left_while_waiting_for_room_gets_its_own_answ
     assert_eq!(got, want, "the small request was served with its own prompt");
     let (s, text) = a.await.unwrap();
     assert_eq!(s, StatusCode::OK, "{text}");
+}
+
+/// Three identical requests at temperature 1 under each of plain, suffix, auto and dyspec,
+/// decoded side by side: with a seed every answer is plain decoding's; without one the
+/// speculative methods sample with rejection steps, and their answers part from plain's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_requests_give_plain_decodings_text_under_every_method() {
+    let body = |method: &str, seed: Option<u64>| {
+        let mut b = json!({
+            "messages": [{"role": "user", "content": "tell me abc abc abc"}],
+            "max_tokens": 40,
+            "temperature": 1.0,
+            "treespec": {"method": method},
+        });
+        if let Some(seed) = seed {
+            b["seed"] = json!(seed);
+        }
+        b
+    };
+    let methods = ["plain", "suffix", "auto", "dyspec"];
+    for seed in [Some(42), None] {
+        let (app, _, _) = app(4, 16, ToyConfig::default());
+        let handles: Vec<_> = (methods.iter().flat_map(|m| [m; 3]))
+            .map(|m| {
+                let (app, body) = (app.clone(), body(m, seed));
+                tokio::spawn(async move { answer(&app, body).await })
+            })
+            .collect();
+        let mut texts = Vec::new();
+        for h in handles {
+            let (s, text) = h.await.unwrap();
+            assert_eq!(s, StatusCode::OK, "{text}");
+            texts.push(text);
+        }
+        let same = texts.iter().all(|t| *t == texts[0]);
+        match seed {
+            Some(_) => assert!(same, "seeded answers differ: {texts:?}"),
+            None => assert!(!same, "unseeded answers all equal plain's: {texts:?}"),
+        }
+    }
 }

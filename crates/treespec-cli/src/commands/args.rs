@@ -34,7 +34,8 @@ pub struct RuntimeArgs {
     #[arg(short = 'c', long = "ctx", alias = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
     /// Batch-invariant kernels: a token's logits do not depend on the tree it is scored in, so
-    /// greedy output equals plain decoding token for token (slower on repacked quantizations).
+    /// greedy output, and sampled output with `--seed`, equals plain decoding's token for token
+    /// (slower on repacked quantizations).
     #[arg(long)]
     pub exact: bool,
     /// Layers of the target on a GPU: a number, or `all` (llama.cpp's `-ngl`; default 0: the CPU).
@@ -170,9 +171,11 @@ pub struct SamplingArgs {
     /// Frequency penalty in [-2, 2] (0 = off) over the last 64 tokens, per occurrence.
     #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
-    /// Seed for the draft and verifier random streams.
-    #[arg(short = 's', long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the sampling. Given, it decides the text: every method emits what plain decoding
+    /// emits with it (reproducible sampling, docs/METHODS.md). Omitted, the streams are seeded
+    /// with 0 and speculative methods verify by rejection sampling.
+    #[arg(short = 's', long)]
+    pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
@@ -186,10 +189,16 @@ impl SamplingArgs {
             repetition_penalty: self.repeat_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            reproducible: self.seed.is_some(),
             ..SamplingParams::default()
         };
         p.validate()?;
         Ok(p)
+    }
+
+    /// The seed of the random streams (0 when none was given).
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or(0)
     }
 }
 

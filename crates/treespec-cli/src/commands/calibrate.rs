@@ -79,7 +79,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<()> {
         args.prompts.n,
         args.width,
         &sampler,
-        args.sampling.seed,
+        args.sampling.seed(),
     )?
     .with_identity(
         args.models.model.display().to_string(),

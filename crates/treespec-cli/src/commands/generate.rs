@@ -169,7 +169,7 @@ fn prepare_request<'d>(
         max_new_tokens: None,
         context: models.options().ctx_size,
         sampling,
-        seed: args.sampling.seed,
+        seed: args.sampling.seed(),
         stop: &args.stop,
         grammar: grammar.as_ref(),
         tool_calls: None,

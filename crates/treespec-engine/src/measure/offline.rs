@@ -19,7 +19,7 @@ use treespec_core::rng::{Stream, StreamRng};
 use treespec_core::sampling::{softmax, Sampler};
 use treespec_core::sequoia::validate_acceptance;
 use treespec_core::tree::{NodeId, TokenTree, ROOT};
-use treespec_core::verify::{verify, TargetDists};
+use treespec_core::verify::{verify, Choice, TargetDists};
 use treespec_core::TokenId;
 
 use crate::backend::{CausalLm, TreeBatch};
@@ -219,7 +219,8 @@ pub fn measure_acceptance(
                 &mut draft_rng,
             )?;
             let p = sampler.distribution(&t_logits, &history)?;
-            let out = verify(&tree, &mut RootDist(p), sampler.is_greedy(), &mut verify_rng)?;
+            let choice = Choice::for_sampler(sampler, seed, history.len(), &mut verify_rng);
+            let out = verify(&tree, &mut RootDist(p), choice)?;
             if let Some(&node) = out.accepted.first() {
                 let rank = tree.children(ROOT).iter().position(|&c| c == node).expect("accepted a child");
                 counts[rank] += 1;

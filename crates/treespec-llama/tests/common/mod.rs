@@ -10,11 +10,7 @@ use rand::Rng;
 use treespec_core::cost::CostCurve;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::auto_budget::{CostModel, SharedCosts};
-use treespec_engine::drafters::{
-    AutoConfig, DiscoConfig, DySpecConfig, DySpecMode, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
-    StagedConfig, SuffixConfig,
-};
-use treespec_engine::{GenerateRequest, Method, StopConditions};
+use treespec_engine::{generate, GenerateRequest, Method, StopConditions};
 use treespec_llama::{LlamaModel, LoadOptions};
 
 /// Small context and ONE thread per context: test functions run in parallel, and llama.cpp's
@@ -165,11 +161,23 @@ pub fn greedy_chat_request(
     max_new_tokens: usize,
     seed: u64,
 ) -> GenerateRequest {
+    chat_request(model, text, max_new_tokens, SamplingParams::greedy(), seed)
+}
+
+/// A request for `text` as one ChatML user turn decoded with `sampling` and `seed`, stopping at
+/// the model's end-of-generation tokens.
+pub fn chat_request(
+    model: &LlamaModel,
+    text: &str,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    seed: u64,
+) -> GenerateRequest {
     let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
     GenerateRequest {
         prompt: model.tokenize(&chat, false, true).unwrap(),
         max_new_tokens,
-        sampling: SamplingParams::greedy(),
+        sampling,
         seed,
         stop: StopConditions {
             eos: [model.eos(), model.eot()].into_iter().flatten().collect(),
@@ -199,30 +207,44 @@ pub fn cheap_costs() -> std::sync::Arc<SharedCosts> {
 }
 
 /// Every speculative method of the registry (plain decoding is the reference), at sizes whose
-/// trees stay batch-invariant outside exact mode on SmolLM2.
+/// trees stay batch-invariant outside exact mode on SmolLM2 (trees of up to 12 nodes: larger
+/// batches take other kernels outside exact mode; tests/suffix_exact.rs checks 64-node suffix
+/// trees in exact mode).
 pub fn speculative_methods() -> Vec<Method> {
-    vec![
-        Method::Chain { k: 4 },
-        Method::Tree { widths: vec![2, 2, 1] },
-        Method::SpecInfer { expand: vec![2, 1, 1] },
-        Method::Sequoia(SequoiaConfig { budget: 8, max_depth: None, acceptance: vec![0.7, 0.15, 0.05] }),
-        Method::DySpec(DySpecConfig { budget: 10, ..Default::default() }),
-        Method::DySpec(DySpecConfig { budget: 6, mode: DySpecMode::Heap, ..Default::default() }),
-        Method::Eagle2(Eagle2Config { top_k: 3, depth: 4, total: 10 }),
-        Method::Gsd(GsdConfig { budget: 12, ..Default::default() }),
-        Method::Staged(StagedConfig::default()),
-        Method::Lookup { config: LookupConfig::default(), table: None },
-        Method::Disco(DiscoConfig::default()),
-        // Every node it finds, verified (the global history carries across the prompts). Trees
-        // of up to 12 nodes, as above: larger batches take other kernels outside exact mode
-        // (tests/suffix_exact.rs checks 64-node suffix trees in exact mode).
-        Method::Suffix(SuffixConfig { min_value: 0.0, max_nodes: 12, ..Default::default() }),
-        Method::Suffix(SuffixConfig { costs: Some(cheap_costs()), max_nodes: 12, ..Default::default() }),
-        Method::Auto(AutoConfig {
-            costs: cheap_costs(),
-            suffix: SuffixConfig { max_nodes: 12, ..Default::default() },
-            dyspec: DySpecConfig::default(),
-            trace: None,
-        }),
-    ]
+    treespec_engine::every_method::speculative_methods(&cheap_costs())
+}
+
+/// Decode each of `requests` with plain decoding and with every speculative method (SmolLM2 as
+/// its own draft) and assert that every method emits plain's tokens; with `draft_accepted`, also
+/// that the draft methods accept nearly everything (the draft is the target). Returns how many
+/// (request, method) pairs were checked.
+pub fn assert_every_method_matches_plain(
+    model: &LlamaModel,
+    requests: &[GenerateRequest],
+    draft_accepted: bool,
+) -> usize {
+    let mut checked = 0;
+    for (i, request) in requests.iter().enumerate() {
+        let mut target = model.new_lm().unwrap();
+        let mut plain = Method::Plain.build::<treespec_llama::LlamaLm>(None).unwrap();
+        let reference = generate(&mut target, plain.as_mut(), request, None, &mut |_| true).unwrap();
+        for method in &speculative_methods() {
+            let mut target = model.new_lm().unwrap();
+            let draft = method.needs_draft().then(|| model.new_lm().unwrap());
+            let mut drafter = method.build(draft).unwrap();
+            let out = generate(&mut target, drafter.as_mut(), request, None, &mut |_| true).unwrap();
+            assert_eq!(out.tokens, reference.tokens, "request {i} method {}", method.name());
+            assert_eq!(out.finish_reason, reference.finish_reason);
+            if draft_accepted && method.needs_draft() {
+                assert!(
+                    out.stats.mean_accepted() > 1.5,
+                    "{}: mean accepted {} with draft = target",
+                    method.name(),
+                    out.stats.mean_accepted()
+                );
+            }
+            checked += 1;
+        }
+    }
+    checked
 }

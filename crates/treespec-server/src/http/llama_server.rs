@@ -382,6 +382,9 @@ fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Resu
         Some(k) if k <= 0 => None,
         Some(k) => Some(Value::from(k)),
     };
+    // Only a seed the client named decides the text (reproducible sampling); a drawn one seeds
+    // the streams of the default verifier.
+    let named_seed = matches!(c.seed, Some(s) if s >= 0);
     let seed = match c.seed {
         None | Some(-1) => random_seed(),
         Some(s) if s < 0 => {
@@ -392,7 +395,8 @@ fn translate(req: LlamaCompletionRequest, limits: &Limits, slots: usize) -> Resu
     c.seed = Some(seed as i64);
     // The prompt is tokenized by the handler (llama-server's rules); the checks see a stand-in.
     let stand_in = CompletionRequest { prompt: Value::String("prompt".into()), common: c };
-    let spec = validate::completion(stand_in, limits).map_err(|e| llama_names(e, length))?;
+    let mut spec = validate::completion(stand_in, limits).map_err(|e| llama_names(e, length))?;
+    spec.sampling.reproducible = named_seed;
     Ok((spec, n_predict))
 }
 
@@ -735,6 +739,7 @@ mod tests {
         assert_eq!((n, spec.max_tokens), (-1, None));
         assert_eq!((p.temperature, p.top_k, p.top_p, p.min_p), (0.8, Some(40), 0.95, 0.05));
         assert!(spec.seed < RANDOM_SEED);
+        assert!(!p.reproducible, "a drawn seed does not switch on reproducible sampling");
         let (spec, n) = translate(
             req(json!({"prompt": "x", "n_predict": 7, "top_k": 0, "temperature": 0, "seed": 5, "stop": ["\n"]})),
             &limits(),
@@ -742,6 +747,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((n, spec.max_tokens, spec.sampling.top_k, spec.seed), (7, Some(7), None, 5));
+        assert!(spec.sampling.reproducible, "a named seed decides the text");
         assert_eq!(spec.stop, vec!["\n"]);
         // `max_tokens` stands in for a missing `n_predict`; `n_predict` wins when both are given.
         assert_eq!(translate(req(json!({"max_tokens": 9})), &limits(), 1).unwrap().0.max_tokens, Some(9));

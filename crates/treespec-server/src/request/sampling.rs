@@ -124,6 +124,8 @@ pub fn params(c: &CommonParams) -> Result<SamplingParams, ApiError> {
             .map_or(d.presence_penalty, |v| v as f32),
         frequency_penalty: number(&c.frequency_penalty, "frequency_penalty")?
             .map_or(d.frequency_penalty, |v| v as f32),
+        // A named seed decides the text under every method (docs/METHODS.md).
+        reproducible: c.seed.is_some(),
     };
     p.validate().map_err(|e| {
         let param = match e.to_string() {

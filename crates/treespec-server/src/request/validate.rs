@@ -662,6 +662,7 @@ mod tests {
             chat_json(json!({"messages": msg(), "max_tokens": 127, "temperature": 0, "top_p": 1, "seed": 7}))
                 .unwrap();
         assert_eq!((ok.max_tokens, ok.sampling.temperature, ok.seed), (Some(127), 0.0, 7));
+        assert!(ok.sampling.reproducible, "a named seed decides the text");
         // What OpenAI clients send for greedy decoding, and llama.cpp's "no top-k".
         let greedy = chat_json(json!({"messages": msg(), "temperature": 0.8, "top_p": 0})).unwrap();
         assert_eq!((greedy.sampling.temperature, greedy.sampling.top_p), (0.0, 1.0));

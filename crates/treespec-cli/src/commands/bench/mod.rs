@@ -231,7 +231,7 @@ impl Plan {
             methods: if args.structured { structured(methods) } else { methods },
             max_new_tokens: self.n,
             sampling: self.sampling.clone(),
-            seed: args.sampling.seed,
+            seed: args.sampling.seed(),
             repeat: args.repeat,
             warmup: !args.no_warmup,
             progress: if args.log { ProgressMode::Log } else { ProgressMode::Auto },
@@ -348,7 +348,7 @@ fn measure(args: &BenchArgs, plan: &Plan) -> Result<Option<Measured>> {
     let Some(margs) = &plan.models else {
         let toy = FixedContext { costs: Some(toy_costs()), ..Default::default() };
         let methods = bench_methods(&plan.base, &plan.kinds, &toy)?;
-        let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed, args.runtime.ctx);
+        let mut backend = ToyBackend::new(64, 2, 1.0, args.sampling.seed(), args.runtime.ctx);
         let output = run_bench(&mut backend, &plan.prompts, &plan.run_config(args, methods))?;
         let options = json!({ "toy": { "vocab": 64, "order": 2, "noise": 1.0 }, "ctx": args.runtime.ctx });
         let machine = MachineInfo::collect(1, Vec::new());
@@ -404,7 +404,7 @@ fn results(args: &BenchArgs, plan: &Plan, measured: Measured, started_unix_s: u6
             min_p: p.min_p,
             repetition_penalty: p.repetition_penalty,
         },
-        seed: args.sampling.seed,
+        seed: args.sampling.seed(),
         repeat: args.repeat,
         warmup: !args.no_warmup,
         methods,

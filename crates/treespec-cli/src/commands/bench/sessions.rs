@@ -55,7 +55,7 @@ pub fn run(args: &BenchArgs, files: &[PathBuf]) -> Result<()> {
     let config = SessionBenchConfig {
         servers,
         baseline,
-        sampling: Sampling { temperature: args.sampling.temp, seed: args.sampling.seed },
+        sampling: Sampling { temperature: args.sampling.temp, seed: args.sampling.seed() },
         concurrency: args.concurrency,
         repeat: args.repeat,
         warmup: !args.no_warmup,
