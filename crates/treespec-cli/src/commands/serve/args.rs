@@ -1,24 +1,14 @@
-//! `treespec serve`: an OpenAI-compatible HTTP server (see the treespec-server crate).
+//! `treespec serve`'s flags, and the settings they make before any model loads: the scheduler's,
+//! the API keys, the sampling defaults (llama-server's spellings where it has them).
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use treespec_engine::batched::StepLimits;
-use treespec_engine::measure::serving_gate;
-use treespec_engine::MethodSpec;
-use treespec_server::histories::TenantHistories;
-use treespec_server::lifecycle::{self, Drain, Serving, Stops};
-use treespec_server::methods::ServerMethods;
-use treespec_server::{
-    router, ApiKeys, BatchPool, GenerationBackend, Lifecycle, LlamaConfig, Metrics, SamplingDefaults,
-    SchedulerConfig, ServerConfig, Tenant,
-};
+use treespec_server::{ApiKeys, SamplingDefaults, SchedulerConfig};
 
-use super::args::{MethodArgs, ModelArgs};
-use super::models::{load_runtime, resolve};
+use crate::commands::args::{MethodArgs, ModelArgs};
 
 /// Who sizes the free (suffix) drafts of a batched step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -185,7 +175,7 @@ pub struct ServerSampling {
 
 impl ServerSampling {
     /// The defaults, each checked now as a request's field would be (a bad one stops the start).
-    fn defaults(&self) -> Result<SamplingDefaults> {
+    pub(super) fn defaults(&self) -> Result<SamplingDefaults> {
         let d = SamplingDefaults {
             temperature: self.temp,
             top_k: self.top_k,
@@ -205,7 +195,7 @@ impl ServerSampling {
 }
 
 /// The API keys of `--api-key` and `--api-key-file`.
-fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
+pub(super) fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
     let mut keys = args.api_key.as_deref().map(ApiKeys::parse_list).unwrap_or_default();
     if let Some(path) = &args.api_key_file {
         let text = std::fs::read_to_string(path)
@@ -230,60 +220,8 @@ fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
     Ok(keys)
 }
 
-/// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
-/// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
-/// when a request added to it, and at shutdown, so that the next start drafts from it.
-pub fn run(args: ServeArgs) -> Result<()> {
-    let scheduler = scheduler_config(&args)?;
-    let keys = api_keys(&args)?;
-    let sampling = args.sampling.defaults()?;
-    // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
-    let runtime = Arc::new(load_runtime(&args.models)?);
-    // The history files are the tenants' ([`TenantHistories`]), not the default method's.
-    let mut spec = args.method.spec();
-    if args.spec_default {
-        spec.method = treespec_engine::MethodKind::Auto;
-    }
-    let history_path = spec.knobs.suffix_history.take();
-    let histories = load_histories(history_path.as_deref(), &spec, &runtime, &keys)?;
-    let metrics = Arc::new(Metrics::default());
-    let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
-    let runtime_ctx = runtime.options().ctx_size;
-    let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram, alias: args.alias.clone() };
-    let pool: Arc<dyn GenerationBackend> =
-        Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
-    eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
-    report_keys(&args, &keys);
-    let lifecycle = Lifecycle::default();
-    let server = ServerConfig {
-        api_keys: keys,
-        metrics_key: args.metrics_key.clone(),
-        metrics_open: args.metrics_open,
-        max_body_bytes: args.max_body,
-        lifecycle: lifecycle.clone(),
-        timeout: Duration::from_secs(args.timeout),
-        webui: !args.no_webui,
-        sampling,
-    };
-    let most = Duration::from_secs(args.drain);
-    let drain = Drain { lifecycle, backend: pool.clone(), metrics: metrics.clone(), most };
-    let serving = Serving {
-        app: router(pool, metrics, server),
-        drain,
-        histories,
-        save_every: (history_path.is_some() && args.history_save_every > 0)
-            .then(|| Duration::from_secs(args.history_save_every)),
-    };
-    serve_until_stopped(&args.host, args.port, serving)?;
-    if methods.is_measuring() {
-        exit_while_measuring();
-    }
-    Ok(())
-}
-
 /// The scheduler's settings from the flags, each checked before any model loads.
-fn scheduler_config(args: &ServeArgs) -> Result<SchedulerConfig> {
+pub(super) fn scheduler_config(args: &ServeArgs) -> Result<SchedulerConfig> {
     let decode_chunk = args.decode_chunk.unwrap_or(args.prefill_chunk);
     if args.parallel == 0 || args.prefill_chunk == 0 || decode_chunk == 0 || args.queue == 0 {
         anyhow::bail!("--parallel, --prefill-chunk, --decode-chunk and --queue must be at least 1");
@@ -301,117 +239,4 @@ fn scheduler_config(args: &ServeArgs) -> Result<SchedulerConfig> {
         n => anyhow::bail!("-n (--n-predict) is at least 1, or -1 for no cap, got {n}"),
     };
     Ok(SchedulerConfig { parallel: args.parallel, queue: args.queue, limits, n_predict })
-}
-
-/// Every tenant's suffix history: from the files named after `path` (each loaded now, its file
-/// checked for writing), or in memory only.
-fn load_histories(
-    path: Option<&std::path::Path>,
-    spec: &MethodSpec,
-    runtime: &treespec_llama::ModelRuntime,
-    keys: &ApiKeys,
-) -> Result<Arc<TenantHistories>> {
-    let Some(path) = path else { return Ok(TenantHistories::in_memory()) };
-    let cap = spec.knobs.suffix_cap.unwrap_or(treespec_core::suffix::DEFAULT_CAP_TOKENS);
-    let tenants: Vec<Tenant> = keys.tenants().collect();
-    let histories = TenantHistories::in_files(path, runtime.tokenizer_id()?, cap, tenants)?;
-    for h in histories.held().iter().filter(|h| h.docs > 0) {
-        eprintln!(
-            "treespec serve: loaded the suffix history {} ({} tokens in {} documents)",
-            h.path.display(),
-            h.tokens,
-            h.docs
-        );
-    }
-    Ok(histories)
-}
-
-/// Say how many keys guard the server and who learns from whom.
-fn report_keys(args: &ServeArgs, keys: &ApiKeys) {
-    if !keys.required() {
-        return;
-    }
-    let sharing = match args.share_history {
-        ShareHistory::Tenant => "each key learns only from its own requests",
-        ShareHistory::All => "every key learns from every request (--share-history all)",
-    };
-    eprintln!("treespec serve: {} API key(s); {sharing}", keys.len());
-}
-
-/// Listen on `host:port` and serve until stopped ([`lifecycle::run`]: the drain, the saves).
-fn serve_until_stopped(host: &str, port: u16, serving: Serving) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let addr = format!("{host}:{port}");
-    let served = rt.block_on(async move {
-        let listener =
-            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
-        eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
-        lifecycle::run(listener, serving, Stops::os_signals()).await
-    });
-    // A connection past CLOSE_WAIT is dropped with the runtime, not waited for.
-    rt.shutdown_timeout(Duration::from_millis(200));
-    served
-}
-
-/// The curves are being measured on a thread of their own, inside llama.cpp: returning would run
-/// llama.cpp's static destructors under it (a crash at exit). Everything of ours is saved and
-/// the half-measured curve was never cached: leave at once.
-fn exit_while_measuring() -> ! {
-    eprintln!("treespec serve: stopped while measuring the cost curves (measured again at the next start)");
-    use std::io::Write;
-    let _ = std::io::stderr().flush();
-    // SAFETY: `_exit` ends the process without running destructors or atexit handlers; no state
-    // of ours is left unwritten (the histories were saved before, stdout is unused).
-    unsafe { libc::_exit(0) }
-}
-
-/// The server's methods. A cost-aware default whose curves this machine has not measured yet
-/// (or `--reprofile`) does not hold the server up: it listens at once, serving the default's
-/// fixed-budget neighbour ([`MethodSpec::without_costs`]) while a background thread measures the
-/// curves in the gaps between requests (it pauses while any is in flight, so serving never pays
-/// for it: `treespec_engine::measure::serving_gate`), then switches (`/health` says which, and whether the
-/// curve is provisional; a failed measurement keeps the stand-in and warns).
-fn default_methods(
-    runtime: &Arc<treespec_llama::ModelRuntime>,
-    spec: &MethodSpec,
-    reprofile: bool,
-    histories: Arc<TenantHistories>,
-    metrics: &Arc<Metrics>,
-) -> Result<Arc<ServerMethods>> {
-    let context = runtime.clone() as treespec_server::methods::SharedContext;
-    if !spec.needs_costs() || (!reprofile && runtime.has_cost_curves(runtime.has_draft())) {
-        let method = resolve(runtime, spec, reprofile)?;
-        return Ok(Arc::new(ServerMethods::with_histories(method, context, histories)));
-    }
-    // Knobs are checked now, not when the curves are in.
-    spec.validate()?;
-    let stand_in = resolve(runtime, &spec.without_costs(), false)?;
-    eprintln!(
-        "treespec serve: measuring this machine's cost curves in the background, between requests; \
-         '{}' on a fixed budget serves until then (see /health)",
-        stand_in.name()
-    );
-    metrics.measuring_costs(Some(stand_in.name()));
-    let methods = Arc::new(ServerMethods::measuring(stand_in, context, histories));
-    let (runtime, spec, metrics, handle) = (runtime.clone(), spec.clone(), metrics.clone(), methods.clone());
-    std::thread::Builder::new().name("treespec-costs".into()).spawn(move || {
-        match serving_gate::in_background(|| resolve(&runtime, &spec, reprofile)) {
-            Ok(method) => {
-                let provisional = runtime.cost_curves_provisional();
-                let how = if provisional {
-                    " on cores that stayed busy (provisional: refined as requests run, measured again next start)"
-                } else {
-                    ""
-                };
-                eprintln!("treespec serve: cost curves measured{how}; '{}' serves from now on", method.name());
-                handle.measured(method);
-                metrics.costs_provisional(provisional);
-                metrics.measuring_costs(None);
-            }
-            Err(e) => eprintln!(
-                "treespec serve: warning: measuring the cost curves failed ({e:#}); the fixed budget stays"
-            ),
-        }
-    })?;
-    Ok(methods)
 }
