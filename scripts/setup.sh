@@ -2,7 +2,8 @@
 # Prepare this machine to build the llama.cpp backend (crates/treespec-llama).
 #
 # 1. Installs the Debian packages the llama-cpp-sys-2 build script needs (cmake for llama.cpp,
-#    clang + libclang-dev for bindgen) when they are missing.
+#    clang + libclang-dev for bindgen) when they are missing, and jq, which the benchmark scripts
+#    (and `scripts/same-prompt-test.py` in the test command) read JSON lines with.
 # 2. Writes a git-ignored .cargo/config.toml that turns on the host CPU's SIMD for llama.cpp.
 #    We never use `target-cpu=native`: llama-cpp-sys-2 then sets GGML_NATIVE=ON, which also enables
 #    AMX on CPUs that advertise it, and AMX instructions raise SIGILL on some VMs of this project.
@@ -35,7 +36,7 @@ if ((print_only)); then
     log "--print: skipping the package check"
 else
     need_pkgs=()
-    for pkg in cmake clang libclang-dev; do
+    for pkg in cmake clang libclang-dev jq; do
         if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
             need_pkgs+=("$pkg")
         fi
