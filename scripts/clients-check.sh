@@ -19,19 +19,11 @@ shift || true
 venv="$repo_root/bench-out/.venv-clients"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q "${packages[@]}"
-bin="$repo_root/target/release/treespec"
-[[ -x "$bin" ]] || cargo build --release -p treespec-cli >&2
-log="$(mktemp)"
-"$bin" serve -m "$model" --method suffix --port 0 -t 2 "$@" 2>"$log" &
-server=$!
-trap 'kill $server 2>/dev/null; rm -f "$log"' EXIT
-url=""
-for _ in $(seq 1 240); do
-    url="$(grep -o 'http://[0-9.:]*' "$log" | head -1 || true)"
-    [[ -n "$url" ]] && break
-    kill -0 $server 2>/dev/null || { cat "$log" >&2; exit 1; }
-    sleep 0.5
-done
-[[ -n "$url" ]] || { echo "[clients] the server did not start" >&2; cat "$log" >&2; exit 1; }
-echo "[clients] server at $url; rows: $rows" >&2
-"$venv/bin/python" "$repo_root/scripts/clients-check.py" "$url" --rows "$rows"
+model="$(realpath "$model")"
+cd "$repo_root"
+[[ -x target/release/treespec ]] || cargo build --release -p treespec-cli >&2
+source scripts/lib/server.sh
+log=bench-out/clients-server.log
+start_server "$log" -m "$model" --method suffix --port 0 -t 2 "$@"
+echo "[clients] server at $URL; rows: $rows" >&2
+"$venv/bin/python" scripts/clients-check.py "$URL" --rows "$rows"

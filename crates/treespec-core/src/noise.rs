@@ -29,11 +29,6 @@ impl PositionNoise {
         Self { seed }
     }
 
-    /// The seed.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-
     /// The hash state of position `pos`: each token's uniform is a SplitMix64 output from it.
     fn key(&self, pos: u64) -> u64 {
         mix64(mix64(self.seed ^ 0x5EED_5EED_5EED_5EED) ^ pos)
@@ -75,6 +70,12 @@ impl PositionNoise {
 
 /// SplitMix64's increment (the golden ratio in 64 bits).
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// One step of SplitMix64: the generator's next output from state `x` (a bijection, so a
+/// cheap counter-based hash of a 64-bit word; the toy models draw their logits with it too).
+pub fn splitmix64(x: u64) -> u64 {
+    mix64(x.wrapping_add(GAMMA))
+}
 
 /// SplitMix64's output function (Stafford's mix 13): a bijection of 64-bit words.
 fn mix64(mut z: u64) -> u64 {

@@ -42,7 +42,7 @@ pub use draft_lanes::LlamaDraftLanes;
 pub use hparams::{Hparams, PerLayer, LLAMA_MAX_LAYERS};
 pub use kv_options::{CacheType, FlashAttn, KvCache};
 pub use lm::{LlamaLm, PrefillProgress};
-pub use load::{models_loaded, LlamaModel, LoadOptions, EXACT_KV_CACHE, MAX_PATHS};
+pub use load::{models_loaded, LlamaModel, LoadOptions, MAX_PATHS};
 pub use memory::{kv_cache_bytes, mem_available};
 pub use meta::ModelInfo;
 pub use precheck::{check_gguf, GgufFacts};

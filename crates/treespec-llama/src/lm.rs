@@ -123,8 +123,8 @@ impl LlamaModel {
         let o = self.options();
         // Every context allocates its own cache: check each against what is left now.
         // A quantized cache is sized as Q8_0 (an upper bound for every quantized type).
-        let q8 = o.exact || o.kv_cache.quantized();
-        check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, q8, 0, mem_available())?;
+        let cache = o.kv_cache_in_use();
+        check_fits(self.path(), &self.gguf_facts().hparams, ctx_size, cache.quantized(), 0, mem_available())?;
         // llama.cpp reserves an output row per sequence id and caps output rows at n_batch, which
         // it caps at n_ctx: a context smaller than its sequence count aborts. Such a context gets
         // n_seq cells (a few KB each); callers keep to the size asked for.
@@ -151,7 +151,6 @@ impl LlamaModel {
         // through the one generic kernel for every batch shape, which makes attention
         // batch-invariant (plain decoding in exact mode uses the same cache type, so exact mode
         // is compared with itself).
-        let cache = if o.exact { crate::load::EXACT_KV_CACHE } else { o.kv_cache };
         let params = params.with_type_k(cache.k.param()).with_type_v(cache.v.param());
         let backend = backend::backend()?;
         backend::clear_captured();

@@ -100,6 +100,15 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
+    /// The KV cache a context is made with: exact mode's q8_0, else the one asked for.
+    pub fn kv_cache_in_use(&self) -> KvCache {
+        if self.exact {
+            EXACT_KV_CACHE
+        } else {
+            self.kv_cache
+        }
+    }
+
     /// The options a draft model loads with: the target's, with the draft's offload.
     pub fn for_draft(&self) -> Self {
         let offload = self.draft_offload.clone().unwrap_or_else(|| self.offload.clone());
@@ -132,12 +141,11 @@ impl LoadOptions {
                     cache.k, cache.v
                 ));
             }
-            if cache.v.quantized() && self.flash_attn == FlashAttn::Off {
-                let whose =
-                    if self.exact { "--exact's".to_string() } else { format!("{which} {}:", cache.v) };
+            let (in_use, whose) = if self.exact { (EXACT_KV_CACHE, "--exact's") } else { (cache, which) };
+            if in_use.v.quantized() && self.flash_attn == FlashAttn::Off {
                 return bad(format!(
                     "a quantized V cache ({whose} {}) needs flash attention, and -fa is off",
-                    cache.v
+                    in_use.v
                 ));
             }
         }
@@ -282,7 +290,7 @@ impl LlamaModel {
                 path,
                 &facts.hparams,
                 options.ctx_size,
-                options.exact || options.kv_cache.quantized(),
+                options.kv_cache_in_use().quantized(),
                 facts.file_size,
                 mem_available(),
             )?;

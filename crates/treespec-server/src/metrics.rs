@@ -248,14 +248,13 @@ impl Metrics {
         });
     }
 
-    /// The KV cells the live requests hold now, and all of them (after every batched step).
-    pub fn set_kv_cells(&self, used: usize, total: usize) {
-        self.with(|b| b.server.cells = (used, total));
-    }
-
-    /// The bytes of KV prefixes kept in host memory now (after every batched step).
-    pub fn set_saved_prefix_bytes(&self, bytes: usize) {
-        self.with(|b| b.server.saved_prefix_bytes = bytes);
+    /// The KV cells the live requests hold now, all of them, and the bytes of finished requests'
+    /// prefixes kept in host memory (after every batched step).
+    pub fn set_kv_cells(&self, used: usize, total: usize, saved_prefix_bytes: usize) {
+        self.with(|b| {
+            b.server.cells = (used, total);
+            b.server.saved_prefix_bytes = saved_prefix_bytes;
+        });
     }
 
     /// The KV cells the live requests hold, and all of them (0, 0 before the first step).

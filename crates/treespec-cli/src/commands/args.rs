@@ -7,7 +7,7 @@ use clap::Args;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
-use treespec_llama::{CacheType, FlashAttn, GpuLayers, KvCache, LoadOptions, Offload, EXACT_KV_CACHE};
+use treespec_llama::{CacheType, FlashAttn, GpuLayers, KvCache, LoadOptions, Offload};
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -123,9 +123,6 @@ impl RuntimeArgs {
                 k: self.cache_type_k_draft.unwrap_or(kv_cache.k),
                 v: self.cache_type_v_draft.unwrap_or(kv_cache.v),
             });
-        // Exact mode's own q8_0 cache stands unless a type was asked for (then it is checked).
-        let asked = self.cache_type_k.is_some() || self.cache_type_v.is_some();
-        let kv_cache = if self.exact && !asked { EXACT_KV_CACHE } else { kv_cache };
         let mut o = LoadOptions {
             ctx_size: self.ctx,
             exact: self.exact,

@@ -61,46 +61,46 @@ const REFUSED: &[(&[&str], &str)] = &[
 /// The first llama.cpp flag of `args` that treespec refuses, with the message saying why and what
 /// to do instead.
 pub fn refused_flag(args: &[OsString]) -> Option<String> {
-    let mut after_text_flag = false;
-    for a in args.iter().filter_map(|a| a.to_str()) {
-        if a == "--" {
-            return None;
-        }
+    let flags = args.iter().zip(at_flag_positions(args)).filter(|(_, at)| *at);
+    flags.filter_map(|(a, _)| a.to_str()).find_map(|a| {
         let flag = a.split_once('=').map_or(a, |(f, _)| f);
-        if !after_text_flag {
-            if let Some((_, why)) = REFUSED.iter().find(|(flags, _)| flags.contains(&flag)) {
-                return Some(format!("{flag}: {why}"));
-            }
-        }
-        after_text_flag = TEXT_FLAGS.contains(&a);
-    }
-    None
+        let (_, why) = REFUSED.iter().find(|(flags, _)| flags.contains(&flag))?;
+        Some(format!("{flag}: {why}"))
+    })
 }
 
 /// The command line with llama.cpp's multi-letter short flags spelled as long ones.
 pub fn llama_spellings(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
-    let mut out: Vec<OsString> = Vec::new();
-    let mut literal = false;
-    for a in args {
-        let after_text_flag = out.last().and_then(|p| p.to_str()).is_some_and(|p| TEXT_FLAGS.contains(&p));
-        let rewritten = match a.to_str() {
-            _ if literal || after_text_flag => None,
-            Some("--") => {
-                literal = true;
-                None
-            }
-            Some(s) => LONG.iter().find_map(|(short, long)| {
-                if s == *short {
-                    return Some(OsString::from(*long));
-                }
-                let value = s.strip_prefix(short)?.strip_prefix('=')?;
-                Some(OsString::from(format!("{long}={value}")))
-            }),
-            None => None,
-        };
-        out.push(rewritten.unwrap_or(a));
-    }
-    out
+    let args: Vec<OsString> = args.into_iter().collect();
+    let at = at_flag_positions(&args);
+    args.into_iter().zip(at).map(|(a, at)| if at { long_spelling(&a).unwrap_or(a) } else { a }).collect()
+}
+
+/// `arg` (`-md`, `-md=FILE`) as the long flag it stands for, when it is one of [`LONG`].
+fn long_spelling(arg: &OsString) -> Option<OsString> {
+    let s = arg.to_str()?;
+    LONG.iter().find_map(|(short, long)| {
+        if s == *short {
+            return Some(OsString::from(*long));
+        }
+        let value = s.strip_prefix(short)?.strip_prefix('=')?;
+        Some(OsString::from(format!("{long}={value}")))
+    })
+}
+
+/// For each of `args`, whether it stands where a flag may: not after a `--` that ends the flags,
+/// and not the value of a flag whose value is free text (`-p -md` is a prompt).
+fn at_flag_positions(args: &[OsString]) -> Vec<bool> {
+    let (mut literal, mut text_value) = (false, false);
+    args.iter()
+        .map(|a| {
+            let s = a.to_str();
+            let at = !literal && !text_value;
+            literal |= at && s == Some("--");
+            text_value = s.is_some_and(|s| TEXT_FLAGS.contains(&s));
+            at
+        })
+        .collect()
 }
 
 #[cfg(test)]

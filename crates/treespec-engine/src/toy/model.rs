@@ -1,5 +1,6 @@
 //! The conditional distributions of a toy model.
 
+use treespec_core::noise::splitmix64;
 use treespec_core::sampling::Sampler;
 use treespec_core::{Result, TokenId};
 
@@ -58,13 +59,13 @@ impl ToyModel {
     /// Next-token logits after `context` (only the last `order` tokens matter).
     pub fn logits(&self, context: &[TokenId]) -> Vec<f32> {
         let window = &context[context.len().saturating_sub(self.order)..];
-        let mut h = splitmix(self.seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut h = splitmix64(self.seed ^ 0x9e37_79b9_7f4a_7c15);
         for &t in window {
-            h = splitmix(h ^ (t as u64 + 1));
+            h = splitmix64(h ^ (t as u64 + 1));
         }
-        let mut n = splitmix(self.noise_seed ^ 0x5851_f42d_4c95_7f2d);
+        let mut n = splitmix64(self.noise_seed ^ 0x5851_f42d_4c95_7f2d);
         for &t in window {
-            n = splitmix(n ^ (t as u64 + 1));
+            n = splitmix64(n ^ (t as u64 + 1));
         }
         (0..self.vocab)
             .map(|t| {
@@ -76,8 +77,8 @@ impl ToyModel {
                 if !allowed {
                     return f32::NEG_INFINITY;
                 }
-                let base = gaussian(splitmix(h ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
-                let noise = gaussian(splitmix(n ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
+                let base = gaussian(splitmix64(h ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
+                let noise = gaussian(splitmix64(n ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)));
                 self.sharpness * base + self.noise * noise
             })
             .collect()
@@ -118,13 +119,6 @@ impl ToyModel {
         }
         Ok(())
     }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// A roughly standard-normal number from 64 random bits (sum of four uniforms, rescaled).
