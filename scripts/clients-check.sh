@@ -18,7 +18,8 @@ shift || true
 [[ "${1:-}" == "--" ]] && shift
 venv="$repo_root/bench-out/.venv-clients"
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q "${packages[@]}"
+echo "[clients] installing ${packages[*]} into $venv (a minute the first time)" >&2
+"$venv/bin/pip" install -q --disable-pip-version-check "${packages[@]}"
 model="$(realpath "$model")"
 cd "$repo_root"
 [[ -x target/release/treespec ]] || cargo build --release -p treespec-cli >&2
