@@ -32,6 +32,9 @@ pub struct Economics<'a> {
     pub row_ms: f64,
     /// Plain decoding's rate (of the whole batch, in a batch): the least `rate` can be.
     pub plain_rate: f64,
+    /// The shape (rows) of the forward before, for a target whose forwards are padded to fixed
+    /// shapes ([`CostCurve::padding`]): staying in it is priced at its replay.
+    pub previous_shape: Option<usize>,
 }
 
 impl<'a> Economics<'a> {
@@ -55,7 +58,22 @@ impl<'a> Economics<'a> {
         let row_ms = target.row_surcharge(context);
         let plain = (batch_rows + 1) as f64 / target.expected_ms_at(batch_rows + 1, context);
         let rate = if rate.is_finite() { rate.max(plain) } else { plain };
-        Self { target, rate, batch_rows, row_ms, plain_rate: plain }
+        Self { target, rate, batch_rows, row_ms, plain_rate: plain, previous_shape: None }
+    }
+
+    /// These economics after a forward of `shape` rows (see [`Economics::previous_shape`]).
+    pub fn after_shape(mut self, shape: Option<usize>) -> Self {
+        self.previous_shape = shape;
+        self
+    }
+
+    /// What a forward of `rows` rows takes on the curve as it is run: padded to its shape and
+    /// priced at that shape's replay or change when the target pads, T(rows) otherwise.
+    fn rows_ms(&self, rows: usize) -> f64 {
+        match self.target.padding() {
+            Some(p) if rows > 0 => p.padded_ms(self.target, rows, self.previous_shape),
+            _ => self.target.ms(rows),
+        }
     }
 
     /// What this request's root and `n` drafted nodes are expected to add to the forward, in ms
@@ -63,6 +81,8 @@ impl<'a> Economics<'a> {
     /// many rows have really shown over the curve: [`CostCurve::excess`]).
     pub fn ms(&self, n: usize) -> f64 {
         let rows = match self.batch_rows {
+            // Padded, the rows a bucket has room for are free and a change of shape is not.
+            b if self.target.padding().is_some() => (self.rows_ms(b + n + 1) - self.rows_ms(b)).max(0.0),
             0 => self.target.ms(n + 1),
             // In a batch the curve is read as non-decreasing (its floor): what the rows add is
             // never negative, and the rows after a dip are not free.
@@ -76,7 +96,7 @@ impl<'a> Economics<'a> {
     /// [`Economics::in_batch_at`], times the excess of its kind): the time a timed forward is
     /// compared with.
     pub fn forward_ms(&self, rows: usize) -> f64 {
-        (self.target.ms(rows) + rows as f64 * self.row_ms) * self.target.excess(rows)
+        (self.rows_ms(rows) + rows as f64 * self.row_ms) * self.target.excess(rows)
     }
 
     /// Gain of verifying `n` drafted nodes whose acceptance probabilities sum to `accepted`.
@@ -489,5 +509,29 @@ mod tests {
         assert!((full.ms(0) - (c.ms(17) - c.ms(16))).abs() < 1e-9);
         assert!(full.rate > alone.rate);
         assert_eq!(full.best_prefix(&[0.9]).0, 0);
+    }
+
+    #[test]
+    fn a_padded_target_fills_its_bucket_when_the_step_before_had_that_shape() {
+        use crate::cost::shapes::{ShapeBuckets, ShapeTime, ShapeTimes};
+        // A device: 2 ms a replayed shape of any bucket, 6 ms a changed one.
+        let c = CostCurve::from_points(&[(1, 2.0), (8, 5.0), (16, 6.0)]).unwrap();
+        let b = ShapeBuckets::new(&[8, 16]).unwrap();
+        let t = |rows| ShapeTime { rows, changed_ms: 6.0, replayed_ms: 2.0 + rows as f64 * 0.01 };
+        let shapes = ShapeTimes::new(b, vec![t(1), t(8), t(16)]).unwrap().activated(true);
+        let padded = c.clone().with_shapes(Some(shapes));
+        let staying = Economics::new(&padded, 0.0).after_shape(Some(8));
+        // The root and up to six drafted nodes run as the 8-row bucket, replayed.
+        assert_eq!(staying.ms(1), staying.ms(6));
+        assert!((staying.ms(6) - 2.08).abs() < 1e-9);
+        // A seventh node needs the 16-row bucket: a change of shape.
+        assert_eq!(staying.ms(7), 6.0);
+        // After a plain step the same tree switches shape.
+        assert_eq!(Economics::new(&padded, 0.0).after_shape(Some(1)).ms(6), 6.0);
+        // Nodes nearly free in the bucket: low-value ones pay when staying, not when switching.
+        let values = [0.9, 0.5, 0.2, 0.1, 0.05, 0.05];
+        assert_eq!(staying.best_prefix(&values).0, 6);
+        // Unpadded, the same curve prices each row.
+        assert!(Economics::new(&c, 0.0).ms(6) > 4.0);
     }
 }

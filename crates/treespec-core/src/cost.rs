@@ -21,12 +21,14 @@
 //! back to the disk cache.
 
 pub mod fit;
+pub mod shapes;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use shapes::ShapeTimes;
 
 /// Weight of a new online observation slower than the estimate in the running estimate of
 /// T(n). Small enough that one noisy forward (a page fault, another process) barely moves the
@@ -83,6 +85,10 @@ pub struct CostCurve {
     /// or more rows]` (see [`CostCurve::expected_ms`]). 1 until forwards are timed.
     #[serde(default = "no_excess")]
     excess: [f64; 2],
+    /// The padded shapes' times, where they were measured (see [`shapes`]); None on curves
+    /// measured before them, which never pad on their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shapes: Option<ShapeTimes>,
     /// Where observations are also folded (see [`CostCurve::tapped`]); shared by clones.
     #[serde(skip)]
     tap: Option<Arc<CurveTap>>,
@@ -95,6 +101,7 @@ impl PartialEq for CostCurve {
             && self.row_ms_per_context_token == other.row_ms_per_context_token
             && self.profiled_context == other.profiled_context
             && self.excess == other.excess
+            && self.shapes == other.shapes
     }
 }
 
@@ -150,7 +157,14 @@ impl CostCurve {
             }
         }
         ms.push(pts.last().map(|p| p.1).unwrap_or(1.0));
-        Ok(Self { ms, row_ms_per_context_token: 0.0, profiled_context: 0, excess: no_excess(), tap: None })
+        Ok(Self {
+            ms,
+            row_ms_per_context_token: 0.0,
+            profiled_context: 0,
+            excess: no_excess(),
+            shapes: None,
+            tap: None,
+        })
     }
 
     /// This curve with a tap: every later observation of it or of any of its clones is also
@@ -198,6 +212,34 @@ impl CostCurve {
         self.row_ms_per_context_token * context.saturating_sub(self.profiled_context) as f64
     }
 
+    /// This curve with its padded shapes' times (see [`shapes`]).
+    pub fn with_shapes(mut self, shapes: Option<ShapeTimes>) -> Self {
+        self.shapes = shapes;
+        self
+    }
+
+    /// The padded shapes' times, where measured.
+    pub fn shapes(&self) -> Option<&ShapeTimes> {
+        self.shapes.as_ref()
+    }
+
+    /// Turn padding to the measured shapes on or off for the forwards this curve prices; false
+    /// (and nothing changes) when no shapes were measured.
+    pub fn set_padding(&mut self, on: bool) -> bool {
+        match self.shapes.as_mut() {
+            Some(s) => {
+                s.active = on;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The shapes' times when forwards are padded to them now.
+    pub fn padding(&self) -> Option<&ShapeTimes> {
+        self.shapes.as_ref().filter(|s| s.active)
+    }
+
     /// T(n) on a cache of `context` committed tokens.
     pub fn ms_at(&self, n: usize, context: usize) -> f64 {
         self.ms(n) + n as f64 * self.row_surcharge(context)
@@ -213,6 +255,7 @@ impl CostCurve {
             row_ms_per_context_token: self.row_ms_per_context_token,
             profiled_context: context.max(self.profiled_context),
             excess: self.excess,
+            shapes: self.shapes.clone(),
             tap: None,
         }
     }

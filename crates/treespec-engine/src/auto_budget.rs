@@ -136,6 +136,9 @@ pub struct AutoBudget {
     batch_rows: usize,
     /// Committed tokens this request's rows attend to in the coming forward (set per step).
     context: usize,
+    /// The shape of the last target forward, when the target pads to fixed shapes: the next
+    /// step is priced at that shape's replay if it stays in it.
+    previous_shape: Option<usize>,
     /// Counters since the last `begin`.
     pub stats: AutoStats,
 }
@@ -173,6 +176,7 @@ impl AutoBudget {
             probe_every: PROBE_FIRST,
             raw: Vec::new(),
             batch_rows: 0,
+            previous_shape: None,
             context: 0,
             stats: AutoStats::default(),
         }
@@ -199,6 +203,7 @@ impl AutoBudget {
     pub fn economics(&self) -> Economics<'_> {
         let rate = self.achieved_rate().unwrap_or(0.0);
         Economics::in_batch_at(&self.costs.target, rate, self.batch_rows, self.context)
+            .after_shape(self.previous_shape)
     }
 
     /// The target's cost curve as refined so far.
@@ -291,6 +296,15 @@ impl AutoBudget {
     /// Fold a timed target forward into the target curve (when it timed one of its sizes) and
     /// into the step's time.
     pub fn observe_target(&mut self, forward: ForwardCost) {
+        if let Some(p) = self.costs.target.padding() {
+            // A padded forward ran as its shape, replayed or not: its time is the shape's, not
+            // T(rows), and does not refine the curve.
+            self.previous_shape = Some(p.buckets.shape(forward.rows));
+            if self.costs.refine {
+                self.step_ms += forward.ms();
+            }
+            return;
+        }
         if self.costs.refine {
             if let Some(rows) = forward.timed_rows() {
                 // The batch's other rows are taken at this request's context: an approximation

@@ -119,6 +119,11 @@ impl PendingTree {
         self.nodes.len()
     }
 
+    /// The path ids no pending node uses.
+    pub fn unused_ids(&self) -> &[i32] {
+        &self.free
+    }
+
     /// Number of paths (leaves) in use.
     pub fn paths(&self) -> usize {
         self.ids.len() - self.free.len()

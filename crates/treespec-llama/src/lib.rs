@@ -27,6 +27,7 @@ mod lm;
 mod load;
 mod memory;
 mod meta;
+mod padding;
 mod precheck;
 mod prompt;
 mod quantize;

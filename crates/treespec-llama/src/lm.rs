@@ -26,6 +26,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use treespec_core::cost::shapes::ShapeBuckets;
 use treespec_core::TokenId;
 use treespec_engine::{CausalLm, EngineError, Logits, Result, TreeBatch};
 
@@ -33,6 +34,7 @@ use crate::backend;
 use crate::kv::{PendingTree, Plan, Undo, BASE_SEQ};
 use crate::load::{LlamaModel, DECODED};
 use crate::memory::{check_fits, mem_available};
+use crate::padding::{graph_reuses, Padding};
 
 /// A decoding context over a [`LlamaModel`]: committed prefix plus pending token tree.
 pub struct LlamaLm<'m> {
@@ -47,6 +49,8 @@ pub struct LlamaLm<'m> {
     tree: PendingTree,
     /// Told `(done, total)` prompt tokens as a prefill goes (`treespec generate`'s progress bar).
     prefill_progress: Option<PrefillProgress>,
+    /// The shapes forwards are padded to, and the current forward's filler rows.
+    padding: Padding,
 }
 
 /// What [`LlamaLm::set_prefill_progress`] calls.
@@ -103,6 +107,7 @@ impl LlamaModel {
             committed: 0,
             tree: PendingTree::new(o.n_seq_max),
             prefill_progress: None,
+            padding: Padding::default(),
         })
     }
 
@@ -401,12 +406,17 @@ impl CausalLm for LlamaLm<'_> {
                 return Err(EngineError::Backend(format!("KV cache copy failed: {e}")));
             }
         }
+        let spare = self.scratch_seq();
+        let n =
+            self.padding.plan(batch.len(), used, self.n_ctx, spare, self.tree.unused_ids(), batch.tokens[0]);
         let (committed, tree) = (self.committed, &self.tree);
         let rows = (0..batch.len()).map(|i| {
             let (depth, seqs) = tree.row(base + i);
             (batch.tokens[i], committed + depth, seqs, batch.logits[i])
         });
-        if let Err(e) = self.batch.decode(&mut self.ctx, self.n_ctx, batch.len(), rows) {
+        let decoded = self.batch.decode(&mut self.ctx, self.n_ctx, n, rows.chain(self.padding.rows()));
+        let removed = self.padding.remove(&mut self.ctx);
+        if let Err(e) = decoded.and(removed) {
             undo_plan(&mut self.ctx, &plan);
             self.tree.rollback(base, &plan);
             return Err(e);
@@ -465,5 +475,14 @@ impl CausalLm for LlamaLm<'_> {
 
     fn computes_on_cpu(&self) -> bool {
         !self.model.options().offload.layers.any()
+    }
+
+    fn pad_shapes(&mut self, buckets: Option<&ShapeBuckets>) -> bool {
+        self.padding.set(buckets);
+        true
+    }
+
+    fn graph_reuses(&mut self) -> Option<u64> {
+        Some(graph_reuses(&mut self.ctx))
     }
 }

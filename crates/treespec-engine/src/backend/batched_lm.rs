@@ -86,4 +86,17 @@ pub trait BatchedLm {
 
     /// The lane's request is over: free it (its tokens may stay cached for prefix reuse).
     fn close(&mut self, lane: LaneId);
+
+    /// Pad every later forward of two or more rows (all lanes' together) up to a shape of
+    /// `buckets` (see [`CausalLm::pad_shapes`](crate::CausalLm::pad_shapes)); None stops
+    /// padding. False when this backend cannot pad.
+    fn pad_shapes(&mut self, buckets: Option<&treespec_core::cost::shapes::ShapeBuckets>) -> bool {
+        let _ = buckets;
+        false
+    }
+
+    /// Forwards so far that reused the graph of the forward before, where the backend counts.
+    fn graph_reuses(&mut self) -> Option<u64> {
+        None
+    }
 }

@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 
+use treespec_core::cost::shapes::ShapeBuckets;
 use treespec_core::tree::TokenTree;
 use treespec_core::TokenId;
 
@@ -175,6 +176,21 @@ pub trait CausalLm: Send {
     fn computes_on_cpu(&self) -> bool {
         true
     }
+
+    /// Pad every later forward of two or more rows up to a shape of `buckets` with filler rows
+    /// that change no returned row and leave nothing pending (see `treespec_core::cost::shapes`),
+    /// so that consecutive forwards of one bucket have the same shape; None stops padding. False
+    /// when this model cannot pad (nothing changes then).
+    fn pad_shapes(&mut self, buckets: Option<&ShapeBuckets>) -> bool {
+        let _ = buckets;
+        false
+    }
+
+    /// Forwards so far that reused the computation graph of the forward before (llama.cpp's own
+    /// count), where the backend keeps one.
+    fn graph_reuses(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// Forward every `CausalLm` method through a pointer type to the model it points at.
@@ -207,6 +223,12 @@ macro_rules! forward_causal_lm {
             }
             fn computes_on_cpu(&self) -> bool {
                 (**self).computes_on_cpu()
+            }
+            fn pad_shapes(&mut self, buckets: Option<&ShapeBuckets>) -> bool {
+                (**self).pad_shapes(buckets)
+            }
+            fn graph_reuses(&mut self) -> Option<u64> {
+                (**self).graph_reuses()
             }
         }
     )*};

@@ -10,7 +10,7 @@ use treespec_core::TokenId;
 use treespec_engine::backend::{LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result, TreeBatch};
 
-use super::{kv_err, LaneSeq, LlamaBatchLm, Placed};
+use super::{kv_err, LaneSeq, LlamaBatchLm, Placed, SCRATCH};
 use crate::kv::{PendingTree, Plan};
 use crate::lm::{lend_rows, undo_plan};
 
@@ -165,7 +165,12 @@ impl LlamaBatchLm<'_> {
     ) -> Result<()> {
         self.plan_rows(work, step)?;
         self.copy_planned_kv(&step.plans)?;
-        self.batch.decode(&mut self.ctx, self.n_ctx, rows, batch_rows(&self.lanes, work))
+        let token = batch_rows(&self.lanes, work).next().map_or(0, |r| r.0);
+        let n = self.padding.plan(rows, self.used, self.n_ctx, SCRATCH, &self.free_seqs, token);
+        let rows = batch_rows(&self.lanes, work).chain(self.padding.rows());
+        let decoded = self.batch.decode(&mut self.ctx, self.n_ctx, n, rows);
+        let removed = self.padding.remove(&mut self.ctx);
+        decoded.and(removed)
     }
 
     /// Plan every lane's rows in batch order: prompt chunks on the lane's base sequence, trees on

@@ -24,6 +24,7 @@
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
 
+use treespec_core::cost::shapes::ShapeBuckets;
 use treespec_core::TokenId;
 use treespec_engine::backend::{BatchRoom, BatchedLm, LaneId, LaneWork};
 use treespec_engine::{EngineError, Logits, Result};
@@ -32,6 +33,7 @@ use crate::backend;
 use crate::kv::PendingTree;
 use crate::lm::{backend_err, seq_rm, BatchBuf};
 use crate::load::LlamaModel;
+use crate::padding::{graph_reuses, Padding};
 
 mod forward;
 mod saved_prefixes;
@@ -188,6 +190,8 @@ pub struct LlamaBatchLm<'m> {
     dead_rent: u64,
     /// This step's rows, in batch order, while a step is open.
     placed: Vec<Placed>,
+    /// The shapes forwards are padded to, and the current forward's filler rows.
+    padding: Padding,
     /// Counters.
     pub counters: BatchCounters,
 }
@@ -243,6 +247,7 @@ impl LlamaModel {
             used: 0,
             dead_rent: 0,
             placed: Vec::new(),
+            padding: Padding::default(),
             counters: BatchCounters::default(),
         })
     }
@@ -464,6 +469,15 @@ impl LlamaBatchLm<'_> {
 impl BatchedLm for LlamaBatchLm<'_> {
     fn vocab_size(&self) -> usize {
         self.n_vocab
+    }
+
+    fn pad_shapes(&mut self, buckets: Option<&ShapeBuckets>) -> bool {
+        self.padding.set(buckets);
+        true
+    }
+
+    fn graph_reuses(&mut self) -> Option<u64> {
+        Some(graph_reuses(&mut self.ctx))
     }
 
     fn context_size(&self) -> usize {
