@@ -42,6 +42,10 @@ pub struct RunRecord {
     pub tokens_per_s: f64,
     /// Target forwards (decode steps).
     pub target_forwards: u64,
+    /// Of them, forwards that reused the graph of the forward before (0 in results recorded
+    /// before it was counted).
+    #[serde(default)]
+    pub graph_reuses: u64,
     /// Draft model forwards.
     pub draft_forwards: u64,
     /// Drafted nodes sent for verification.
@@ -100,6 +104,7 @@ impl RunRecord {
             prefill_s: s.times.prefill.as_secs_f64(),
             tokens_per_s: s.tokens_per_s(),
             target_forwards: s.target_forwards,
+            graph_reuses: s.graph_reuses,
             draft_forwards: s.draft_forwards,
             drafted: s.drafted,
             accepted: s.accepted,
@@ -273,6 +278,9 @@ pub struct SummaryRow {
     pub new_tokens: u64,
     /// Target forwards over all runs.
     pub target_forwards: u64,
+    /// Of them, forwards that reused the graph of the forward before.
+    #[serde(default)]
+    pub graph_reuses: u64,
     /// Draft forwards over all runs.
     pub draft_forwards: u64,
     /// Runs identical to plain (temperature 0), else null.

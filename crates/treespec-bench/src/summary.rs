@@ -136,6 +136,7 @@ fn row(
         target_forward_ms_per_step: per_step(&|r| r.target_s),
         new_tokens: group.iter().map(|r| r.new_tokens).sum(),
         target_forwards: steps,
+        graph_reuses: group.iter().map(|r| r.graph_reuses).sum(),
         draft_forwards: group.iter().map(|r| r.draft_forwards).sum(),
         identical_runs: identical,
     }

@@ -48,6 +48,9 @@ pub struct DecodeStats {
     pub new_tokens: u64,
     /// Verification forwards of the target (one per decode step).
     pub target_forwards: u64,
+    /// Of them, forwards that reused the graph of the forward before (llama.cpp's count: on a
+    /// device, a replay), where the backend says.
+    pub graph_reuses: u64,
     /// Forward calls of the draft model (0 for model-free drafters).
     pub draft_forwards: u64,
     /// Drafted tree nodes sent for verification.
@@ -122,11 +125,12 @@ impl DecodeStats {
     pub fn summary_line(&self) -> String {
         let rates: Vec<String> = self.depth_rates().iter().take(8).map(|r| format!("{:.2}", r)).collect();
         format!(
-            "{} tokens in {:.2}s ({:.1} tok/s) | target forwards {} | draft forwards {} | drafted {} accepted {} | mean accepted {:.2} | accept by depth [{}]",
+            "{} tokens in {:.2}s ({:.1} tok/s) | target forwards {} ({} reused the graph) | draft forwards {} | drafted {} accepted {} | mean accepted {:.2} | accept by depth [{}]",
             self.new_tokens,
             self.wall.as_secs_f64(),
             self.tokens_per_s(),
             self.target_forwards,
+            self.graph_reuses,
             self.draft_forwards,
             self.drafted,
             self.accepted,

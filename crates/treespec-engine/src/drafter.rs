@@ -24,12 +24,15 @@ pub struct ForwardCost {
     pub prompt_rows: usize,
     /// How long the forward took: the step waited that long.
     pub time: Duration,
+    /// Whether the forward reused the graph of the forward before (where the backend says):
+    /// on a device, a replay.
+    pub graph_reused: Option<bool>,
 }
 
 impl ForwardCost {
     /// A forward of `rows` tree rows and nothing else, taking `ms` (replays, tests).
     pub fn trees(rows: usize, ms: f64) -> Self {
-        Self { rows, prompt_rows: 0, time: Duration::from_secs_f64(ms / 1e3) }
+        Self { rows, prompt_rows: 0, time: Duration::from_secs_f64(ms / 1e3), graph_reused: None }
     }
 
     /// The forward's time in ms.

@@ -50,7 +50,12 @@ pub fn generate_constrained(
     {
         let t = Instant::now();
         let logits = target.forward(&TreeBatch::from_tree(tree, 0))?;
-        let forward = ForwardCost { rows: logits.rows(), prompt_rows: 0, time: t.elapsed() };
+        let forward = ForwardCost {
+            rows: logits.rows(),
+            prompt_rows: 0,
+            time: t.elapsed(),
+            graph_reused: logits.graph_reused(),
+        };
         let scored = Scored { logits: &logits, forward };
         let step = generation.complete(drafter, constraint.as_deref_mut(), scored, bytes)?;
         target.commit(&step.path)?;

@@ -293,6 +293,7 @@ impl Generation {
             .take()
             .ok_or_else(|| EngineError::State("complete() without a proposed tree".into()))?;
         self.stats.times.target += forward.time;
+        self.stats.graph_reuses += u64::from(forward.graph_reused == Some(true));
         drafter.observe_cost(forward);
         if logits.rows() != tree.len() || logits.vocab() != self.vocab {
             return Err(EngineError::State(format!(

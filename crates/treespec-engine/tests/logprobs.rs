@@ -26,7 +26,12 @@ fn run(drafter: &mut dyn Drafter, sampling: SamplingParams) -> (Vec<TokenId>, Ve
         let logits = target.forward(&batch).unwrap().into_owned();
         let scored = Scored {
             logits: &logits,
-            forward: ForwardCost { rows: batch.len(), prompt_rows: 0, time: Default::default() },
+            forward: ForwardCost {
+                rows: batch.len(),
+                prompt_rows: 0,
+                time: Default::default(),
+                graph_reused: None,
+            },
         };
         let step = g.complete(drafter, None, scored, None).unwrap();
         target.commit(&step.path).unwrap();

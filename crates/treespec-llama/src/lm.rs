@@ -257,12 +257,22 @@ pub(crate) struct BatchBuf {
     batch: LlamaBatch<'static>,
     capacity: usize,
     n_seq: usize,
+    /// llama.cpp's count of decodes that reused the graph before, after the last decode.
+    pub(crate) reuses: u64,
+    /// Whether the last decode reused the graph of the one before.
+    pub(crate) reused: bool,
 }
 
 impl BatchBuf {
     /// A batch for rows of up to `n_seq` sequence ids each.
     pub(crate) fn new(n_seq: usize) -> Self {
-        Self { batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32), capacity: INITIAL_BATCH, n_seq }
+        Self {
+            batch: LlamaBatch::new(INITIAL_BATCH, n_seq as i32),
+            capacity: INITIAL_BATCH,
+            n_seq,
+            reuses: 0,
+            reused: false,
+        }
     }
 
     /// Fill the batch with the `n` `rows` (token, position, sequence ids, logits wanted) and run
@@ -289,7 +299,11 @@ impl BatchBuf {
         }
         DECODED.store(true, Ordering::SeqCst);
         backend::clear_captured();
-        ctx.decode(&mut self.batch).map_err(|e| backend_err("llama_decode failed", e))
+        ctx.decode(&mut self.batch).map_err(|e| backend_err("llama_decode failed", e))?;
+        let reuses = graph_reuses(ctx);
+        self.reused = reuses > self.reuses;
+        self.reuses = reuses;
+        Ok(())
     }
 }
 
@@ -421,7 +435,8 @@ impl CausalLm for LlamaLm<'_> {
             self.tree.rollback(base, &plan);
             return Err(e);
         }
-        Ok(self.output_rows(&batch.logits))
+        let reused = self.batch.reused;
+        Ok(self.output_rows(&batch.logits).with_graph_reused(reused))
     }
 
     fn commit(&mut self, path: &[usize]) -> Result<()> {
@@ -482,7 +497,7 @@ impl CausalLm for LlamaLm<'_> {
         true
     }
 
-    fn graph_reuses(&mut self) -> Option<u64> {
-        Some(graph_reuses(&mut self.ctx))
+    fn graph_reuses(&self) -> Option<u64> {
+        Some(self.batch.reuses)
     }
 }

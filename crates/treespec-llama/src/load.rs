@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use treespec_core::cost::shapes::PadShapes;
 
 use treespec_engine::{EngineError, Result};
 
@@ -77,6 +78,10 @@ pub struct LoadOptions {
     pub mmap: bool,
     /// Lock the weights in memory so the OS never swaps them out (`--mlock`).
     pub mlock: bool,
+    /// Whether the target's verify forwards are padded to fixed shapes (`--pad-shapes`; default
+    /// auto: where the target's measured shape times say it pays, see
+    /// [`ModelRuntime::shape_padding`](crate::ModelRuntime::shape_padding)).
+    pub pad_shapes: PadShapes,
 }
 
 impl Default for LoadOptions {
@@ -95,6 +100,7 @@ impl Default for LoadOptions {
             threads_batch: None,
             mmap: true,
             mlock: false,
+            pad_shapes: PadShapes::Auto,
         }
     }
 }

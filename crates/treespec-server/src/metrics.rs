@@ -99,6 +99,9 @@ struct Inner {
     cells: (usize, usize),
     /// Bytes of KV prefixes kept in host memory (`--cache-ram`; server-wide only).
     saved_prefix_bytes: usize,
+    /// Forwards of the shared context that reused the graph before (server-wide only; None where
+    /// the backend does not count).
+    graph_reuses: Option<u64>,
 }
 
 impl Default for Inner {
@@ -122,6 +125,7 @@ impl Default for Inner {
             cache: CacheBooks::default(),
             cells: (0, 0),
             saved_prefix_bytes: 0,
+            graph_reuses: None,
         }
     }
 }
@@ -248,12 +252,20 @@ impl Metrics {
         });
     }
 
-    /// The KV cells the live requests hold now, all of them, and the bytes of finished requests'
-    /// prefixes kept in host memory (after every batched step).
-    pub fn set_kv_cells(&self, used: usize, total: usize, saved_prefix_bytes: usize) {
+    /// The KV cells the live requests hold now, all of them, the bytes of finished requests'
+    /// prefixes kept in host memory, and the shared context's forwards that reused the graph of
+    /// the one before (after every batched step).
+    pub fn set_context_figures(
+        &self,
+        used: usize,
+        total: usize,
+        saved_prefix_bytes: usize,
+        graph_reuses: Option<u64>,
+    ) {
         self.with(|b| {
             b.server.cells = (used, total);
             b.server.saved_prefix_bytes = saved_prefix_bytes;
+            b.server.graph_reuses = graph_reuses;
         });
     }
 
@@ -532,6 +544,16 @@ fn render_steps(s: &mut String, m: &Inner) {
         "Bytes of finished requests' KV prefixes kept in host memory for later turns (--cache-ram).",
     );
     let _ = writeln!(s, "treespec_prefix_cache_bytes {}", m.saved_prefix_bytes);
+    if let Some(n) = m.graph_reuses {
+        head(
+            s,
+            "treespec_graph_reuses_total",
+            "counter",
+            "Forwards of the shared context that reused the computation graph of the forward before \
+             (llama.cpp's n_reused; on a GPU a replay; see --pad-shapes).",
+        );
+        let _ = writeln!(s, "treespec_graph_reuses_total {n}");
+    }
     let seconds: [(&str, &str, f64); 2] = [
         ("treespec_batch_step_seconds_total", "Wall time of batched steps.", m.step_seconds),
         (

@@ -1,6 +1,7 @@
 //! Argument groups shared by `generate`, `bench` and `serve`: models, sampling, method knobs.
 
 use std::path::PathBuf;
+use treespec_core::cost::shapes::PadShapes;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -93,6 +94,15 @@ pub struct RuntimeArgs {
     /// Lock the weights in memory so they are never swapped out (llama.cpp's `--mlock`).
     #[arg(long = "mlock")]
     pub mlock: bool,
+    /// Pad the target's verify forwards to a few fixed shapes so a GPU replays them (docs/GPU.md):
+    /// `auto` where the measured shape times say it pays (a device; never a CPU), `on` (8, 16,
+    /// 32, 64 rows), `off`, or a list of row counts.
+    #[arg(long = "pad-shapes", value_name = "auto|on|off|LIST", default_value = "auto", value_parser = parse_pad_shapes)]
+    pub pad_shapes: PadShapes,
+}
+
+fn parse_pad_shapes(text: &str) -> std::result::Result<PadShapes, String> {
+    PadShapes::parse(text).map_err(|e| e.to_string())
 }
 
 impl RuntimeArgs {
@@ -135,6 +145,7 @@ impl RuntimeArgs {
             threads_batch: self.threads_batch,
             mmap: !self.no_mmap,
             mlock: self.mlock,
+            pad_shapes: self.pad_shapes.clone(),
             ..LoadOptions::default()
         };
         if let Some(t) = self.threads {

@@ -22,7 +22,8 @@ use treespec_core::sampling::SamplingParams;
 use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
 use treespec_engine::drafters::{DecisionTrace, StorePlaces, StoreSave, SuffixStore};
 use treespec_engine::{
-    generate_constrained, Drafter, ExtraStats, GenerateOutput, Method, MethodSpec, Prepared, TokenConstraint,
+    generate_constrained, CausalLm, Drafter, ExtraStats, GenerateOutput, Method, MethodSpec, Prepared,
+    TokenConstraint,
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -108,6 +109,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("learned prices: loaded {trials} trials from {}", path.display());
     }
     let mut target = models.target().new_lm()?;
+    if let Some(buckets) = models.shape_padding() {
+        target.pad_shapes(Some(&buckets));
+    }
     let mut draft = match (method.uses_draft(), models.draft()) {
         (true, Some(d)) => Some(d.new_lm()?),
         _ => None,
@@ -338,6 +342,7 @@ fn json_result(
             "prompt_tokens": prompt_tokens,
             "new_tokens": s.new_tokens,
             "target_forwards": s.target_forwards,
+            "graph_reuses": s.graph_reuses,
             "draft_forwards": s.draft_forwards,
             "drafted": s.drafted,
             "forced": s.forced,

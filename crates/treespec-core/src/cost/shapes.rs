@@ -170,6 +170,47 @@ impl ShapeTimes {
     }
 }
 
+/// Whether forwards are padded: never, always (to these buckets), or where the measured times
+/// say padding pays (`--pad-shapes off|on|auto|8,16,32,64`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PadShapes {
+    /// Never.
+    Off,
+    /// Always, to these buckets (filler rows change no output, so this is for tests and
+    /// measurements: where it does not pay it only costs time).
+    On(ShapeBuckets),
+    /// To the buckets the target's curve was timed on, where [`ShapeTimes::padding_pays`] says
+    /// so; never on a curve timed without shapes.
+    #[default]
+    Auto,
+}
+
+impl PadShapes {
+    /// `off`, `on` (the default buckets), `auto`, or a list of bucket sizes (on, to those).
+    pub fn parse(text: &str) -> Result<Self> {
+        match text.trim() {
+            "off" | "none" => Ok(Self::Off),
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On(ShapeBuckets::default())),
+            list => ShapeBuckets::parse(list).map(Self::On).map_err(|e| {
+                Error::Invalid(format!("--pad-shapes takes off, on, auto or a list of row counts: {e}"))
+            }),
+        }
+    }
+
+    /// The buckets forwards are padded to, for a target priced on `curve` (None: not padded).
+    pub fn decide(&self, curve: Option<&CostCurve>) -> Option<ShapeBuckets> {
+        match self {
+            Self::Off => None,
+            Self::On(b) => Some(b.clone()),
+            Self::Auto => {
+                let curve = curve?;
+                curve.shapes().filter(|s| s.padding_pays(curve)).map(|s| s.buckets.clone())
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +282,22 @@ mod tests {
         let dev = CostCurve::from_points(&[(1, 2.15), (4, 4.49), (16, 5.6), (64, 9.0)]).unwrap();
         let on_dev = times(&b, |r| dev.ms(r), |r| 2.15 + 0.02 * r as f64);
         assert!(on_dev.padding_pays(&dev));
+    }
+
+    #[test]
+    fn the_pad_shapes_setting_parses_and_decides_by_the_curve_in_auto() {
+        assert_eq!(PadShapes::parse("off").unwrap(), PadShapes::Off);
+        assert_eq!(PadShapes::parse("on").unwrap(), PadShapes::On(ShapeBuckets::default()));
+        assert_eq!(PadShapes::parse("16,8").unwrap(), PadShapes::On(ShapeBuckets::new(&[8, 16]).unwrap()));
+        assert!(PadShapes::parse("sometimes").unwrap_err().to_string().contains("--pad-shapes"));
+        let b = ShapeBuckets::default();
+        let dev = CostCurve::from_points(&[(1, 2.15), (4, 4.49), (16, 5.6), (64, 9.0)]).unwrap();
+        let paying = times(&b, |r| dev.ms(r), |r| 2.15 + 0.02 * r as f64);
+        let curve = dev.clone().with_shapes(Some(paying));
+        assert_eq!(PadShapes::Auto.decide(Some(&curve)), Some(b.clone()));
+        assert_eq!(PadShapes::Auto.decide(Some(&dev)), None, "no shapes timed: not padded");
+        assert_eq!(PadShapes::Auto.decide(None), None);
+        assert_eq!(PadShapes::Off.decide(Some(&curve)), None);
+        assert_eq!(PadShapes::On(b.clone()).decide(None), Some(b));
     }
 }

@@ -96,7 +96,7 @@ pub trait BatchedLm {
     }
 
     /// Forwards so far that reused the graph of the forward before, where the backend counts.
-    fn graph_reuses(&mut self) -> Option<u64> {
+    fn graph_reuses(&self) -> Option<u64> {
         None
     }
 }

@@ -83,13 +83,16 @@ impl TreeBatch {
 pub struct Logits<'a> {
     vocab: usize,
     data: Cow<'a, [f32]>,
+    /// Whether the forward that computed them reused the graph of the forward before (where the
+    /// backend says).
+    graph_reused: Option<bool>,
 }
 
 impl Logits<'static> {
     /// Wrap row-major logits of `data.len() / vocab` rows.
     pub fn new(vocab: usize, data: Vec<f32>) -> Self {
         debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
-        Self { vocab, data: Cow::Owned(data) }
+        Self { vocab, data: Cow::Owned(data), graph_reused: None }
     }
 }
 
@@ -97,12 +100,27 @@ impl<'a> Logits<'a> {
     /// Borrow row-major logits of `data.len() / vocab` rows.
     pub fn borrowed(vocab: usize, data: &'a [f32]) -> Self {
         debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
-        Self { vocab, data: Cow::Borrowed(data) }
+        Self { vocab, data: Cow::Borrowed(data), graph_reused: None }
     }
 
     /// The same rows, owned (a copy when borrowed).
     pub fn into_owned(self) -> Logits<'static> {
-        Logits { vocab: self.vocab, data: Cow::Owned(self.data.into_owned()) }
+        Logits {
+            vocab: self.vocab,
+            data: Cow::Owned(self.data.into_owned()),
+            graph_reused: self.graph_reused,
+        }
+    }
+
+    /// These rows, from a forward that did (or did not) reuse the graph of the one before.
+    pub fn with_graph_reused(mut self, reused: bool) -> Self {
+        self.graph_reused = Some(reused);
+        self
+    }
+
+    /// Whether the forward reused the graph of the forward before (None: the backend does not say).
+    pub fn graph_reused(&self) -> Option<bool> {
+        self.graph_reused
     }
 
     /// Vocabulary size.
@@ -188,7 +206,7 @@ pub trait CausalLm: Send {
 
     /// Forwards so far that reused the computation graph of the forward before (llama.cpp's own
     /// count), where the backend keeps one.
-    fn graph_reuses(&mut self) -> Option<u64> {
+    fn graph_reuses(&self) -> Option<u64> {
         None
     }
 }
@@ -227,7 +245,7 @@ macro_rules! forward_causal_lm {
             fn pad_shapes(&mut self, buckets: Option<&ShapeBuckets>) -> bool {
                 (**self).pad_shapes(buckets)
             }
-            fn graph_reuses(&mut self) -> Option<u64> {
+            fn graph_reuses(&self) -> Option<u64> {
                 (**self).graph_reuses()
             }
         }

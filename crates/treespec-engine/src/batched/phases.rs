@@ -174,7 +174,8 @@ fn forward(
     let logits = logits?;
     let time = t.elapsed();
     advance_prefill(lanes, chunks, time);
-    let forward = ForwardCost { rows, prompt_rows: chunks.iter().map(|c| c.tokens).sum(), time };
+    let prompt_rows = chunks.iter().map(|c| c.tokens).sum();
+    let forward = ForwardCost { rows, prompt_rows, time, graph_reused: logits.graph_reused() };
     let outcomes = complete(lanes, trees, &logits, forward, bytes);
     Ok((time, outcomes))
 }

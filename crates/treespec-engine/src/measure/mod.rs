@@ -3,6 +3,7 @@
 //!
 //! - [`profile`]: the cost curve T(n) of a model's forwards (timed, checked for a busy machine,
 //!   re-checked against a cached curve).
+//! - [`shapes`]: the padded shapes' times, changed and replayed (whether padding pays here).
 //! - [`serving_gate`]: a measurement in the background pauses while the process serves requests.
 //! - [`offline`]: acceptance vectors and training data for the calibrated methods (`treespec
 //!   calibrate`).
@@ -12,3 +13,4 @@ mod cpu_time;
 pub mod offline;
 pub mod profile;
 pub mod serving_gate;
+pub mod shapes;

@@ -288,6 +288,7 @@ impl LlamaBatchLm<'_> {
         self.charge_cached(rows);
         self.counters.forwards += 1;
         self.counters.rows += rows as u64;
+        self.counters.graph_reuses = self.batch.reuses;
         self.placed = placed;
     }
 
@@ -296,6 +297,6 @@ impl LlamaBatchLm<'_> {
     pub(super) fn lend_tree_rows(&self) -> Logits<'_> {
         let wanted: Vec<bool> =
             self.placed.iter().flat_map(|p| std::iter::repeat_n(p.tree, p.rows)).collect();
-        lend_rows(&self.ctx, self.n_vocab, &wanted)
+        lend_rows(&self.ctx, self.n_vocab, &wanted).with_graph_reused(self.batch.reused)
     }
 }

@@ -33,7 +33,7 @@ use crate::backend;
 use crate::kv::PendingTree;
 use crate::lm::{backend_err, seq_rm, BatchBuf};
 use crate::load::LlamaModel;
-use crate::padding::{graph_reuses, Padding};
+use crate::padding::Padding;
 
 mod forward;
 mod saved_prefixes;
@@ -167,6 +167,8 @@ pub struct BatchCounters {
     pub saved_bytes: u64,
     /// Prompt tokens served from a cached prefix instead of being prefilled.
     pub reused_tokens: u64,
+    /// Decodes that reused the graph of the decode before (llama.cpp's `n_reused`).
+    pub graph_reuses: u64,
 }
 
 /// Many lanes in one llama.cpp context.
@@ -476,8 +478,8 @@ impl BatchedLm for LlamaBatchLm<'_> {
         true
     }
 
-    fn graph_reuses(&mut self) -> Option<u64> {
-        Some(graph_reuses(&mut self.ctx))
+    fn graph_reuses(&self) -> Option<u64> {
+        Some(self.batch.reuses)
     }
 
     fn context_size(&self) -> usize {

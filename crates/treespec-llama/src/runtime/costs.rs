@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, UNIX_EPOCH};
+use treespec_core::cost::shapes::{ShapeBuckets, ShapeTimes};
+use treespec_engine::measure::shapes::time_shapes;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -41,6 +43,7 @@ use treespec_engine::measure::profile::{
 
 use super::models::{ModelPair, ModelPaths};
 use crate::kernels::{self, TiledMatmul, TILED_ENV};
+use crate::lm::LlamaLm;
 use crate::load::{LlamaModel, DECODED};
 
 /// Interleaved rounds over every batch size of a start-up profile (the fastest repeat is kept;
@@ -447,7 +450,7 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
     let measured = measure_curve(&mut lm, PROFILE_SIZES, &opts, &mut |p| bar.update(p));
     bar.finish();
     let measured = measured.with_context(|| format!("profiling {}", path.display()))?;
-    let curve = measured.curve;
+    let curve = measured.curve.clone().with_shapes(measure_shapes(&mut lm));
     eprintln!(
         "[treespec]   T(1) = {:.1} ms, T(4) = {:.1} ms, T(8) = {:.1} ms, T(16) = {:.1} ms, \
          +{:.1} ms a row per 1,000 committed tokens ({:.1} s; {into})",
@@ -488,6 +491,33 @@ fn measure(path: &Path, model: &LlamaModel, file: Option<&Path>) -> Result<(Cach
         kernels,
     };
     Ok((cached, measured.interference.stood_in))
+}
+
+/// Repeats of each padded shape's changed and replayed timings (the median is kept).
+const SHAPE_REPEATS: usize = 3;
+
+/// The padded shapes' times on `lm` (what `--pad-shapes auto` decides on), and one line saying
+/// what they decide; None, with a warning, where they cannot be timed (the curve then never pads
+/// on its own).
+fn measure_shapes(lm: &mut LlamaLm<'_>) -> Option<ShapeTimes> {
+    let buckets = ShapeBuckets::default();
+    match time_shapes(lm, &buckets, SHAPE_REPEATS) {
+        Ok(times) => {
+            let shown: Vec<String> = times
+                .times
+                .iter()
+                .map(|t| format!("{} rows {:.1}/{:.1}", t.rows, t.changed_ms, t.replayed_ms))
+                .collect();
+            eprintln!("[treespec]   padded shapes, ms changed/replayed: {}", shown.join(", "));
+            Some(times)
+        }
+        Err(e) => {
+            eprintln!(
+                "[treespec] warning: the padded shapes could not be timed ({e}); forwards stay unpadded"
+            );
+            None
+        }
+    }
 }
 
 /// The CPU kernels the curve about to be measured runs on: on a CPU's first profile, the faster

@@ -25,6 +25,7 @@ mod prompt_model;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use treespec_core::cost::shapes::{PadShapes, ShapeBuckets};
 
 use anyhow::Result;
 use treespec_core::ngram::TokenizerId;
@@ -203,8 +204,31 @@ impl ModelRuntime {
     /// The measured cost model: the target's curve, and the draft's when `with_draft` and a draft
     /// was given. Read from the disk cache or profiled (seconds) on first need, then held;
     /// `reprofile` ignores the disk cache (a curve already profiled by this runtime is reused).
+    /// The target's curve prices forwards padded to fixed shapes when [`ModelRuntime::shape_padding`]
+    /// pads them.
     pub fn cost_model(&self, with_draft: bool, reprofile: bool) -> Result<CostModel> {
-        self.costs.cost_model(&self.pair, &self.paths, with_draft, reprofile)
+        let mut model = self.costs.cost_model(&self.pair, &self.paths, with_draft, reprofile)?;
+        let padded = self.options().pad_shapes.decide(Some(&model.target));
+        let priced = model.target.shapes().is_some_and(|s| Some(&s.buckets) == padded.as_ref());
+        model.target.set_padding(priced);
+        Ok(model)
+    }
+
+    /// The buckets the target's verify forwards are padded to (`--pad-shapes`), None when they are
+    /// not: `on` always, `off` never, `auto` where the target's curve, when one is cached or held,
+    /// was timed on padded shapes and says padding pays (a device that replays a repeated shape;
+    /// never a CPU, where a filler row costs what a real one does). Every context that verifies
+    /// trees for a request ([`LlamaModel::new_lm`], [`LlamaModel::new_batch_lm`]) is padded with
+    /// [`treespec_engine::CausalLm::pad_shapes`] by its caller.
+    pub fn shape_padding(&self) -> Option<ShapeBuckets> {
+        match &self.options().pad_shapes {
+            PadShapes::Auto if !self.has_cost_curves(false) => None,
+            PadShapes::Auto => {
+                let model = self.costs.cost_model(&self.pair, &self.paths, false, false).ok()?;
+                PadShapes::Auto.decide(Some(&model.target))
+            }
+            other => other.decide(None),
+        }
     }
 
     /// Re-time a few sizes of the target's cached cost curve on this machine now and compare

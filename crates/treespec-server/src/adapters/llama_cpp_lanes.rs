@@ -45,6 +45,11 @@ impl<'m> LlamaLanes<'m> {
     ) -> anyhow::Result<Self> {
         let mut lm = runtime.target().new_batch_lm(ctx_size, parallel)?;
         lm.set_saved_prefix_bytes(cache_ram);
+        // Decided from the curve cached at start: a curve measured in the background later
+        // prices this run unpadded (the next start reads it).
+        if let Some(buckets) = runtime.shape_padding() {
+            lm.pad_shapes(Some(&buckets));
+        }
         let draft = match runtime.draft() {
             Some(d) => {
                 let cells = ctx_size + parallel * DRAFT_TREE_CELLS;

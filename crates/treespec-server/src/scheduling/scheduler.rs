@@ -428,7 +428,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
         let lm = self.models.lm();
         let used = self.batch.iter().map(|(lane, _)| lm.committed_len(lane.lane)).sum();
-        self.metrics.set_kv_cells(used, lm.capacity(), lm.saved_prefix_bytes());
+        self.metrics.set_context_figures(used, lm.capacity(), lm.saved_prefix_bytes(), lm.graph_reuses());
         let mut results = results;
         for k in (0..self.batch.len()).rev() {
             match std::mem::replace(&mut results[k], LaneStep::Waiting) {

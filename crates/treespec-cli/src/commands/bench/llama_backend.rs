@@ -52,7 +52,10 @@ pub struct LlamaBackend<'m> {
 
 impl<'m> LlamaBackend<'m> {
     pub fn new(models: &'m ModelRuntime, chat: bool) -> Result<Self> {
-        let target = models.target().new_lm()?;
+        let mut target = models.target().new_lm()?;
+        if let Some(buckets) = models.shape_padding() {
+            target.pad_shapes(Some(&buckets));
+        }
         let draft = models.draft().map(|d| d.new_lm()).transpose()?;
         Ok(Self { models, target, draft, chat })
     }

@@ -68,6 +68,7 @@ struct Pending {
     values: Option<Vec<f64>>,
     started: Instant,
     forward: Option<(usize, f64)>,
+    graph_reused: Option<bool>,
     trace: Option<StepTrace>,
 }
 
@@ -332,6 +333,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             curve_ms: 0.0,
             step_ms: 0.0,
             catch_up_ms: catch_up.as_secs_f64() * 1e3,
+            graph_reused: None,
         });
         self.pending = Some(Pending {
             policy: best.policy,
@@ -339,6 +341,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             values: best.values,
             started,
             forward: None,
+            graph_reused: None,
             trace,
         });
         best.tree
@@ -370,6 +373,7 @@ impl<M: CausalLm> AutoDrafter<M> {
             step.forward_ms = forward_ms;
             step.curve_ms = curve_ms;
             step.step_ms = ms;
+            step.graph_reused = pending.graph_reused;
             trace.write(&step);
         }
     }
@@ -481,6 +485,7 @@ impl<M: CausalLm> Drafter for AutoDrafter<M> {
         }
         if let Some(p) = self.pending.as_mut() {
             p.forward = Some((forward.rows, forward.ms()));
+            p.graph_reused = forward.graph_reused;
         }
     }
 

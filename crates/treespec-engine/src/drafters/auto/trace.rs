@@ -110,4 +110,8 @@ pub(super) struct StepTrace {
     /// without (0 at every other step). A one-off the catch-up rule priced when it chose it,
     /// so the books leave it out of the step's time.
     pub catch_up_ms: f64,
+    /// Whether the target forward reused the graph of the one before (llama.cpp's count; on a
+    /// device, a replay), where the backend says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_reused: Option<bool>,
 }
