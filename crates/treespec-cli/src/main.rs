@@ -7,11 +7,11 @@
 
 mod commands;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Lossless speculative decoding with dynamic token trees.
 #[derive(Debug, Parser)]
-#[command(name = "treespec", version, about, long_about = None)]
+#[command(name = "treespec", version, about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -65,7 +65,11 @@ fn main() {
         eprintln!("error: {why}");
         std::process::exit(2);
     }
-    let cli = Cli::parse_from(commands::spellings::llama_spellings(args));
+    let args = commands::spellings::llama_spellings(args).unwrap_or_else(|why| {
+        eprintln!("error: {why}");
+        std::process::exit(2);
+    });
+    let cli = parse(args);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(*args),
         Command::Generate(args) => commands::generate::run(*args),
@@ -88,10 +92,16 @@ fn main() {
     }
 }
 
+/// The command line parsed, `serve --help` saying which llama-server flags it accepts with
+/// nothing to do.
+fn parse(args: Vec<std::ffi::OsString>) -> Cli {
+    let no_ops = commands::llama_flags::no_op_help();
+    let command = Cli::command().mut_subcommand("serve", |serve| serve.after_help(no_ops));
+    Cli::from_arg_matches(&command.get_matches_from(args)).unwrap_or_else(|e| e.exit())
+}
+
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
     use super::*;
 
     /// clap checks flag clashes (two `-c`s, a knob shadowing a command's own flag) only here.
@@ -103,7 +113,8 @@ mod tests {
     #[test]
     fn llama_cpp_spellings_mean_what_they_mean_there() {
         let parse = |line: &str| {
-            let args = commands::spellings::llama_spellings(line.split(' ').map(std::ffi::OsString::from));
+            let args =
+                commands::spellings::llama_spellings(line.split(' ').map(std::ffi::OsString::from)).unwrap();
             let Command::Generate(g) = Cli::try_parse_from(args).unwrap().command else { panic!() };
             g
         };

@@ -26,7 +26,7 @@ pub struct ModelArgs {
 pub struct RuntimeArgs {
     /// Draft model (GGUF) for methods that need one; may be the target file itself. llama.cpp's
     /// `-md FILE` / `--model-draft FILE` also work.
-    #[arg(long = "draft", visible_alias = "md", alias = "model-draft")]
+    #[arg(long = "draft", visible_alias = "md", aliases = ["model-draft", "spec-draft-model"])]
     pub draft: Option<PathBuf>,
     /// CPU threads (default: all cores; more are capped to them).
     #[arg(short = 't', long, value_parser = super::threads::threads_arg)]
@@ -44,7 +44,7 @@ pub struct RuntimeArgs {
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", alias = "gpu-layers", value_parser = GpuLayers::parse)]
     pub gpu_layers: Option<GpuLayers>,
     /// Layers of the draft model on a GPU (llama.cpp's `-ngld`; default: as the target's).
-    #[arg(long = "n-gpu-layers-draft", visible_alias = "ngld", alias = "gpu-layers-draft", value_parser = GpuLayers::parse)]
+    #[arg(long = "n-gpu-layers-draft", visible_alias = "ngld", aliases = ["gpu-layers-draft", "spec-draft-ngl"], value_parser = GpuLayers::parse)]
     pub gpu_layers_draft: Option<GpuLayers>,
     /// The GPU to offload to, by the name `treespec devices` shows (llama.cpp's `-dev`; default:
     /// the first GPU).
@@ -73,10 +73,10 @@ pub struct RuntimeArgs {
     #[arg(long = "cache-type-v", value_name = "TYPE", value_parser = CacheType::parse)]
     pub cache_type_v: Option<CacheType>,
     /// The draft model's KV cache key type (llama.cpp's `-ctkd`; default: the target's).
-    #[arg(long = "cache-type-k-draft", value_name = "TYPE", value_parser = CacheType::parse)]
+    #[arg(long = "cache-type-k-draft", alias = "spec-draft-type-k", value_name = "TYPE", value_parser = CacheType::parse)]
     pub cache_type_k_draft: Option<CacheType>,
     /// The draft model's KV cache value type (llama.cpp's `-ctvd`; default: the target's).
-    #[arg(long = "cache-type-v-draft", value_name = "TYPE", value_parser = CacheType::parse)]
+    #[arg(long = "cache-type-v-draft", alias = "spec-draft-type-v", value_name = "TYPE", value_parser = CacheType::parse)]
     pub cache_type_v_draft: Option<CacheType>,
     /// Threads for prompt processing (llama.cpp's `-tb`; default: -t).
     #[arg(long = "threads-batch", value_parser = super::threads::threads_arg)]
@@ -159,7 +159,7 @@ impl RuntimeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct SamplingArgs {
     /// Temperature (0 = greedy).
-    #[arg(long = "temp", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long = "temp", alias = "temperature", default_value_t = 0.0, allow_negative_numbers = true)]
     pub temp: f32,
     /// Keep only the k most likely tokens.
     #[arg(long = "top-k")]

@@ -55,7 +55,13 @@ pub struct GenerateArgs {
     pub chat: bool,
     /// Most new tokens; -1 (llama.cpp's "infinite") or -2 ("until the context is full"): until
     /// the end of generation or of the context.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        alias = "predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
     pub n: i64,
     /// Stop when this string appears (repeatable).
     #[arg(long)]

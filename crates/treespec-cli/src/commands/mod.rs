@@ -9,6 +9,7 @@ pub mod devices;
 pub mod draft;
 pub mod generate;
 pub mod inspect;
+pub mod llama_flags;
 pub mod models;
 pub mod ngram;
 pub mod profile;

@@ -123,25 +123,26 @@ pub struct ServeArgs {
           default_value_t = treespec_server::DEFAULT_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
     /// The model's name on /v1/models, /props and in every response (llama-server's `-a`;
-    /// default: the model file's stem). Clients send it back as `model`.
+    /// default: the model file's stem). Clients send it back as `model`. One name: llama-server's
+    /// comma-separated list of several is refused.
     #[arg(short = 'a', long = "alias")]
     pub alias: Option<String>,
     /// Most new tokens of any request (llama-server's `-n`): the default of a request that sets
     /// none, and a cap on one that asks for more (-1: no cap).
-    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(short = 'n', long = "n-predict", alias = "predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
     /// llama-server's `--spec-default`: the speculative method chosen for you, here `auto` (as
     /// `--method auto`).
     #[arg(long = "spec-default")]
     pub spec_default: bool,
     /// Do not serve the chat page at `GET /` (llama-server's `--no-webui`).
-    #[arg(long = "no-webui")]
+    #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,
     #[command(flatten)]
     pub sampling: ServerSampling,
     /// llama-server's switches for what is always on here: continuous batching (`-cb`), the
     /// `/metrics`, `/slots` and `/props` routes. Accepted, nothing to do.
-    #[arg(long = "cont-batching", alias = "metrics", alias = "slots", alias = "props", action = clap::ArgAction::Count)]
+    #[arg(long = "cont-batching", visible_aliases = ["metrics", "slots", "props"], action = clap::ArgAction::Count)]
     pub always_on: u8,
 }
 
@@ -218,6 +219,17 @@ pub(super) fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
         }
     }
     Ok(keys)
+}
+
+/// The model's name from `-a`: one name (llama-server takes a comma-separated list of several;
+/// taking the list as one name would answer to none of them).
+pub(super) fn alias(args: &ServeArgs) -> Result<Option<String>> {
+    match args.alias.as_deref().map(str::trim) {
+        Some(a) if a.is_empty() || a.contains(',') => {
+            anyhow::bail!("-a (--alias) {a:?}: one model name here, not a list")
+        }
+        a => Ok(a.map(str::to_owned)),
+    }
 }
 
 /// The scheduler's settings from the flags, each checked before any model loads.

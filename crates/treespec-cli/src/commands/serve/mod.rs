@@ -17,7 +17,7 @@ use treespec_server::{
 pub use args::ServeArgs;
 
 use super::models::load_runtime;
-use args::{api_keys, scheduler_config, ShareHistory};
+use args::{alias, api_keys, scheduler_config, ShareHistory};
 use methods::{default_methods, load_histories};
 
 /// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
@@ -27,6 +27,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let scheduler = scheduler_config(&args)?;
     let keys = api_keys(&args)?;
     let sampling = args.sampling.defaults()?;
+    let alias = alias(&args)?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
     // The history files are the tenants' ([`TenantHistories`]), not the default method's.
@@ -40,7 +41,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let methods = default_methods(&runtime, &spec, args.method.reprofile, histories.clone(), &metrics)?;
     let runtime_ctx = runtime.options().ctx_size;
     let cache_ram = usize::try_from(args.cache_ram.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram, alias: args.alias.clone() };
+    let config = LlamaConfig { runtime, methods: methods.clone(), cache_ram, alias };
     let pool: Arc<dyn GenerationBackend> =
         Arc::new(BatchPool::llama(config, scheduler, runtime_ctx, metrics.clone())?);
     eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
