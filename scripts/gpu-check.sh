@@ -18,6 +18,9 @@
 #          those, not on the values), and writes to $OUT summary.md, log.txt and gpu-check.tar.gz
 #          (the device tool brings back 8 files at most), the archive holding:
 #            profile-1.5b.json, profile-0.5b.json  T(n), n = 1…128, every layer on the GPU
+#            shapes-*.json                          padded shapes changed/replayed, graphs on/off (#64)
+#            replay-1.5b.json                       traces' shape sequences replayed: plain, unpadded,
+#                                                   padded, measured and predicted, reuse counts
 #            batched-bench.txt                      llama.cpp's own timings of the same file
 #            costs/*.json                           the curves `auto` caches there (what replay prices on)
 #            bench-equal/, bench-self/              plain, suffix, dyspec, auto: same greedy tokens?
@@ -27,6 +30,8 @@
 #          `--cpu` runs the same steps on this machine's CPU (no CUDA): a check of the flow — the
 #          bundle, the build from the vendored sources, the backends loaded as libraries, the
 #          random files — before the GPU's minutes are spent.
+# traces   Records `auto`'s decision traces here on the real Qwen models with the H200's curve as
+#          the machine's (bench/results/gpu-h200/traces/): the shape sequences `device` replays.
 # cpu-build  Only the build of `device --cpu`, here: llama.cpp's libraries for the AVX2 tier with
 #          the binary beside them, in target-gpu-work/build-cpu/bin (scripts/avx2-tier.sh).
 # replay   Prices recorded CPU answers on the GPU's curves: the suffix drafter on the main set's
@@ -100,6 +105,7 @@ prepare() {
     python3 scripts/gpu/random_gguf.py skeleton "models/$TARGET_GGUF" "$BUNDLE/target.skel" >&2
     python3 scripts/gpu/random_gguf.py skeleton "models/$DRAFT_GGUF" "$BUNDLE/draft.skel" >&2
     gzip -9 "$BUNDLE"/*.skel
+    bundle_traces "$BUNDLE/traces"
     # Prompts for the equality check: two per category of the main set, and the code edits.
     python3 - "$BUNDLE/prompts.jsonl" <<'EOF'
 import json, sys
@@ -114,6 +120,43 @@ open(sys.argv[1], "w").writelines(out)
 EOF
     du -sh "$BUNDLE" >&2
     log "ready: run(command=\"bash scripts/gpu-check.sh device\", carry=[\"$BUNDLE\"], timeout_s=600)"
+}
+
+# Decision traces of single requests whose shape sequences the device replays as real forwards
+# (`treespec profile --replay-trace`): `auto` recorded on the CPU with the H200's curve (what `auto`
+# verifies there; bench/results/gpu-h200/traces/, made by `gpu-check.sh traces`), and code edits,
+# an agent's whole-file turn and a HumanEval completion recorded on Zen 5 with its own curve.
+bundle_traces() {
+    local dir=$1
+    mkdir -p "$dir"
+    cp bench/results/gpu-h200/traces/*.trace "$dir/" 2>/dev/null || log "no traces recorded with the H200's curve (gpu-check.sh traces)"
+    tar -C "$dir" -xzf bench/results/zen5-repeats/traces/traces.tar.gz edit-01.trace edit-07.trace \
+        agent-whole_toolz-recipes.trace HumanEval_0.trace
+    for f in "$dir"/edit-01.trace "$dir"/edit-07.trace "$dir"/agent-whole_toolz-recipes.trace "$dir"/HumanEval_0.trace; do
+        mv "$f" "${f%.trace}.zen5.trace"
+    done
+}
+
+# Record `auto`'s decision traces here (the real Qwen models on this CPU) with the H200's curve
+# given as the machine's (TREESPEC_COSTS=file:, never refined): the trees `auto` would verify on
+# the device. Into bench/results/gpu-h200/traces/.
+traces() {
+    [[ -f models/$TARGET_GGUF ]] || die "models/$TARGET_GGUF is needed (bash scripts/fetch-models.sh qwen)"
+    local dir=bench/results/gpu-h200/traces curve=bench/results/gpu-h200/curve-1.5b.json n=${TRACE_TOKENS:-192}
+    mkdir -p "$dir"
+    cargo build --release -q -p treespec-cli >&2
+    local i=0 line
+    while IFS= read -r line; do
+        i=$((i + 1))
+        local id
+        id=$(jq -r '.id // .question_id' <<<"$line")
+        jq -j '.text // .turns[0]' <<<"$line" >"$dir/$id.prompt"
+        log "auto on $id with the H200's curve ($n tokens)"
+        TREESPEC_COSTS="file:$curve" TREESPEC_NO_LEARNED_PRICES=1 ./target/release/treespec generate \
+            -m "models/$TARGET_GGUF" --method auto --chat -f "$dir/$id.prompt" -n "$n" \
+            --decision-trace "$dir/$id.trace" --json >"$dir/$id.json"
+        rm -f "$dir/$id.prompt"
+    done < <(head -n "${TRACE_EDITS:-3}" bench/inputs/prompts/code-edit.jsonl; grep -m "${TRACE_CODING:-1}" '"coding"' ../shared/data/spec-bench/question.jsonl)
 }
 
 # The CUDA compiler: on PATH, in the usual toolkit folders, or in Python's CUDA packages.
@@ -246,6 +289,7 @@ device() {
             --json >"$out/profile-${which%%:*}.json" || log "the ${which%%:*} profile failed or ran past $limit s"
         checkpoint "$out" "$back"
     done
+    shapes_stage "$ts" "$target" "$draft" "$out" "$back" "$cuda" "$limit" "${ngl[@]}"
     local npl=1,2,4,8,16,32,64,128
     [[ $cuda == 0 ]] && npl=1,4,16
     if [[ -x $build/bin/llama-batched-bench ]] && fits 40 "llama-batched-bench"; then
@@ -317,6 +361,41 @@ sys.exit(0 if any(not r.get("identical_to_plain") for r in runs) else 1)
 EOF
     then
         die "with --exact on the CPU an answer differs from plain decoding (see the table)"
+    fi
+}
+
+# Issue #64 on the device: each padded shape timed changed and replayed (with CUDA graphs, and
+# without: GGML_CUDA_DISABLE_GRAPHS=1, so a replay is llama.cpp's graph reuse alone), with
+# llama.cpp's reuse count; then the bundled traces' shape sequences replayed as real forwards —
+# unpadded, padded, and plain decoding of the same tokens — beside what those times predict.
+# On the CPU (`device --cpu`, a check of the flow) small buckets and short replays.
+shapes_stage() {
+    local ts=$1 target=$2 draft=$3 out=$4 back=$5 cuda=$6 limit=$7
+    shift 7
+    local sizes=1,2,3,4,6,8,12,16,24,32,48,64 pad=() steps=${REPLAY_STEPS:-400}
+    if [[ $cuda == 0 ]]; then
+        sizes=1,2,4,8 pad=(--pad-shapes 4,8) steps=${REPLAY_STEPS:-12}
+    fi
+    local common=(--sizes "$sizes" --prefix 128 --repeat 3 --json "${pad[@]}" "$@")
+    if fits 60 "the padded shapes"; then
+        log "padded shapes: both models with CUDA graphs, the 1.5B without"
+        timeout "$limit" "$ts" profile -m "$target" --shapes "${common[@]}" >"$out/shapes-1.5b.json" ||
+            log "the 1.5B shapes failed or ran past $limit s"
+        GGML_CUDA_DISABLE_GRAPHS=1 timeout "$limit" "$ts" profile -m "$target" --shapes "${common[@]}" \
+            >"$out/shapes-1.5b-nographs.json" || log "the 1.5B shapes without graphs failed"
+        timeout "$limit" "$ts" profile -m "$draft" --shapes "${common[@]}" >"$out/shapes-0.5b.json" ||
+            log "the 0.5B shapes failed"
+        checkpoint "$out" "$back"
+    fi
+    local traces=()
+    mapfile -t traces < <(ls "$BUNDLE"/traces/*.trace 2>/dev/null)
+    if [[ ${#traces[@]} -gt 0 ]] && fits 120 "the traces' shape sequences replayed"; then
+        local replay=()
+        for f in "${traces[@]}"; do replay+=(--replay-trace "$f"); done
+        log "${#traces[@]} traces' shape sequences replayed on the 1.5B ($steps steps each)"
+        timeout "$((limit * 2))" "$ts" profile -m "$target" "${replay[@]}" --replay-steps "$steps" "${common[@]}" \
+            >"$out/replay-1.5b.json" || log "the replay failed or ran past $((limit * 2)) s"
+        checkpoint "$out" "$back"
     fi
 }
 
@@ -441,6 +520,36 @@ for run, draft in (("bench-equal", "0.5B (random: rejected)"), ("bench-self", "t
         same = sum(1 for r in runs if r.get("identical_to_plain"))
         tpf = sum(r["emitted"] for r in runs) / max(1, sum(r["target_forwards"] for r in runs))
         print(f"| {draft} | {m} | {len(runs)} | {same} | {tpf:.2f} |")
+def shapes(name):
+    d = load(name)
+    return {t["rows"]: t for t in d["shapes"]["times"]} if d and d.get("shapes") else None, d
+s15, d15 = shapes("shapes-1.5b.json")
+if s15:
+    s15n, _ = shapes("shapes-1.5b-nographs.json")
+    s05, d05 = shapes("shapes-0.5b.json")
+    print("\nPadded shapes (measured forwards, ms): after a forward of another shape (changed) and after")
+    print("forwards of their own (replayed); without CUDA graphs a replay is llama.cpp's graph reuse alone.\n")
+    print("| rows | 1.5B changed | 1.5B replayed | replayed ÷ replayed T(1) | 1.5B replayed, no graphs | 0.5B changed | 0.5B replayed |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    one = s15[1]["replayed_ms"]
+    for r, t in s15.items():
+        ng = f"{s15n[r]['replayed_ms']:.2f}" if s15n and r in s15n else ""
+        dc = f"{s05[r]['changed_ms']:.2f} | {s05[r]['replayed_ms']:.2f}" if s05 and r in s05 else " | "
+        print(f"| {r} | {t['changed_ms']:.2f} | {t['replayed_ms']:.2f} | {t['replayed_ms'] / one:.2f} | {ng} | {dc} |")
+    print(f"\nPadding pays on this device (the 1.5B): {d15['shapes']['padding_pays']}.")
+rep = load("replay-1.5b.json")
+if rep and rep.get("replays"):
+    print("\nRecorded runs' shape sequences replayed as real forwards on the 1.5B shape (wall time, host")
+    print("included; prediction from the shape times and T(n) measured in the same process):\n")
+    print("| trace | tokens | plain ms | unpadded ×plain | predicted | reuse | padded ×plain | predicted | reuse | host ms/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rep["replays"]:
+        p, u, q = r["plain"], r["unpadded"], r["padded"]
+        name = Path(r["trace"]).stem
+        pred = lambda x: p["predicted_ms"] / x["predicted_ms"]
+        reuse = lambda x: f"{x['graph_reuses'] / max(1, x['forwards']):.0%}"
+        print(f"| {name} | {r['tokens']} | {p['wall_ms']:.0f} | {u['speedup_vs_plain']:.2f} | {pred(u):.2f} | {reuse(u)} "
+              f"| {q['speedup_vs_plain']:.2f} | {pred(q):.2f} | {reuse(q)} | {q['host_ms_per_step']:.3f} |")
 for name, title in (("exact-refused.txt", "`--exact` with `-ngl all`"), ("server.txt", "The server on the device")):
     if (out / name).exists():
         print(f"\n{title}:\n\n```\n" + "\n".join((out / name).read_text().strip().splitlines()[-4:]) + "\n```")
@@ -542,5 +651,6 @@ prepare) prepare ;;
 device) device "${2:-}" ;;
 cpu-build) cpu_build ;;
 replay) replay "${2:-}" ;;
-*) die "usage: gpu-check.sh prepare | device [--cpu] | cpu-build | replay DIR" ;;
+traces) traces ;;
+*) die "usage: gpu-check.sh prepare | device [--cpu] | cpu-build | replay DIR | traces" ;;
 esac

@@ -13,6 +13,7 @@ pub mod llama_flags;
 pub mod models;
 pub mod ngram;
 pub mod profile;
+pub mod profile_shapes;
 pub mod serve;
 pub mod spellings;
 pub mod structured;

@@ -3,6 +3,8 @@
 //! far from flat and has steps (kernels change with batch size), which is what tree budgeting
 //! has to respect.
 
+use std::path::PathBuf;
+
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
@@ -10,6 +12,7 @@ use treespec_engine::measure::profile::{time_forwards, ProfileSpec};
 use treespec_llama::{ModelPaths, ModelRuntime};
 
 use super::args::ModelArgs;
+use super::profile_shapes;
 
 /// Options of `treespec profile`.
 #[derive(Debug, Args)]
@@ -40,6 +43,19 @@ pub struct ProfileArgs {
     /// other sizes, as tree steps of changing size run.
     #[arg(long)]
     pub repeated_shapes: bool,
+    /// Also time the padded shapes (one row and each bucket of `--pad-shapes LIST`, default 8, 16,
+    /// 32, 64) after a forward of another shape and after forwards of their own, with
+    /// llama.cpp's graph reuse, and say whether padding pays on this device (docs/GPU.md).
+    #[arg(long)]
+    pub shapes: bool,
+    /// Replay the shape sequence of a decision trace (`--decision-trace` of a single request) as
+    /// real forwards: unpadded, padded, and plain decoding of the same tokens, each beside what
+    /// the measured times predict (repeatable; implies --shapes).
+    #[arg(long, value_name = "FILE")]
+    pub replay_trace: Vec<PathBuf>,
+    /// At most this many steps of each replayed trace.
+    #[arg(long, default_value_t = 400)]
+    pub replay_steps: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -88,6 +104,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         repeated_shapes: args.repeated_shapes,
     };
     let points = time_forwards(&mut model.new_lm()?, spec)?;
+    let (shapes, replays) = shapes_and_replays(&args, model, &points)?;
     if args.json {
         let rows: Vec<_> =
             points.iter().map(|p| json!({"n": p.n, "ms": p.median_ms, "min_ms": p.min_ms})).collect();
@@ -96,7 +113,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
             json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
                 "prefix": args.prefix, "repeated_shapes": args.repeated_shapes,
                 "tiled_matmul": treespec_llama::tiled_matmul_state(),
-                "points": rows})
+                "points": rows, "shapes": shapes, "replays": replays})
         );
         return Ok(());
     }
@@ -120,7 +137,31 @@ pub fn run(args: ProfileArgs) -> Result<()> {
         let ms = p.median_ms;
         println!("{:>4} {:>9.2} {:>9.2} {:>10.2} {:>9.2}", p.n, ms, p.min_ms, ms / p.n as f64, ms / t1);
     }
+    if !shapes.is_null() {
+        println!("padded shapes (changed / replayed ms): {shapes}");
+    }
+    if !replays.is_null() {
+        println!("replayed traces: {replays}");
+    }
     Ok(())
+}
+
+/// `--shapes` and `--replay-trace`: the shapes' times and the replays as JSON (null when not asked).
+fn shapes_and_replays(
+    args: &ProfileArgs,
+    model: &treespec_llama::LlamaModel,
+    points: &[treespec_engine::measure::profile::TimedSize],
+) -> Result<(serde_json::Value, serde_json::Value)> {
+    if !args.shapes && args.replay_trace.is_empty() {
+        return Ok((serde_json::Value::Null, serde_json::Value::Null));
+    }
+    let buckets = profile_shapes::buckets(&args.models.runtime.pad_shapes);
+    let (times, shapes) = profile_shapes::shapes_json(model, &buckets, points)?;
+    let replays = match args.replay_trace.is_empty() {
+        true => serde_json::Value::Null,
+        false => profile_shapes::replay_json(model, &args.replay_trace, args.replay_steps, &times, points)?,
+    };
+    Ok((shapes, replays))
 }
 
 /// `treespec profile --check`.
