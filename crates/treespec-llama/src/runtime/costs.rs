@@ -632,9 +632,12 @@ fn read_given(path: &str) -> Result<CostCurve> {
         anyhow::bail!("TREESPEC_COSTS=file: needs a curve file (a cost-cache JSON file)");
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("TREESPEC_COSTS: reading {path}"))?;
-    let cached: CachedCurve = serde_json::from_str(&text)
-        .with_context(|| format!("TREESPEC_COSTS: {path} is not a cost-curve cache file"))?;
-    Ok(cached.curve)
+    // A cache file, or any object holding a curve under "curve" (profile_curve's, a device run's).
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("TREESPEC_COSTS: {path} is not JSON"))?;
+    let curve =
+        value.get("curve").cloned().with_context(|| format!("TREESPEC_COSTS: {path} holds no \"curve\""))?;
+    serde_json::from_value(curve).with_context(|| format!("TREESPEC_COSTS: {path} is not a cost-curve file"))
 }
 
 #[cfg(test)]
