@@ -689,7 +689,12 @@ mod tests {
         let not_curve = dir.path().join("x.json");
         std::fs::write(&not_curve, "{}").unwrap();
         let wrong = parse_given(&format!("file:{}", not_curve.display())).unwrap_err();
-        assert!(format!("{wrong:#}").contains("not a cost-curve cache file"), "{wrong:#}");
+        assert!(format!("{wrong:#}").contains("holds no \"curve\""), "{wrong:#}");
+        // A device run's curve file (no cache format field) is read for its curve.
+        let bare = dir.path().join("bare.json");
+        std::fs::write(&bare, r#"{"device": "CUDA0", "curve": {"ms": [2.0, 3.0]}}"#).unwrap();
+        let model = parse_given(&format!("file:{}", bare.display())).unwrap().cost_model(false);
+        assert_eq!(model.target.ms(2), 3.0);
         assert!(parse_given("file:").is_err());
         assert!(parse_given(&format!("file:{target},{draft},{draft}")).is_err());
         assert!(matches!(parse_given("linear:30,2"), Ok(GivenCurves::Linear(_))));
