@@ -92,7 +92,7 @@ prepare() {
     # scripts/peer-bench.sh builds (a release or so apart; its API use is the crate's).
     local peers=${TREESPEC_PEERS:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec/peers}
     local bb
-    bb=$(ls -d "$peers"/llama_cpp_python-*/vendor/llama.cpp/tools/batched-bench 2>/dev/null | head -1)
+    bb=$(ls -d "$peers"/llama_cpp_python-*/vendor/llama.cpp/tools/batched-bench 2>/dev/null | head -1 || true)
     if [[ -n $bb ]]; then
         cp -r "$bb" "$stage/tools/batched-bench"
         echo 'add_subdirectory(batched-bench)' >"$stage/tools/CMakeLists.txt"
