@@ -13,7 +13,7 @@ use treespec_server::histories::TenantHistories;
 use treespec_server::lifecycle::{self, Drain, HistoryFiles, Server, Serving, Start, StopSender, Stops};
 use treespec_server::toy::toy_tokenizer;
 use treespec_server::{
-    router, BatchPool, Lifecycle, Metrics, SchedulerConfig, ServerConfig, Tenant, ToyConfig,
+    router, BatchPool, Draining, Metrics, SchedulerConfig, ServerConfig, Tenant, ToyConfig,
 };
 
 const TOKENIZER: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
@@ -23,7 +23,7 @@ const TOKENIZER: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
 struct Running {
     addr: std::net::SocketAddr,
     stop: StopSender,
-    lifecycle: Lifecycle,
+    draining: Draining,
     run: tokio::task::JoinHandle<anyhow::Result<()>>,
     dir: std::path::PathBuf,
 }
@@ -43,16 +43,16 @@ async fn start(name: &str, drain: Duration) -> Running {
         ..Default::default()
     };
     let pool = Arc::new(BatchPool::toy(config, SchedulerConfig::default(), metrics.clone()));
-    let lifecycle = Lifecycle::default();
-    let server = ServerConfig { lifecycle: lifecycle.clone(), ..Default::default() };
+    let draining = Draining::default();
+    let server = ServerConfig { draining: draining.clone(), ..Default::default() };
     let drain =
-        Drain { lifecycle: lifecycle.clone(), backend: pool.clone(), metrics: metrics.clone(), most: drain };
+        Drain { draining: draining.clone(), backend: pool.clone(), metrics: metrics.clone(), most: drain };
     let serving = Serving { app: router(pool, metrics, server), drain, histories, save_every: None };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stops) = Stops::channel();
     let run = tokio::spawn(lifecycle::run(listener, serving, stops));
-    Running { addr, stop, lifecycle, run, dir }
+    Running { addr, stop, draining, run, dir }
 }
 
 /// A request for 100,000 tokens, which at 10 ms a step would run for many minutes; the suffix
@@ -105,7 +105,7 @@ async fn at_the_drain_deadline_running_requests_end_with_a_final_event_and_the_h
     let asked = Instant::now();
     server.stop.stop();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(server.lifecycle.is_draining(), "unready while draining");
+    assert!(server.draining.is_draining(), "unready while draining");
     let (status, refused) = answer(server.addr, long_request(false)).await;
     assert_eq!(status, 503, "a new request while draining is refused retryably: {refused}");
     // Without a bound the stream would run for many minutes: fail instead of hanging.

@@ -28,7 +28,7 @@ use crate::{router, LlamaConfig, ServerConfig};
 
 /// What every server starts from, whatever its models.
 pub struct Start {
-    /// The HTTP side; its `lifecycle` is the one the drain turns unready.
+    /// The HTTP side; its `draining` switch is the one the drain turns unready.
     pub http: ServerConfig,
     /// Longest drain once a stop is asked for (`--drain`; zero: stop at the first request).
     pub drain: Duration,
@@ -120,7 +120,7 @@ impl Server {
         let Start { http, drain, histories: files } = start;
         let most = drain;
         let drain = Drain {
-            lifecycle: http.lifecycle.clone(),
+            draining: http.draining.clone(),
             backend: backend.clone(),
             metrics: metrics.clone(),
             most,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use treespec_server::lifecycle::{HistoryFiles, LlamaStart, Server, Start};
-use treespec_server::{ApiKeys, Lifecycle, ServerConfig};
+use treespec_server::{ApiKeys, Draining, ServerConfig};
 
 pub use args::ServeArgs;
 
@@ -45,7 +45,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics_key: args.metrics_key.clone(),
         metrics_open: args.metrics_open,
         max_body_bytes: args.max_body,
-        lifecycle: Lifecycle::default(),
+        draining: Draining::default(),
         timeout: Duration::from_secs(args.timeout),
         webui: !args.no_webui,
         sampling,
