@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-echo "[test] rules: import cycles, indexes, doc paths, function length (scripts/rules/)"
+echo "[test] rules: import cycles, indexes, doc paths, function length, result sizes (scripts/rules/)"
 bash scripts/rules/check.sh
 bash scripts/setup.sh
 bash scripts/fetch-models.sh smollm2

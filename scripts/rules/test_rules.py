@@ -16,6 +16,7 @@ import doc_paths
 import function_length
 import indexes
 import module_cycles
+import result_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,6 +135,43 @@ class Indexes(Scratch):
             [
                 "bench/README.md does not list bench/results/new-run",
                 "bench/README.md lists bench/results/deleted, which does not exist",
+            ],
+        )
+
+
+class ResultSizes(Scratch):
+    def big(self, path, size=result_sizes.LIMIT + 1):
+        p = self.root / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x" * size)
+
+    def test_a_large_raw_result_and_every_bad_allowlist_entry_are_named(self):
+        self.big("bench/results/run/trace.jsonl")
+        self.big("bench/results/run/traces.tar.gz")
+        self.big("bench/results/run/trace.jsonl.zst")
+        self.big("bench/results/run/records.json")
+        self.big("bench/results/run/excused.log")
+        self.big("bench/results/run/at-limit.json", result_sizes.LIMIT)
+        self.write("bench/results/run/small.json", "{}")
+        self.write(
+            "scripts/rules/large_results.txt",
+            """\
+            # a comment
+            run/records.json   read whole by the report script
+            run/excused.log
+            run/gone.json      was here once
+            run/small.json     small after all  # and a comment
+            """,
+        )
+        self.assertEqual(
+            result_sizes.report(self.root),
+            [
+                "scripts/rules/large_results.txt lists bench/results/run/excused.log without a reason",
+                "bench/results/run/trace.jsonl is 512 KiB, over the 512 KiB limit: compress it (gzip -9), "
+                "leave it out, or list it in scripts/rules/large_results.txt with its reason",
+                "scripts/rules/large_results.txt lists bench/results/run/gone.json, which does not exist",
+                "scripts/rules/large_results.txt lists bench/results/run/small.json, which needs no entry "
+                "(small or compressed)",
             ],
         )
 

@@ -1,19 +1,23 @@
 """The routing table of a gateway run (scripts/gateway-bench.sh; issue #42), from its
-sessions.json: per workload and server, the later turns' cached prompt share, the median time to
-first token, the whole-session rate (the summary's median over sessions of tokens / request
-time), and the later turns' tokens per target forward; then each gateway's share of later turns
+sessions.json (or sessions.json.gz, as the runs kept in bench/results/ hold it): per workload
+and server, the later turns' cached prompt share, the median time to first token, the
+whole-session rate (the summary's median over sessions of tokens / request time), and the later
+turns' tokens per target forward; then each gateway's share of later turns
 that reached a replica that had seen the conversation (from OUT/replicas.txt).
 
     python3 scripts/sessions/gateway_table.py OUT
 """
+import gzip
 import json
+import os
 import re
 import statistics
 import sys
 from collections import defaultdict
 
 out = sys.argv[1]
-res = json.load(open(f"{out}/sessions.json"))
+path = f"{out}/sessions.json"
+res = json.load(open(path) if os.path.exists(path) else gzip.open(f"{path}.gz", "rt"))
 rows = {(r["workload"], r["server"]): r for r in res["summary"]}
 servers = [s["name"] for s in res["config"]["servers"]]
 workloads = sorted({w for w, _ in rows if w != "all"}) + ["all"]

@@ -59,7 +59,7 @@ use axum::{middleware, Router};
 use http::{deadline, gateway, llama_server, openai_wire, openapi, routes};
 
 pub use error::ApiError;
-pub use http::lifecycle::Lifecycle;
+pub use http::draining::Draining;
 pub use http::state::AppState;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama_cpp::LlamaConfig;
@@ -83,7 +83,7 @@ pub struct ServerConfig {
     /// Largest accepted request body in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// The handle that turns the server unready before it stops (`gateway.rs`).
-    pub lifecycle: Lifecycle,
+    pub draining: Draining,
     /// Longest time a request's headers, and then its whole body, may take to arrive
     /// (`--timeout`, llama-server's `-to`): a client trickling bytes is cut off with a 408.
     pub timeout: std::time::Duration,
@@ -103,7 +103,7 @@ impl Default for ServerConfig {
             metrics_key: None,
             metrics_open: false,
             max_body_bytes: 1 << 20,
-            lifecycle: Lifecycle::default(),
+            draining: Draining::default(),
             timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_SECS),
             webui: true,
             sampling: Default::default(),
@@ -126,7 +126,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
         metrics_open: config.metrics_open,
         started: openai_wire::now(),
-        lifecycle: config.lifecycle,
+        draining: config.draining,
         body_timeout: config.timeout,
         sampling: config.sampling,
     };

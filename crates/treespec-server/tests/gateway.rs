@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use treespec_server::{router, BatchPool, Lifecycle, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
+use treespec_server::{router, BatchPool, Draining, Metrics, SchedulerConfig, ServerConfig, ToyConfig};
 
 /// One toy replica serving on loopback.
 struct Replica {
     addr: SocketAddr,
-    lifecycle: Lifecycle,
+    draining: Draining,
 }
 
 impl Replica {
@@ -26,12 +26,12 @@ impl Replica {
         let metrics = Arc::new(Metrics::default());
         let config = ToyConfig { context: 1024, prefix_cache: true, ..Default::default() };
         let pool = Arc::new(BatchPool::toy(config, SchedulerConfig::default(), metrics.clone()));
-        let lifecycle = Lifecycle::default();
-        let app = router(pool, metrics, ServerConfig { lifecycle: lifecycle.clone(), ..Default::default() });
+        let draining = Draining::default();
+        let app = router(pool, metrics, ServerConfig { draining: draining.clone(), ..Default::default() });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(treespec_server::serve(listener, app, std::future::pending()));
-        Self { addr, lifecycle }
+        Self { addr, draining }
     }
 
     fn url(&self) -> String {
@@ -101,7 +101,7 @@ async fn a_replica_tells_a_gateway_its_load_and_drains_before_it_stops() {
     assert_eq!(e.status(), 400);
     assert!(e.text().await.unwrap().contains("prompt_cache_key"));
     // Draining: unready, and new requests refused retryably.
-    r.lifecycle.drain();
+    r.draining.drain();
     let h = client.get(format!("{}/health", r.url())).send().await.unwrap();
     assert_eq!(h.status(), 503);
     let e = client.post(format!("{}/v1/chat/completions", r.url())).json(&chat(first)).send().await.unwrap();
@@ -197,7 +197,7 @@ async fn a_conversation_keeps_its_replica_behind_smg_and_a_draining_replica_gets
     assert_eq!(sample(&text, "treespec_session_turns_total{seen=\"known\"}"), 1.0, "{text}");
     // Drain that replica: every new conversation, whichever replica its key hashes to, is
     // answered by the other.
-    home.lifecycle.drain();
+    home.draining.drain();
     // The gateway sees it unready at its next health checks (every second here).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -258,7 +258,7 @@ fn histories_under_their_old_unkeyed_names_are_moved_to_their_keyed_names() {
     let old = dir.join(format!("h.{key}.bin"));
     let mut history = treespec_core::suffix::GlobalHistory::new(CAP).unwrap();
     history.add(7, &doc(7));
-    let old_file = treespec_core::suffix::HistoryFile::open(&old).unwrap();
+    let old_file = treespec_engine::drafters::HistoryFile::open(&old).unwrap();
     let mut pricing = treespec_core::suffix::SuffixPricing::new();
     pricing.record(&A_NODE, true);
     old_file.save_with_pricing(&history, &pricing, TOKENIZER).unwrap();

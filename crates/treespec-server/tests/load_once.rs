@@ -1,6 +1,7 @@
-//! `treespec serve`'s start-up, as `commands/serve.rs` does it, loads each model file once: one
-//! runtime gives the tokenizer fingerprint, the cost curves and every worker's weights (it used to
-//! load the target up to three times). Counted with `treespec_llama::models_loaded`, which is
+//! `treespec serve`'s start-up, as `Server::llama` (`lifecycle/start.rs`) does it, loads each
+//! model file once: one runtime gives the tokenizer fingerprint, the cost curves and every
+//! worker's weights (it used to load the target up to three times). Counted with
+//! `treespec_llama::models_loaded`, which is
 //! process-wide: this file holds one test so that nothing else loads beside it.
 //!
 //! Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf`; set TREESPEC_SKIP_MODEL_TESTS=1 to skip.

@@ -10,9 +10,10 @@ use serde_json::{json, Value};
 use treespec_core::ngram::TokenizerId;
 use treespec_engine::Method;
 use treespec_server::histories::TenantHistories;
-use treespec_server::lifecycle::{self, Drain, Serving, StopSender, Stops};
+use treespec_server::lifecycle::{self, Drain, HistoryFiles, Server, Serving, Start, StopSender, Stops};
+use treespec_server::toy::toy_tokenizer;
 use treespec_server::{
-    router, BatchPool, Lifecycle, Metrics, SchedulerConfig, ServerConfig, Tenant, ToyConfig,
+    router, BatchPool, Draining, Metrics, SchedulerConfig, ServerConfig, Tenant, ToyConfig,
 };
 
 const TOKENIZER: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
@@ -22,7 +23,7 @@ const TOKENIZER: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 26 };
 struct Running {
     addr: std::net::SocketAddr,
     stop: StopSender,
-    lifecycle: Lifecycle,
+    draining: Draining,
     run: tokio::task::JoinHandle<anyhow::Result<()>>,
     dir: std::path::PathBuf,
 }
@@ -42,16 +43,16 @@ async fn start(name: &str, drain: Duration) -> Running {
         ..Default::default()
     };
     let pool = Arc::new(BatchPool::toy(config, SchedulerConfig::default(), metrics.clone()));
-    let lifecycle = Lifecycle::default();
-    let server = ServerConfig { lifecycle: lifecycle.clone(), ..Default::default() };
+    let draining = Draining::default();
+    let server = ServerConfig { draining: draining.clone(), ..Default::default() };
     let drain =
-        Drain { lifecycle: lifecycle.clone(), backend: pool.clone(), metrics: metrics.clone(), most: drain };
+        Drain { draining: draining.clone(), backend: pool.clone(), metrics: metrics.clone(), most: drain };
     let serving = Serving { app: router(pool, metrics, server), drain, histories, save_every: None };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stops) = Stops::channel();
     let run = tokio::spawn(lifecycle::run(listener, serving, stops));
-    Running { addr, stop, lifecycle, run, dir }
+    Running { addr, stop, draining, run, dir }
 }
 
 /// A request for 100,000 tokens, which at 10 ms a step would run for many minutes; the suffix
@@ -104,7 +105,7 @@ async fn at_the_drain_deadline_running_requests_end_with_a_final_event_and_the_h
     let asked = Instant::now();
     server.stop.stop();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(server.lifecycle.is_draining(), "unready while draining");
+    assert!(server.draining.is_draining(), "unready while draining");
     let (status, refused) = answer(server.addr, long_request(false)).await;
     assert_eq!(status, 503, "a new request while draining is refused retryably: {refused}");
     // Without a bound the stream would run for many minutes: fail instead of hanging.
@@ -149,4 +150,45 @@ async fn a_second_stop_request_skips_the_drain() {
     let (status, body) = streamed.await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(finish_reason(&body), "shutdown", "{body}");
+}
+
+/// A toy server started as `treespec serve` starts its own ([`Server::toy`]: the histories
+/// loaded from their file, the drain and the saves its own), then stopped while a long answer
+/// runs: `/health` says it is draining, and what the answer decoded is in the file afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_server_is_unready_while_draining_and_saves_its_history() {
+    let dir = std::env::temp_dir().join(format!("treespec-shutdown-started-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = HistoryFiles { path: dir.join("h.bin"), cap: 1 << 16, save_every: None };
+    let start =
+        Start { http: ServerConfig::default(), drain: Duration::from_millis(800), histories: Some(files) };
+    let config = ToyConfig {
+        context: 200_000,
+        method: Method::Plain,
+        step_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    let server = Server::toy(start, config, SchedulerConfig::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stops) = Stops::channel();
+    let run = tokio::spawn(server.run(listener, stops));
+    let health = || async move { reqwest::get(format!("http://{addr}/health")).await.unwrap() };
+    assert_eq!(health().await.status().as_u16(), 200, "ready before the stop");
+    let streamed = tokio::spawn(answer(addr, long_request(true)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let unready = health().await;
+    assert_eq!(unready.status().as_u16(), 503, "unready while draining");
+    assert_eq!(unready.json::<Value>().await.unwrap()["status"], "draining");
+    let stopped = tokio::time::timeout(Duration::from_secs(10), run).await.expect("the server stopped");
+    assert!(!stopped.unwrap().unwrap().measuring, "a toy server measures no curves");
+    let (status, body) = streamed.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(finish_reason(&body), "shutdown", "{body}");
+    let again =
+        TenantHistories::in_files(&dir.join("h.bin"), toy_tokenizer(26), 1 << 16, [Tenant::SHARED]).unwrap();
+    assert!(again.of(Tenant::SHARED).unwrap().history().docs() >= 1, "the answer was saved");
 }

@@ -19,8 +19,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use treespec_core::sampling::SamplingParams;
-use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
-use treespec_engine::drafters::{DecisionTrace, StorePlaces, StoreSave, SuffixStore};
+use treespec_core::suffix::DEFAULT_CAP_TOKENS;
+use treespec_engine::drafters::{DecisionTrace, HistoryFile, StorePlaces, StoreSave, SuffixStore};
 use treespec_engine::{
     generate_constrained, CausalLm, Drafter, ExtraStats, GenerateOutput, Method, MethodSpec, Prepared,
     TokenConstraint,

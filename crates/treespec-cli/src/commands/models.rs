@@ -27,14 +27,10 @@ pub fn load_runtime(args: &ModelArgs) -> Result<ModelRuntime> {
     })
 }
 
-/// `spec` resolved on the loaded models; with `reprofile`, a method that needs the cost curves
-/// gets freshly measured ones (the runtime then holds them for every later method).
-pub fn resolve(runtime: &ModelRuntime, spec: &MethodSpec, reprofile: bool) -> Result<Method> {
-    resolve_with_suffix(runtime, spec, reprofile, None)
-}
-
-/// [`resolve`], drafting suffix matches from `suffix` (a [`treespec_engine::drafters::SuffixStore`]'s
-/// state) when given.
+/// `spec` resolved on the loaded models, drafting suffix matches from `suffix` (a
+/// [`treespec_engine::drafters::SuffixStore`]'s state) when given; with `reprofile`, a method
+/// that needs the cost curves gets freshly measured ones (the runtime then holds them for every
+/// later method).
 pub fn resolve_with_suffix(
     runtime: &ModelRuntime,
     spec: &MethodSpec,

@@ -3,10 +3,9 @@
 //!
 //! * [`index`] — a match index over a growing token store: the earlier occurrences of the longest
 //!   suffixes of a query (up to 64 tokens), in O(1) per appended token;
-//! * [`history`] — the global history: earlier requests' text, bounded, evicting the oldest,
-//!   saved and loaded across runs;
-//! * [`history_file`] — where a history is saved: a symlink-following, checked path, atomic
-//!   saves under an advisory lock, so several processes can share one file;
+//! * [`history`] — the global history: earlier requests' text, bounded, evicting the oldest
+//!   (saved and loaded across runs by treespec-engine's `drafters::history_file`: the file, its
+//!   lock and its format are I/O, not algorithms);
 //! * [`trie`] — the continuations of several occurrences merged into one speculation trie whose
 //!   nodes carry their match length, depth, vote share and source;
 //! * [`anchor`] — the anchor of a long copy of the request's own text, and where the copy may
@@ -18,14 +17,12 @@
 
 pub mod anchor;
 pub mod history;
-pub mod history_file;
 pub mod index;
 pub mod pricing;
 pub mod trie;
 
 pub use anchor::{AnchorTracker, Resume, ResumeKind, STRONG_MATCH};
 pub use history::{prompt_key, GlobalHistory, DEFAULT_CAP_TOKENS};
-pub use history_file::{HistoryFile, DEFAULT_LOCK_TIMEOUT};
 pub use index::{LookupLimits, Occurrence, SuffixIndex, BREAK};
 pub use pricing::{SuffixPricing, PRICING_GRID};
 pub use trie::{

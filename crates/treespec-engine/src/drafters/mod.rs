@@ -27,6 +27,7 @@ pub use lookup::{LookupConfig, LookupDrafter, LookupStats};
 pub use sample::{draw_children, top_tokens, SampleMode};
 pub use sequoia::{SequoiaConfig, SequoiaDrafter};
 pub use staged::{StagedConfig, StagedDrafter, StagedStats};
+pub use suffix::history_file::{self, HistoryFile};
 pub use suffix::{
     StorePlaces, StoreSave, SuffixConfig, SuffixDrafter, SuffixShared, SuffixStats, SuffixStore,
 };

@@ -15,8 +15,8 @@ use treespec_core::suffix::{GlobalHistory, DEFAULT_CAP_TOKENS};
 use super::{Budget, MethodKind, MethodKnobs};
 use crate::auto_budget::{CostModel, SharedCosts};
 use crate::drafters::{
-    AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, Eagle2Config, GsdConfig, LookupConfig, SequoiaConfig,
-    StagedConfig, SuffixConfig, SuffixShared,
+    history_file, AutoConfig, DiscoConfig, DiscoMode, DySpecConfig, Eagle2Config, GsdConfig, LookupConfig,
+    SequoiaConfig, StagedConfig, SuffixConfig, SuffixShared,
 };
 use crate::error::{EngineError, Result};
 use crate::measure::offline::AcceptanceVector;
@@ -300,7 +300,7 @@ impl MethodSpec {
             None => {
                 let cap = k.suffix_cap.unwrap_or(DEFAULT_CAP_TOKENS);
                 let history = match &k.suffix_history {
-                    Some(path) if path.exists() => GlobalHistory::load(path, ctx.tokenizer()?, cap)
+                    Some(path) if path.exists() => history_file::format::load(path, ctx.tokenizer()?, cap)
                         .map_err(|e| load_error("suffix history", path, e))?,
                     _ => GlobalHistory::new(cap)?,
                 };

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use treespec_core::ngram::TokenizerId;
 use treespec_core::TokenId;
 use treespec_engine::registry::FixedContext;
 use treespec_engine::toy::toy_costs;
@@ -51,6 +52,11 @@ impl Default for ToyConfig {
             histories: None,
         }
     }
+}
+
+/// The toys' tokenizer fingerprint over `vocab` tokens, which their saved histories carry.
+pub fn toy_tokenizer(vocab: usize) -> TokenizerId {
+    TokenizerId { fingerprint: 0x5eed, vocab: vocab as u32 }
 }
 
 /// Toy token bytes: token `t` is the letter `'a' + t`.

@@ -3,7 +3,7 @@
 //! conversation a request belongs to.
 //!
 //! - **Draining.** On SIGTERM the server does not vanish with requests in flight: it turns
-//!   unready first ([`Lifecycle::drain`](super::lifecycle::Lifecycle::drain)): `/health` answers 503 `draining`, new generation
+//!   unready first ([`Draining::drain`](super::draining::Draining::drain)): `/health` answers 503 `draining`, new generation
 //!   requests are refused with a retryable 503 (a gateway such as SMG retries them on another
 //!   replica), and the requests already queued or running finish; then it exits.
 //! - **Load.** `GET /v1/loads` answers in the shape SMG reads from a worker that is neither

@@ -1,7 +1,7 @@
 //! The HTTP side: axum handlers and what they answer with — the OpenAI routes ([`routes`], their
 //! wire format in [`openai_wire`]), llama-server's routes ([`llama_server`]), both answered
 //! through one response lifecycle ([`respond`]), all reading one shared state ([`state`]); what a
-//! gateway needs of a replica ([`gateway`]) and the switch that drains it ([`lifecycle`]);
+//! gateway needs of a replica ([`gateway`]) and the switch that drains it ([`draining`]);
 //! the OpenAPI description ([`openapi`]); the chat page ([`chat`]); and the accept loop that tells
 //! a request when its client has gone ([`serve`]), and the deadline of a request's body
 //! ([`deadline`]). No model and no scheduling here: a request
@@ -9,8 +9,8 @@
 
 pub(crate) mod chat;
 pub(crate) mod deadline;
+pub(crate) mod draining;
 pub(crate) mod gateway;
-pub(crate) mod lifecycle;
 pub(crate) mod llama_server;
 pub(crate) mod openai_wire;
 pub(crate) mod openapi;

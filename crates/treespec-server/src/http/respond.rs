@@ -131,7 +131,7 @@ async fn submit(
     peer: Option<&PeerClosed>,
     session: Option<&str>,
 ) -> Result<(UnboundedReceiver<Event>, Option<Start>), ApiError> {
-    s.lifecycle.check()?;
+    s.draining.check()?;
     s.metrics.session_turn(tenant, session);
     let (tx, mut rx) = unbounded_channel();
     let job = Job::new(spec, tenant, trace, tx);

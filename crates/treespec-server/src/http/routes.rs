@@ -28,7 +28,7 @@ use crate::tenant::Tenant;
 /// and which method serves meanwhile. Open to all, so the queue's depth only where the
 /// server-wide figures are public (others' activity is not a key holder's to read).
 pub async fn health(State(s): State<AppState>) -> Response {
-    if s.lifecycle.is_draining() {
+    if s.draining.is_draining() {
         // Unready, so a gateway stops sending here; the requests in flight still finish.
         let v = json!({"status": "draining", "model": s.backend.model_id()});
         return (StatusCode::SERVICE_UNAVAILABLE, Json(v)).into_response();

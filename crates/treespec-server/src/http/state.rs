@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::http::lifecycle::Lifecycle;
+use crate::http::draining::Draining;
 use crate::metrics::{Metrics, View};
 use crate::request::sampling::SamplingDefaults;
 use crate::scheduling::job::GenerationBackend;
@@ -27,7 +27,7 @@ pub struct AppState {
     /// Server start (Unix seconds), the models' `created`.
     pub started: u64,
     /// Whether new requests are still taken (draining on SIGTERM: `gateway.rs`).
-    pub lifecycle: Lifecycle,
+    pub draining: Draining,
     /// Longest time a request's body may take to arrive (`deadline.rs`).
     pub body_timeout: std::time::Duration,
     /// The server's sampling defaults for fields a request leaves unset (every route).

@@ -6,12 +6,12 @@ use std::time::Duration;
 use super::Stops;
 use crate::job::GenerationBackend;
 use crate::metrics::{Metrics, View};
-use crate::Lifecycle;
+use crate::Draining;
 
 /// How a server drains before it stops.
 pub struct Drain {
     /// Turned unready at the first stop request.
-    pub lifecycle: Lifecycle,
+    pub draining: Draining,
     /// Told to stop when the drain ends.
     pub backend: Arc<dyn GenerationBackend>,
     /// Where the requests in flight are counted.
@@ -28,7 +28,7 @@ impl Drain {
     /// `shutdown`), what still waits is refused.
     pub async fn after(self, mut stops: Stops) {
         stops.next().await;
-        self.lifecycle.drain();
+        self.draining.drain();
         if !self.most.is_zero() {
             eprintln!(
                 "treespec serve: draining: unready, new requests refused; up to {} s for the requests in flight (signal again to stop now)",

@@ -9,13 +9,20 @@
 //! scheduler ends every request still decoding with what it has (finish reason
 //! [`SHUTDOWN`](crate::job::SHUTDOWN)), the connections close within [`CLOSE_WAIT`], and the
 //! histories are saved. A second stop request skips the rest of the drain.
+//!
+//! A server starts itself too ([`Server`], `start.rs`): the tenants' histories loaded, the
+//! backend on its models, on llama.cpp a cost-aware default measured in the background and
+//! switched to when its curves are in (`curves.rs`); `treespec serve` only parses its flags.
 
+mod curves;
 mod drain;
 mod saves;
+mod start;
 mod stops;
 
 pub use drain::Drain;
 pub use saves::{report_saves, PeriodicSave};
+pub use start::{HistoryFiles, LlamaStart, Server, Start, Stopped};
 pub use stops::{StopSender, Stops};
 
 use std::sync::Arc;

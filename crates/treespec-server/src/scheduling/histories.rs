@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Context;
 use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::history_file::{LOCK_SUFFIX, PRICES_SUFFIX};
-use treespec_core::suffix::{HistoryFile, DEFAULT_CAP_TOKENS};
+use treespec_core::suffix::DEFAULT_CAP_TOKENS;
+use treespec_engine::drafters::history_file::{HistoryFile, LOCK_SUFFIX, PRICES_SUFFIX};
 use treespec_engine::drafters::{StorePlaces, SuffixShared, SuffixStore};
 
 use crate::tenant::Tenant;
@@ -444,7 +444,7 @@ mod tests {
         let other = TokenizerId { fingerprint: 0x5eee, vocab: 26 };
         std::fs::write(
             file.prices_path(),
-            treespec_core::suffix::history_file::pricing_to_bytes(&shared.pricing_snapshot(), other),
+            treespec_engine::drafters::history_file::pricing_to_bytes(&shared.pricing_snapshot(), other),
         )
         .unwrap();
         let e = TenantHistories::in_files(&base, TOK, 1 << 16, [a]).expect_err("another tokenizer's prices");

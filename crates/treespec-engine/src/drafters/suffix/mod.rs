@@ -37,10 +37,12 @@
 //! every drafter of the method shares, [`config`] the knobs, [`stats`] the counters, [`trie`] the
 //! step's candidates and [`reanchor`] the chains grafted onto them, [`selection`] their prices
 //! and the prefix kept, [`proposal`] the tree proposed from it, [`shadow`] the learning from the
-//! text that followed, and [`calibration`] each request's own tallies.
+//! text that followed, and [`calibration`] each request's own tallies; [`store`] keeps the
+//! history a process shares, and [`history_file`] saves it (the file, its lock and its format).
 
 mod calibration;
 mod config;
+pub mod history_file;
 mod proposal;
 mod reanchor;
 mod selection;

@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::history_file::{MergeState, PricesFile};
-use treespec_core::suffix::{GlobalHistory, HistoryFile, SuffixPricing};
+use treespec_core::suffix::{GlobalHistory, SuffixPricing};
+
+use super::history_file::{HistoryFile, MergeState, PricesFile};
 
 use super::SuffixShared;
 use crate::error::Result;

@@ -6,7 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use treespec_core::ngram::TokenizerId;
-use treespec_core::suffix::{GlobalHistory, HistoryFile};
+use treespec_core::suffix::GlobalHistory;
+use treespec_engine::drafters::history_file::{self, format, HistoryFile};
 
 const TOK: TokenizerId = TokenizerId { fingerprint: 0x5eed, vocab: 50_000 };
 
@@ -58,7 +59,7 @@ fn saves_then_loads_the_same_history() {
     assert!(same(&back, &h));
     // The old entry point goes through the same code.
     let h2 = history(2, 0);
-    h2.save(&dir.path().join("h.bin"), TOK).unwrap();
+    history_file::save_history(&h2, &dir.path().join("h.bin"), TOK).unwrap();
     assert!(same(&file.load(TOK, 100_000).unwrap(), &h2));
     // Only the file and its lock are left behind.
     assert_eq!(names(dir.path()), ["h.bin", "h.bin.lock"]);
@@ -219,7 +220,7 @@ fn a_temporary_file_left_by_a_crash_does_not_touch_the_old_file() {
     file.save(&old, TOK).unwrap();
     // What a process killed between writing its temporary file and renaming it leaves behind.
     let stray = dir.path().join(".h.bin.AbC123.tmp");
-    let new = history(2, 0).to_bytes(TOK);
+    let new = format::to_bytes(&history(2, 0), TOK);
     std::fs::write(&stray, &new[..new.len() / 2]).unwrap();
     assert!(same(&file.load(TOK, 100_000).unwrap(), &old));
     let newer = history(3, 0);
@@ -246,14 +247,14 @@ fn a_symlinked_path_updates_the_target_and_keeps_the_link() {
         let h = history(5, round);
         file.save(&h, TOK).unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "still a link");
-        assert!(same(&GlobalHistory::load(&real.join("h.bin"), TOK, 100_000).unwrap(), &h));
+        assert!(same(&format::load(&real.join("h.bin"), TOK, 100_000).unwrap(), &h));
         assert!(same(&file.load(TOK, 100_000).unwrap(), &h));
     }
     // The old entry point follows the link too.
     let h = history(6, 0);
-    h.save(&link, TOK).unwrap();
+    history_file::save_history(&h, &link, TOK).unwrap();
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-    assert!(same(&GlobalHistory::load(&real.join("h.bin"), TOK, 100_000).unwrap(), &h));
+    assert!(same(&format::load(&real.join("h.bin"), TOK, 100_000).unwrap(), &h));
     // Nothing but the link in its directory; the lock sits beside the target.
     assert_eq!(names(&links), ["h.bin"]);
     assert_eq!(names(&real), ["h.bin", "h.bin.lock"]);
@@ -274,7 +275,7 @@ fn a_missing_directory_is_an_error_at_open_naming_the_path() {
     assert!(err.contains(&path.display().to_string()) && err.contains("does not exist"), "{err}");
     assert!(!dir.path().join("no-such-dir").exists(), "nothing is created");
     // The old entry point reports it the same way.
-    let err = history(1, 0).save(&path, TOK).unwrap_err().to_string();
+    let err = history_file::save_history(&history(1, 0), &path, TOK).unwrap_err().to_string();
     assert!(err.contains("does not exist"), "{err}");
 }
 

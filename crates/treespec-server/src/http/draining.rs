@@ -10,11 +10,11 @@ use crate::error::ApiError;
 /// Whether the server still takes new requests. Shared by the routes and the front end that
 /// catches the stop signal.
 #[derive(Debug, Clone, Default)]
-pub struct Lifecycle {
+pub struct Draining {
     draining: Arc<AtomicBool>,
 }
 
-impl Lifecycle {
+impl Draining {
     /// Stop taking new requests: `/health` turns 503 and new generations are refused (retryably).
     pub fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -40,7 +40,7 @@ mod tests {
 
     #[test]
     fn draining_refuses_new_requests_retryably() {
-        let l = Lifecycle::default();
+        let l = Draining::default();
         assert!(l.check().is_ok());
         l.clone().drain();
         let e = l.check().unwrap_err();

@@ -74,10 +74,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Number, Value};
 
-use super::history::GlobalHistory;
-use super::pricing::{SuffixPricing, PRICING_GRID};
-use crate::ngram::TokenizerId;
-use crate::{Error, Result, TokenId};
+use treespec_core::ngram::TokenizerId;
+use treespec_core::suffix::{GlobalHistory, SuffixPricing, PRICING_GRID};
+use treespec_core::{Error, Result, TokenId};
+
+pub mod format;
 
 /// How long a save waits for another process's save by default.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -217,7 +218,7 @@ impl HistoryFile {
         self.lock_timeout
     }
 
-    /// The saved history capped at `cap_tokens` (see [`GlobalHistory::from_bytes`]), or an empty
+    /// The saved history capped at `cap_tokens` (see [`format::from_bytes`]), or an empty
     /// one when the file does not exist yet or is empty (0 bytes: `touch`ed before the first
     /// start). A malformed file is an error naming the path.
     pub fn load(&self, tokenizer: TokenizerId, cap_tokens: usize) -> Result<GlobalHistory> {
@@ -260,14 +261,14 @@ impl HistoryFile {
         if bytes.is_empty() {
             return GlobalHistory::new(cap_tokens);
         }
-        GlobalHistory::from_bytes(bytes, tokenizer, cap_tokens)
+        format::from_bytes(bytes, tokenizer, cap_tokens)
             .map_err(|e| Error::Invalid(format!("suffix history {}: {e}", self.describe())))
     }
 
     /// Save `history` (tagged with `tokenizer`) atomically under the lock (see the module docs).
     /// The prices file beside it is left as it is.
     pub fn save(&self, history: &GlobalHistory, tokenizer: TokenizerId) -> Result<()> {
-        self.save_bytes(&history.to_bytes(tokenizer), &mut |_| Ok(()))
+        self.save_bytes(&format::to_bytes(history, tokenizer), &mut |_| Ok(()))
     }
 
     /// The file the learned prices of this history are kept in: `<target>.prices.json`, beside
@@ -301,7 +302,7 @@ impl HistoryFile {
         self.write_locked(&prices, &self.prices_name(), &pricing_to_bytes(pricing, tokenizer), &mut |_| {
             Ok(())
         })?;
-        self.write_locked(&self.target, &self.name, &history.to_bytes(tokenizer), &mut |_| Ok(()))
+        self.write_locked(&self.target, &self.name, &format::to_bytes(history, tokenizer), &mut |_| Ok(()))
     }
 
     /// Save the history that `read` gives (tagged with `tokenizer`) atomically under the lock,
@@ -343,7 +344,7 @@ impl HistoryFile {
                 prices_kept: false,
                 replaced,
             };
-            (history.to_bytes(tokenizer), state.hashes_of(&history), saved)
+            (format::to_bytes(&history, tokenizer), state.hashes_of(&history), saved)
         };
         let prices_kept = match pricing {
             Some(pricing) => self.write_prices_unless_richer(pricing, tokenizer)?,
@@ -551,13 +552,13 @@ pub struct MergedSave {
     pub replaced: Option<String>,
 }
 
-/// The documents of a saved history (see [`GlobalHistory::documents_in`]), or why not. No bytes
+/// The documents of a saved history (see [`format::documents_in`]), or why not. No bytes
 /// (a file not written yet, or `touch`ed) hold no documents.
 fn saved_docs(bytes: &[u8], tokenizer: TokenizerId) -> std::result::Result<Vec<(u64, Vec<TokenId>)>, String> {
     if bytes.is_empty() {
         return Ok(Vec::new());
     }
-    GlobalHistory::documents_in(bytes, tokenizer).map_err(|e| e.to_string())
+    format::documents_in(bytes, tokenizer).map_err(|e| e.to_string())
 }
 
 /// Learned prices on their own in a file (the CLI's learned-prices cache): the format of a
@@ -788,13 +789,11 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-impl GlobalHistory {
-    /// Write the history to `path`, tagged with the tokenizer its ids belong to: through a
-    /// [`HistoryFile`] (a symlink is followed, a unique temporary file is renamed over the target
-    /// under an advisory lock). A caller that saves more than once should keep a [`HistoryFile`].
-    pub fn save(&self, path: &Path, tokenizer: TokenizerId) -> Result<()> {
-        HistoryFile::open(path)?.save(self, tokenizer)
-    }
+/// Write `history` to `path`, tagged with the tokenizer its ids belong to: through a
+/// [`HistoryFile`] (a symlink is followed, a unique temporary file is renamed over the target
+/// under an advisory lock). A caller that saves more than once should keep a [`HistoryFile`].
+pub fn save_history(history: &GlobalHistory, path: &Path, tokenizer: TokenizerId) -> Result<()> {
+    HistoryFile::open(path)?.save(history, tokenizer)
 }
 
 /// Whether `name` is a temporary file [`HistoryFile::temp_file`] makes for the file whose
@@ -837,15 +836,15 @@ mod tests {
         file.save(&old, TOK).unwrap();
         let new = history(&[&[4, 5, 6, 7], &[8, 9]]);
         let mut seen = None;
-        let stopped = file.save_bytes(&new.to_bytes(TOK), &mut |tmp| {
+        let stopped = file.save_bytes(&format::to_bytes(&new, TOK), &mut |tmp| {
             // The new bytes are complete and synced in a file of their own, the target untouched.
             seen = Some((std::fs::read(tmp)?, std::fs::read(file.target())?));
             Err(std::io::Error::other("simulated crash"))
         });
         assert!(stopped.unwrap_err().to_string().contains("simulated crash"));
         let (tmp_bytes, target_bytes) = seen.expect("the hook ran");
-        assert_eq!(tmp_bytes, new.to_bytes(TOK));
-        assert_eq!(target_bytes, old.to_bytes(TOK));
+        assert_eq!(tmp_bytes, format::to_bytes(&new, TOK));
+        assert_eq!(target_bytes, format::to_bytes(&old, TOK));
         assert_eq!(file.load(TOK, 1000).unwrap().index().tokens(), old.index().tokens());
         // The failed save removed its temporary file.
         assert_eq!(others(dir.path(), &["h.bin", "h.bin.lock"]), Vec::<String>::new());
@@ -896,7 +895,7 @@ mod tests {
     }
 
     fn trained_pricing() -> SuffixPricing {
-        use crate::suffix::NodeFeatures;
+        use treespec_core::suffix::NodeFeatures;
         let mut p = SuffixPricing::new();
         // Irregular decayed counts in many cells: floats that a lossy decimal would not keep.
         for i in 0..3000u64 {
@@ -964,7 +963,7 @@ mod tests {
         let path = dir.path().join("old.bin");
         // What a build before the prices wrote: the history alone.
         let h = history(&[&[7, 8, 9]]);
-        std::fs::write(&path, h.to_bytes(TOK)).unwrap();
+        std::fs::write(&path, format::to_bytes(&h, TOK)).unwrap();
         let file = HistoryFile::open(&path).unwrap();
         assert_eq!(file.load(TOK, 1000).unwrap().index().tokens(), h.index().tokens());
         assert_eq!(file.load_pricing(TOK).unwrap(), None);
@@ -1005,7 +1004,7 @@ mod tests {
 
     #[test]
     fn prices_of_another_grid_start_from_the_prior_or_keep_the_cells_that_mean_the_same() {
-        use crate::suffix::{AnchorFeatures, NodeFeatures, ResumeKind};
+        use treespec_core::suffix::{AnchorFeatures, NodeFeatures, ResumeKind};
         let p = trained_pricing();
         let good: Value = serde_json::from_slice(&pricing_to_bytes(&p, TOK)).unwrap();
         assert_eq!(good["grid"], PRICING_GRID);
@@ -1183,13 +1182,13 @@ mod tests {
     #[test]
     fn saved_docs_reads_what_to_bytes_writes() {
         let h = history(&[&[1, 2, 3], &[4], &[5, 6]]);
-        let docs = saved_docs(&h.to_bytes(TOK), TOK).unwrap();
+        let docs = saved_docs(&format::to_bytes(&h, TOK), TOK).unwrap();
         assert_eq!(docs, vec![(0, vec![1, 2, 3]), (1, vec![4]), (2, vec![5, 6])]);
         assert_eq!(saved_docs(&[], TOK).unwrap(), vec![]);
-        let bytes = h.to_bytes(TOK);
+        let bytes = format::to_bytes(&h, TOK);
         for cut in [1, 7, 20, bytes.len() - 1] {
             assert!(saved_docs(&bytes[..cut], TOK).is_err(), "cut at {cut}");
-            assert!(GlobalHistory::from_bytes(&bytes[..cut], TOK, 1000).is_err(), "cut at {cut}");
+            assert!(format::from_bytes(&bytes[..cut], TOK, 1000).is_err(), "cut at {cut}");
         }
         let err = saved_docs(&bytes, TokenizerId { fingerprint: 12, vocab: 100 }).unwrap_err();
         assert!(err.contains("tokenizer"), "{err}");
@@ -1226,7 +1225,7 @@ mod tests {
         assert_eq!(mode(file.lock_path()), 0o600, "the lock file");
         // The temporary file of a first save is 0600 from its creation: the new file's mode.
         let mut seen = None;
-        let _ = file.save_bytes(&history(&[&[3]]).to_bytes(TOK), &mut |tmp| {
+        let _ = file.save_bytes(&format::to_bytes(&history(&[&[3]]), TOK), &mut |tmp| {
             seen = Some(mode(tmp));
             Err(std::io::Error::other("stop"))
         });
