@@ -269,6 +269,7 @@ device() {
         die "the CUDA backend did not load (see devices.txt)"
     fi
     local models=$WORK/models
+    python3 -c 'import numpy' 2>/dev/null || die "python3 has no numpy, which writes the random-weight files (pip install numpy)"
     mkdir -p "$models"
     for which in target draft; do
         local name=$TARGET_GGUF

@@ -157,6 +157,7 @@ impl LlamaModel {
         // batch-invariant (plain decoding in exact mode uses the same cache type, so exact mode
         // is compared with itself).
         let params = params.with_type_k(cache.k.param()).with_type_v(cache.v.param());
+        let params = o.rope.apply(params);
         let backend = backend::backend()?;
         backend::clear_captured();
         let ctx = {

@@ -32,6 +32,7 @@ use crate::devices::{devices, DeviceList, GpuLayers, Offload};
 use crate::kv_options::{CacheType, FlashAttn, KvCache};
 use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
+use crate::rope::RopeOptions;
 use crate::threads::{available_cores, effective_threads};
 
 /// llama.cpp's hard limit on sequence ids (`LLAMA_MAX_SEQ` = 256) minus the two we reserve: the
@@ -82,6 +83,8 @@ pub struct LoadOptions {
     /// auto: where the target's measured shape times say it pays, see
     /// [`ModelRuntime::shape_padding`](crate::ModelRuntime::shape_padding)).
     pub pad_shapes: PadShapes,
+    /// RoPE/YaRN overrides (`--rope-*`, `--yarn-*`; default: the model file's).
+    pub rope: RopeOptions,
 }
 
 impl Default for LoadOptions {
@@ -101,6 +104,7 @@ impl Default for LoadOptions {
             mmap: true,
             mlock: false,
             pad_shapes: PadShapes::Auto,
+            rope: RopeOptions::default(),
         }
     }
 }

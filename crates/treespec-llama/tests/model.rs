@@ -68,3 +68,27 @@ fn a_model_is_compatible_with_itself() {
     }
     check_compatible(model(), model()).unwrap();
 }
+
+/// `--rope-*` overrides reach llama.cpp's contexts: the model file's own base frequency gives the
+/// same logits as no override, another one different logits.
+#[test]
+fn rope_overrides_reach_the_context() {
+    if skip_model_tests("rope_overrides_reach_the_context") {
+        return;
+    }
+    use treespec_engine::{CausalLm, TreeBatch};
+    use treespec_llama::{LlamaModel, LoadOptions, RopeOptions};
+    let logits = |rope: RopeOptions| {
+        let m = LlamaModel::load(model_path(), LoadOptions { rope, ..test_options() }).unwrap();
+        let mut lm = m.new_lm().unwrap();
+        lm.prefill(&prompt(&m)).unwrap();
+        lm.forward(&TreeBatch::chain(&[1000], None, 0, false)).unwrap().row(0).to_vec()
+    };
+    let own = logits(RopeOptions::default());
+    // SmolLM2-135M's rope.freq_base.
+    let same =
+        logits(RopeOptions { freq_base: Some(100_000.0), freq_scale: Some(1.0), ..Default::default() });
+    assert!(max_abs_diff(&own, &same) < 1e-4, "the file's own settings changed the logits");
+    let other = logits(RopeOptions { freq_base: Some(10_000.0), ..Default::default() });
+    assert!(max_abs_diff(&own, &other) > 1e-2, "another base frequency left the logits unchanged");
+}

@@ -9,6 +9,7 @@ use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
 use treespec_llama::{CacheType, FlashAttn, GpuLayers, KvCache, LoadOptions, Offload};
+use treespec_llama::{RopeOptions, RopeScaling};
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -99,6 +100,70 @@ pub struct RuntimeArgs {
     /// 32, 64 rows), `off`, or a list of row counts.
     #[arg(long = "pad-shapes", value_name = "auto|on|off|LIST", default_value = "auto", value_parser = parse_pad_shapes)]
     pub pad_shapes: PadShapes,
+    #[command(flatten)]
+    pub rope: RopeArgs,
+}
+
+/// llama.cpp's RoPE/YaRN overrides (default: the model file's settings).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RopeArgs {
+    /// RoPE frequency scaling: none, linear or yarn (llama.cpp's `--rope-scaling`).
+    #[arg(long = "rope-scaling", value_name = "none|linear|yarn", value_parser = RopeScaling::parse)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// Context scaling factor: the frequency scale is its inverse (llama.cpp's `--rope-scale`).
+    #[arg(long = "rope-scale", value_name = "N", conflicts_with = "rope_freq_scale", value_parser = positive)]
+    pub rope_scale: Option<f32>,
+    /// RoPE base frequency (llama.cpp's `--rope-freq-base`).
+    #[arg(long = "rope-freq-base", value_name = "N", value_parser = positive)]
+    pub rope_freq_base: Option<f32>,
+    /// RoPE frequency scale factor (llama.cpp's `--rope-freq-scale`).
+    #[arg(long = "rope-freq-scale", value_name = "N", value_parser = positive)]
+    pub rope_freq_scale: Option<f32>,
+    /// YaRN: the model's original training context (llama.cpp's `--yarn-orig-ctx`).
+    #[arg(long = "yarn-orig-ctx", value_name = "N")]
+    pub yarn_orig_ctx: Option<u32>,
+    /// YaRN extrapolation mix factor (llama.cpp's `--yarn-ext-factor`; -1: the model's).
+    #[arg(long = "yarn-ext-factor", value_name = "N", allow_negative_numbers = true, value_parser = finite)]
+    pub yarn_ext_factor: Option<f32>,
+    /// YaRN attention magnitude scale (llama.cpp's `--yarn-attn-factor`).
+    #[arg(long = "yarn-attn-factor", value_name = "N", allow_negative_numbers = true, value_parser = finite)]
+    pub yarn_attn_factor: Option<f32>,
+    /// YaRN high correction dimension (llama.cpp's `--yarn-beta-slow`).
+    #[arg(long = "yarn-beta-slow", value_name = "N", allow_negative_numbers = true, value_parser = finite)]
+    pub yarn_beta_slow: Option<f32>,
+    /// YaRN low correction dimension (llama.cpp's `--yarn-beta-fast`).
+    #[arg(long = "yarn-beta-fast", value_name = "N", allow_negative_numbers = true, value_parser = finite)]
+    pub yarn_beta_fast: Option<f32>,
+}
+
+impl RopeArgs {
+    /// The overrides as the llama backend takes them.
+    pub fn options(&self) -> RopeOptions {
+        RopeOptions {
+            scaling: self.rope_scaling,
+            freq_base: self.rope_freq_base,
+            freq_scale: self.rope_freq_scale.or(self.rope_scale.map(|s| 1.0 / s)),
+            yarn_orig_ctx: self.yarn_orig_ctx,
+            yarn_ext_factor: self.yarn_ext_factor,
+            yarn_attn_factor: self.yarn_attn_factor,
+            yarn_beta_slow: self.yarn_beta_slow,
+            yarn_beta_fast: self.yarn_beta_fast,
+        }
+    }
+}
+
+fn finite(text: &str) -> std::result::Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("{text:?} is not a finite number")),
+    }
+}
+
+fn positive(text: &str) -> std::result::Result<f32, String> {
+    match finite(text)? {
+        v if v > 0.0 => Ok(v),
+        _ => Err(format!("{text:?} must be above 0")),
+    }
 }
 
 fn parse_pad_shapes(text: &str) -> std::result::Result<PadShapes, String> {
@@ -146,6 +211,7 @@ impl RuntimeArgs {
             mmap: !self.no_mmap,
             mlock: self.mlock,
             pad_shapes: self.pad_shapes.clone(),
+            rope: self.rope.options(),
             ..LoadOptions::default()
         };
         if let Some(t) = self.threads {

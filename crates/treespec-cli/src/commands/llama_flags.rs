@@ -11,8 +11,6 @@ const ROUTER: &str = "one model per server here (no router mode): run one treesp
      behind a gateway (docs/SERVING.md, \"Many machines\")";
 const REASONING: &str = "the model's thinking is not parsed out of the answer here: it stays in the \
      content as the model wrote it";
-const ROPE: &str = "treespec runs the model file's RoPE/YaRN settings as they are (not wired into its \
-     contexts): use a GGUF whose metadata carries the scaling you want";
 const TENSORS: &str = "tensor placement is by whole layers here: -ngl / -ngld (and -dev) decide what \
      runs on the GPU";
 const MULTIMODAL: &str = "multimodal projectors are not supported: treespec decodes text";
@@ -67,11 +65,6 @@ pub const REFUSED: &[(&[&str], &str)] = &[
         "treespec never shifts the context: a request that outgrows it ends with finish_reason \
          \"length\" (size -c for the longest conversation)",
     ),
-    (
-        &["--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"],
-        ROPE,
-    ),
-    (&["--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast"], ROPE),
     (
         &["--override-kv"],
         "the model file's metadata is used as it is: write the change into the GGUF (with the gguf \
