@@ -37,7 +37,7 @@ enum Command {
     /// Build n-gram tables for the lookup and staged drafters.
     Ngram(commands::ngram::NgramArgs),
     /// Measure the target-forward cost curve T(n) on this machine.
-    Profile(commands::profile::ProfileArgs),
+    Profile(Box<commands::profile::ProfileArgs>),
     /// The best speed-up any draft chain can reach on this machine's measured cost curves.
     Bound(Box<commands::bound::BoundArgs>),
     /// Write cheaper draft models (requantized, or layer-dropped from the target).
@@ -83,7 +83,7 @@ fn main() {
         Command::Disco(DiscoArgs { command: DiscoCommand::Train(args) }) => {
             commands::calibrate::disco_train(*args)
         }
-        Command::Profile(args) => commands::profile::run(args),
+        Command::Profile(args) => commands::profile::run(*args),
         Command::Serve(args) => commands::serve::run(*args),
     };
     if let Err(e) = result {
