@@ -12,7 +12,9 @@
 //! All it reads off a model is small and needs no tensors ([`PromptModel`]: prompt tokens, end
 //! tokens, vocabulary size, the token table, whether a draft is loaded), so a new backend
 //! implements that trait and gets the same preparation, checks and errors as every other (the
-//! toy models of the tests: [`ToyPromptModel`]).
+//! toy models of the tests: [`ToyPromptModel`]). It is the one trait a model implements to be
+//! served: the server's llama-server routes read its tokenizer, token pieces, chat template text
+//! and model file through it too.
 //! Errors say which part of the request is at fault ([`PrepareError`]), so the server can answer
 //! a 400 naming the field and the CLI a sentence.
 

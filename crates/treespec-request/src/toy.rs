@@ -11,7 +11,8 @@ use crate::prompt::Prompt;
 use crate::token_table::TokenTable;
 
 /// A toy "tokenizer": each byte of the text maps onto the vocabulary (byte mod its size); the
-/// "chat template" is `role: content` lines, then `assistant:` (it renders no tools). The toys
+/// "chat template" is `role: content` lines, then `assistant:` (it renders no tools); token `t`
+/// reads as the letter `'a' + t` ([`ToyPromptModel::letter`]). The toys
 /// have no end token and no vocabulary a grammar compiles against: structured output is refused
 /// ([`PrepareError::NoGrammar`]), tool calls stay free text.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +30,11 @@ impl ToyPromptModel {
         text.bytes().map(|b| b as u32 % vocab).collect()
     }
 
+    /// Token `t` as text: the letter `'a' + t` (mod 26).
+    pub fn letter(token: TokenId) -> Vec<u8> {
+        vec![b'a' + (token % 26) as u8]
+    }
+
     /// The toy chat template.
     pub fn render(messages: &[ChatMessage]) -> String {
         let mut s: String = messages.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
@@ -42,15 +48,33 @@ static NO_VOCABULARY: VocabularyCache = VocabularyCache::new();
 
 impl PromptModel for ToyPromptModel {
     fn prompt_tokens(&self, prompt: Prompt<'_>) -> treespec_engine::Result<Vec<TokenId>> {
+        Ok(self.tokens(&self.prompt_text(prompt).unwrap_or_default()))
+    }
+
+    fn tokenize(
+        &self,
+        text: &str,
+        _add_special: bool,
+        _parse_special: bool,
+    ) -> treespec_engine::Result<Vec<TokenId>> {
+        // The toys have no special tokens.
+        Ok(self.tokens(text))
+    }
+
+    fn token_piece(&self, token: TokenId) -> treespec_engine::Result<Vec<u8>> {
+        Ok(Self::letter(token))
+    }
+
+    fn prompt_text(&self, prompt: Prompt<'_>) -> Result<String, PrepareError> {
         Ok(match prompt {
-            Prompt::Text(t) => self.tokens(t),
-            Prompt::User(t) => self.tokens(&Self::render(&[ChatMessage::new("user", t)])),
-            Prompt::Messages(m) | Prompt::MessagesWithTools(m, _) => self.tokens(&Self::render(m)),
+            Prompt::Text(t) => t.to_string(),
+            Prompt::User(t) => Self::render(&[ChatMessage::new("user", t)]),
+            Prompt::Messages(m) | Prompt::MessagesWithTools(m, _) => Self::render(m),
         })
     }
 
-    fn text_tokens(&self, text: &str) -> Vec<TokenId> {
-        self.tokens(text)
+    fn model_path(&self) -> String {
+        "toy".into()
     }
 
     fn vocab_size(&self) -> usize {

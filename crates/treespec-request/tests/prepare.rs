@@ -39,8 +39,21 @@ impl PromptModel for Bytes {
             Prompt::Messages(m) | Prompt::MessagesWithTools(m, _) => Ok(self.text_tokens(&m[0].content)),
         }
     }
-    fn text_tokens(&self, text: &str) -> Vec<TokenId> {
-        text.bytes().map(TokenId::from).collect()
+    fn tokenize(&self, text: &str, _: bool, _: bool) -> treespec_engine::Result<Vec<TokenId>> {
+        Ok(text.bytes().map(TokenId::from).collect())
+    }
+    fn token_piece(&self, token: TokenId) -> treespec_engine::Result<Vec<u8>> {
+        Ok(self.table.tokens[token as usize].clone())
+    }
+    fn prompt_text(&self, prompt: Prompt<'_>) -> Result<String, PrepareError> {
+        match prompt {
+            Prompt::Text(t) | Prompt::User(t) => Ok(t.to_string()),
+            Prompt::Messages([]) => Err(PrepareError::Template("no messages".into())),
+            Prompt::Messages(m) | Prompt::MessagesWithTools(m, _) => Ok(m[0].content.clone()),
+        }
+    }
+    fn model_path(&self) -> String {
+        "bytes".into()
     }
     fn vocab_size(&self) -> usize {
         self.table.tokens.len()

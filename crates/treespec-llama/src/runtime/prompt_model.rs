@@ -3,6 +3,7 @@
 
 use treespec_core::TokenId;
 use treespec_request::{PrepareError, Prompt, PromptModel, TokenTable, VocabularyCache};
+use treespec_text::ChatMessage;
 
 use super::ModelRuntime;
 use crate::load::LlamaModel;
@@ -12,8 +13,42 @@ impl PromptModel for ModelRuntime {
         ModelRuntime::prompt_tokens(self, prompt)
     }
 
-    fn text_tokens(&self, text: &str) -> Vec<TokenId> {
-        self.target().tokenize(text, false, false).unwrap_or_default()
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> treespec_engine::Result<Vec<TokenId>> {
+        self.target().tokenize(text, add_special, parse_special)
+    }
+
+    fn token_piece(&self, token: TokenId) -> treespec_engine::Result<Vec<u8>> {
+        self.target().token_to_bytes(token, true)
+    }
+
+    fn prompt_text(&self, prompt: Prompt<'_>) -> Result<String, PrepareError> {
+        let user;
+        let (messages, tools) = match prompt {
+            Prompt::Text(t) => return Ok(t.to_string()),
+            Prompt::User(t) => {
+                user = [ChatMessage::new("user", t)];
+                (&user[..], None)
+            }
+            Prompt::Messages(m) => (m, None),
+            Prompt::MessagesWithTools(m, tools) => (m, Some(tools)),
+        };
+        let template = self.chat_template().map_err(|e| PrepareError::Template(e.to_string()))?;
+        template
+            .render_with_tools(messages, true, tools)
+            .map_err(|e| PrepareError::Template(format!("the chat template refused the messages: {e}")))
+    }
+
+    fn model_path(&self) -> String {
+        self.paths().model.display().to_string()
+    }
+
+    fn chat_template_source(&self) -> Option<String> {
+        ModelRuntime::chat_template_source(self)
     }
 
     fn renders_tools(&self) -> bool {

@@ -1,21 +1,17 @@
 //! What the batch scheduler's llama.cpp lanes (`llama_cpp_lanes.rs`) stand on: the loaded models
-//! and methods ([`LlamaConfig`]), the served model's id and device, and the tokenizer and chat
-//! template behind llama-server's endpoints ([`LlamaText`]). Requests are prepared by the one
-//! preparation every model shares (`request/prepare.rs`, on the runtime's `PromptModel`).
+//! and methods ([`LlamaConfig`]), the served model's id and device. The runtime is the model's
+//! one trait (`PromptModel`): the scheduler prepares requests on it by the one preparation every
+//! model shares (`request/prepare.rs`), and llama-server's endpoints read its tokenizer and chat
+//! template through it (`request/model_text.rs`).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use treespec_core::TokenId;
-use treespec_engine::{CausalLm, EngineError, Method};
+use treespec_engine::{CausalLm, Method};
 use treespec_llama::ModelRuntime;
-use treespec_request::{check_method, check_tokens, PromptModel};
+use treespec_request::check_method;
 
-use crate::error::ApiError;
-use crate::request::prepare::chat_input;
-use crate::request::validate::{JobSpec, PromptInput};
-use crate::scheduling::job::{ModelInfo, ModelText};
 use crate::scheduling::methods::ServerMethods;
 
 /// What the lanes run on: the models, loaded once by the caller (who may also have read the
@@ -78,52 +74,6 @@ pub fn runs_on(runtime: &ModelRuntime) -> String {
 /// The id served for a model file: its file stem.
 pub fn model_id(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
-/// The loaded target's tokenizer and chat template, for llama-server's endpoints.
-#[derive(Debug, Clone)]
-pub struct LlamaText(pub Arc<ModelRuntime>);
-
-impl ModelText for LlamaText {
-    fn tokenize(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> std::result::Result<Vec<TokenId>, ApiError> {
-        self.0.target().tokenize(text, add_special, parse_special).map_err(|e| match e {
-            EngineError::InvalidRequest(m) => ApiError::invalid("content", m),
-            e => ApiError::internal(format!("tokenizing: {e}")),
-        })
-    }
-
-    fn piece(&self, token: TokenId) -> std::result::Result<Vec<u8>, ApiError> {
-        check_tokens(&*self.0, &[token]).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        self.0.target().token_to_bytes(token, true).map_err(|e| ApiError::internal(e.to_string()))
-    }
-
-    fn apply_template(&self, spec: &JobSpec) -> std::result::Result<String, ApiError> {
-        let PromptInput::Chat(msgs) = &spec.prompt else {
-            return Err(ApiError::invalid("messages", "a chat template renders messages"));
-        };
-        let refused = |e: treespec_text::TemplateError| {
-            ApiError::invalid("messages", format!("the chat template refused the messages: {e}"))
-        };
-        let template = self.0.chat_template().map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        // The messages and tools as `prompt_tokens` hands them to the template.
-        let renders_tools = PromptModel::renders_tools(&*self.0);
-        let (chat, declared) = chat_input(renders_tools, msgs, spec.tools.as_ref());
-        template.render_with_tools(&chat, true, declared).map_err(refused)
-    }
-
-    fn info(&self) -> ModelInfo {
-        let target = self.0.target();
-        ModelInfo {
-            path: self.0.paths().model.display().to_string(),
-            chat_template: self.0.chat_template_source(),
-            vocab_size: target.vocab_size(),
-        }
-    }
 }
 
 /// Build the default method's drafter once, on `draft` when it runs one: a request without a

@@ -8,26 +8,23 @@ use std::sync::{Arc, OnceLock};
 use anyhow::Context;
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
+use treespec_request::PromptModel;
 
-use crate::adapters::llama_cpp::{check_default_method, model_id, runs_on, LlamaConfig, LlamaText};
-use crate::error::ApiError;
+use crate::adapters::llama_cpp::{check_default_method, model_id, runs_on, LlamaConfig};
 use crate::metrics::Metrics;
-use crate::request::prepare::prepare;
-use crate::request::validate::{JobSpec, Limits};
+use crate::request::validate::Limits;
 use crate::scheduling::methods::ServerMethods;
-use crate::scheduling::scheduler::{BatchPool, ForLane, LaneModels, Scheduler, SchedulerConfig};
-use crate::tenant::Tenant;
+use crate::scheduling::scheduler::{BatchPool, LaneModels, Scheduler, SchedulerConfig};
 
 /// Draft cells kept beside the target's context for each lane's pending draft tree.
 const DRAFT_TREE_CELLS: usize = 80;
 
-/// The target's lanes, the shared draft and what requests are resolved with.
+/// The target's lanes and the shared draft, on the runtime requests are prepared on.
 pub struct LlamaLanes<'m> {
     runtime: &'m ModelRuntime,
     lm: LlamaBatchLm<'m>,
     bytes: ModelBytes<'m>,
     draft: Option<SharedDraft<'m>>,
-    methods: Arc<ServerMethods>,
 }
 
 impl<'m> LlamaLanes<'m> {
@@ -38,7 +35,7 @@ impl<'m> LlamaLanes<'m> {
     /// take at most `cache_ram` bytes.
     pub fn new(
         runtime: &'m ModelRuntime,
-        methods: Arc<ServerMethods>,
+        methods: &ServerMethods,
         ctx_size: usize,
         parallel: usize,
         cache_ram: usize,
@@ -64,7 +61,7 @@ impl<'m> LlamaLanes<'m> {
             _ => None,
         };
         check_default_method(&default, lane)?;
-        Ok(Self { runtime, lm, bytes: runtime.token_bytes(), draft, methods })
+        Ok(Self { runtime, lm, bytes: runtime.token_bytes(), draft })
     }
 }
 
@@ -73,15 +70,16 @@ impl<'m> LaneModels<'m> for LlamaLanes<'m> {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError> {
-        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
-        // A lane of the shared draft only for a method that drafts with the model.
-        let lane = match (&self.draft, method.uses_draft()) {
-            (Some(d), true) => Some(d.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
-            _ => None,
-        };
-        let prepared = prepare(self.runtime, spec, &method, self.lm.context_size(), lane)?;
-        Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
+    fn prompt_model(&self) -> &dyn PromptModel {
+        self.runtime
+    }
+
+    fn context(&self) -> usize {
+        self.lm.context_size()
+    }
+
+    fn draft(&self) -> Option<&SharedDraft<'m>> {
+        self.draft.as_ref()
     }
 
     fn bytes(&self) -> &dyn TokenBytes {
@@ -105,17 +103,16 @@ impl BatchPool {
         config.check()?;
         let LlamaConfig { runtime, methods, cache_ram, alias } = config;
         let limits = Limits { context: ctx_size, has_draft: runtime.has_draft(), ..Limits::default() };
-        let text = Arc::new(LlamaText(runtime.clone()));
         let model = alias.unwrap_or_else(|| model_id(&runtime.paths().model));
-        let (pool, inbox) = BatchPool::new(scheduler, model, limits, text, metrics.clone());
+        let (pool, inbox) = BatchPool::new(scheduler, model, limits, runtime.clone(), metrics.clone());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let runtime_for_rate = runtime.clone();
         let runtime_for_device = runtime.clone();
         std::thread::Builder::new().name("treespec-scheduler".into()).spawn(
-            move || match LlamaLanes::new(&runtime, methods, ctx_size, scheduler.parallel, cache_ram) {
+            move || match LlamaLanes::new(&runtime, &methods, ctx_size, scheduler.parallel, cache_ram) {
                 Ok(lanes) => {
                     let _ = ready_tx.send(Ok(()));
-                    Scheduler::new(lanes, scheduler, metrics).run(inbox);
+                    Scheduler::new(lanes, methods, scheduler, metrics).run(inbox);
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

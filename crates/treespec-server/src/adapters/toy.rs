@@ -10,13 +10,9 @@ use treespec_core::TokenId;
 use treespec_engine::registry::FixedContext;
 use treespec_engine::toy::toy_costs;
 use treespec_engine::{Method, TokenBytes};
-use treespec_request::{check_tokens, ToyPromptModel};
+use treespec_request::ToyPromptModel;
 
-use crate::error::ApiError;
-use crate::request::prepare::chat_input;
-use crate::request::validate::{JobSpec, PromptInput};
 use crate::scheduling::histories::TenantHistories;
-use crate::scheduling::job::{ModelInfo, ModelText};
 use crate::scheduling::methods::ServerMethods;
 
 /// Toy models: token `t` is the letter `'a' + t`, prompts map byte by byte onto the vocabulary.
@@ -54,6 +50,14 @@ impl Default for ToyConfig {
     }
 }
 
+impl ToyConfig {
+    /// The toys as request preparation and llama-server's routes see them: a byte maps onto the
+    /// vocabulary (byte mod its size), token `t` reads as the letter `'a' + t` ([`Letters`]).
+    pub fn prompt_model(&self) -> ToyPromptModel {
+        ToyPromptModel { vocab: self.vocab.clamp(1, 26), has_draft: true }
+    }
+}
+
 /// The toys' tokenizer fingerprint over `vocab` tokens, which their saved histories carry.
 pub fn toy_tokenizer(vocab: usize) -> TokenizerId {
     TokenizerId { fingerprint: 0x5eed, vocab: vocab as u32 }
@@ -64,7 +68,7 @@ pub struct Letters;
 
 impl TokenBytes for Letters {
     fn token_bytes(&self, token: TokenId) -> Vec<u8> {
-        vec![b'a' + (token % 26) as u8]
+        ToyPromptModel::letter(token)
     }
 }
 
@@ -74,50 +78,4 @@ pub fn toy_methods(default: Method, histories: Option<Arc<TenantHistories>>) -> 
     let context = Arc::new(FixedContext { costs: Some(toy_costs()), ..Default::default() });
     let histories = histories.unwrap_or_else(TenantHistories::in_memory);
     Arc::new(ServerMethods::with_histories(default, context, histories))
-}
-
-/// The toys' "tokenizer": a byte maps onto the vocabulary (byte mod its size), token `t` reads
-/// as the letter `'a' + t` ([`Letters`]); prompts and requests as [`ToyPromptModel`] makes them.
-#[derive(Debug, Clone, Copy)]
-pub struct ToyText {
-    /// Vocabulary size (≤ 26).
-    pub vocab: usize,
-}
-
-impl ToyText {
-    /// The toys as request preparation sees them.
-    pub fn prompt_model(&self) -> ToyPromptModel {
-        ToyPromptModel { vocab: self.vocab.clamp(1, 26), has_draft: true }
-    }
-}
-
-impl ModelText for ToyText {
-    fn tokenize(
-        &self,
-        text: &str,
-        _add_special: bool,
-        _parse_special: bool,
-    ) -> Result<Vec<TokenId>, ApiError> {
-        // The toys have no special tokens.
-        Ok(self.prompt_model().tokens(text))
-    }
-
-    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError> {
-        check_tokens(&self.prompt_model(), &[token])
-            .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        Ok(Letters.token_bytes(token))
-    }
-
-    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError> {
-        match &spec.prompt {
-            PromptInput::Chat(msgs) => {
-                Ok(ToyPromptModel::render(&chat_input(false, msgs, spec.tools.as_ref()).0))
-            }
-            _ => Err(ApiError::invalid("messages", "a chat template renders messages")),
-        }
-    }
-
-    fn info(&self) -> ModelInfo {
-        ModelInfo { path: "toy".into(), chat_template: None, vocab_size: self.vocab.clamp(1, 26) }
-    }
 }

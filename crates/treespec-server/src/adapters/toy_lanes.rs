@@ -8,22 +8,19 @@ use std::sync::Arc;
 
 use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyModel};
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
+use treespec_request::{PromptModel, ToyPromptModel};
 
-use crate::adapters::toy::{toy_methods, Letters, ToyConfig, ToyText};
-use crate::error::ApiError;
+use crate::adapters::toy::{toy_methods, Letters, ToyConfig};
 use crate::metrics::Metrics;
-use crate::request::prepare::prepare;
-use crate::request::validate::{JobSpec, Limits};
-use crate::scheduling::methods::ServerMethods;
-use crate::scheduling::scheduler::{BatchPool, ForLane, LaneModels, Scheduler, SchedulerConfig};
-use crate::tenant::Tenant;
+use crate::request::validate::Limits;
+use crate::scheduling::scheduler::{BatchPool, LaneModels, Scheduler, SchedulerConfig};
 
 /// Toy target lanes and toy drafts.
 pub struct ToyLanes {
     lm: ToyBatchLm,
     draft: SharedDraft<'static>,
+    model: ToyPromptModel,
     config: ToyConfig,
-    methods: Arc<ServerMethods>,
 }
 
 impl ToyLanes {
@@ -31,7 +28,6 @@ impl ToyLanes {
     pub fn new(config: ToyConfig, parallel: usize) -> Self {
         let m = ToyModel::new(config.vocab.min(26), 1, 7);
         let draft = m.draft(0.5, 3);
-        let methods = toy_methods(config.method.clone(), config.histories.clone());
         let draft = SharedDraft::new(ToyDraftLanes::new(draft, config.context, parallel + 1));
         let mut lm = ToyBatchLm::new(m, config.context, parallel);
         if let Some(cells) = config.shared_cells {
@@ -40,7 +36,7 @@ impl ToyLanes {
         if config.prefix_cache {
             lm = lm.with_prefix_cache();
         }
-        Self { lm, draft, config, methods }
+        Self { lm, draft, model: config.prompt_model(), config }
     }
 }
 
@@ -49,15 +45,16 @@ impl LaneModels<'static> for ToyLanes {
         &mut self.lm
     }
 
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'static>, ApiError> {
-        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
-        let lane = match method.uses_draft() {
-            true => Some(self.draft.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
-            false => None,
-        };
-        let model = ToyText { vocab: self.config.vocab }.prompt_model();
-        let prepared = prepare(&model, spec, &method, self.config.context, lane)?;
-        Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
+    fn prompt_model(&self) -> &dyn PromptModel {
+        &self.model
+    }
+
+    fn context(&self) -> usize {
+        self.config.context
+    }
+
+    fn draft(&self) -> Option<&SharedDraft<'static>> {
+        Some(&self.draft)
     }
 
     fn bytes(&self) -> &dyn TokenBytes {
@@ -78,10 +75,11 @@ impl BatchPool {
     /// A batching scheduler on toy models, for tests and demos.
     pub fn toy(config: ToyConfig, scheduler: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
         let limits = Limits { context: config.context, has_draft: true, ..Limits::default() };
-        let text = Arc::new(ToyText { vocab: config.vocab });
-        let (pool, inbox) = BatchPool::new(scheduler, "toy".into(), limits, text, metrics.clone());
+        let model = Arc::new(config.prompt_model());
+        let (pool, inbox) = BatchPool::new(scheduler, "toy".into(), limits, model, metrics.clone());
+        let methods = toy_methods(config.method.clone(), config.histories.clone());
         let models = ToyLanes::new(config, scheduler.parallel);
-        std::thread::spawn(move || Scheduler::new(models, scheduler, metrics).run(inbox));
+        std::thread::spawn(move || Scheduler::new(models, methods, scheduler, metrics).run(inbox));
         pool
     }
 }

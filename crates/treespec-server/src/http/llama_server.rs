@@ -10,8 +10,8 @@
 //! for "off", and the prompt, which is tokenized here as llama-server does it (a string, token
 //! ids, or both mixed; special-token text parsed, BOS as the tokenizer config says). The answer
 //! carries llama-server's fields and treespec's statistics under `treespec`, as the OpenAI routes
-//! do; errors name llama-server's fields (`n_predict`, `prompt`). What the model side must
-//! provide beyond generation is [`ModelText`].
+//! do; errors name llama-server's fields (`n_predict`, `prompt`). What these routes read off
+//! the model beyond generation is its `PromptModel` (`request/model_text.rs`).
 //!
 //! As llama-server does, these routes read a body as JSON whatever its type: a JSON type, none,
 //! or curl's default `application/x-www-form-urlencoded` or `text/plain`, except from browsers
@@ -20,7 +20,6 @@
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -45,9 +44,10 @@ use crate::http::gateway;
 use crate::http::respond::{respond, to_json, Submitted, Wire};
 use crate::http::serve::PeerClosed;
 use crate::http::state::{AppState, Arrived};
+use crate::request::model_text::{self, ServedModel};
 use crate::request::sampling;
 use crate::request::validate::{self, check_lengths, JobSpec, Limits, PromptInput};
-use crate::scheduling::job::{Finished, ModelText, SHUTDOWN};
+use crate::scheduling::job::{Finished, SHUTDOWN};
 use crate::tenant::Tenant;
 
 /// The routes (behind the same API keys as `/v1/*`).
@@ -441,13 +441,13 @@ fn prompt_pieces(prompt: &Value) -> Result<Vec<PromptPiece>, ApiError> {
 
 /// Tokenize a prompt as llama-server does: special-token text parsed, BOS (as the tokenizer
 /// config says) only when the prompt starts with text; ids checked against the vocabulary.
-async fn prompt_tokens(text: Arc<dyn ModelText>, pieces: Vec<PromptPiece>) -> Result<Vec<TokenId>, ApiError> {
+async fn prompt_tokens(model: ServedModel, pieces: Vec<PromptPiece>) -> Result<Vec<TokenId>, ApiError> {
     blocking(move || {
-        let vocab = text.info().vocab_size;
+        let vocab = model.vocab_size();
         let mut tokens = Vec::new();
         for (i, piece) in pieces.iter().enumerate() {
             match piece {
-                PromptPiece::Text(s) => tokens.extend(text.tokenize(s, i == 0, true)?),
+                PromptPiece::Text(s) => tokens.extend(model_text::tokenize(&*model, s, i == 0, true)?),
                 PromptPiece::Token(t) if (*t as usize) < vocab => tokens.push(*t),
                 PromptPiece::Token(t) => {
                     return Err(ApiError::invalid(
@@ -555,7 +555,7 @@ pub async fn completion(
     let length = length_field(&req);
     let limits = s.backend.limits();
     let (mut spec, n_predict) = translate(req, &limits, s.backend.slots())?;
-    let tokens = prompt_tokens(s.backend.model_text(), pieces).await?;
+    let tokens = prompt_tokens(s.backend.model(), pieces).await?;
     let prompt_n = tokens.len();
     let model = s.backend.model_id();
     let answer =
@@ -615,15 +615,15 @@ pub async fn tokenize(
 ) -> Result<Json<Tokenized>, ApiError> {
     let req: TokenizeRequest = parse_body(&headers, body)?;
     let content = req.content.ok_or_else(|| ApiError::invalid("content", "`content` is required"))?;
-    let text = s.backend.model_text();
+    let model = s.backend.model();
     let tokens = blocking(move || {
-        let ids = text.tokenize(&content, req.add_special, req.parse_special)?;
+        let ids = model_text::tokenize(&*model, &content, req.add_special, req.parse_special)?;
         if !req.with_pieces {
             return Ok(ids.into_iter().map(TokenizedToken::Id).collect());
         }
         ids.into_iter()
             .map(|id| {
-                let piece = match String::from_utf8(text.piece(id)?) {
+                let piece = match String::from_utf8(model_text::piece(&*model, id)?) {
                     Ok(t) => Piece::Text(t),
                     Err(e) => Piece::Bytes(e.into_bytes()),
                 };
@@ -648,11 +648,11 @@ pub async fn detokenize(
         .map(|v| v.as_u64().and_then(|t| TokenId::try_from(t).ok()))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids"))?;
-    let text = s.backend.model_text();
+    let model = s.backend.model();
     let content = blocking(move || {
         let mut bytes = Vec::new();
         for id in ids {
-            bytes.extend(text.piece(id)?);
+            bytes.extend(model_text::piece(&*model, id)?);
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     })
@@ -669,8 +669,8 @@ pub async fn apply_template(
 ) -> Result<Json<AppliedTemplate>, ApiError> {
     let req: ChatCompletionRequest = parse_body(&headers, body)?;
     let spec = validate::chat(req, &s.backend.limits())?;
-    let text = s.backend.model_text();
-    let prompt = blocking(move || text.apply_template(&spec)).await?;
+    let model = s.backend.model();
+    let prompt = blocking(move || model_text::apply_template(&*model, &spec)).await?;
     Ok(Json(AppliedTemplate { prompt }))
 }
 
@@ -706,12 +706,12 @@ pub async fn props(State(s): State<AppState>) -> Result<Json<Props>, ApiError> {
     let mut params = settings(&defaults, n_predict, &s.backend.model_id(), limits.context);
     params.seed = RANDOM_SEED;
     let slot = Slot { id: 0, id_task: -1, n_ctx: limits.context, speculative: true, is_processing: false };
-    let info = s.backend.model_text().info();
+    let model = s.backend.model();
     Ok(Json(Props {
         default_generation_settings: DefaultSettings { slot, params },
         total_slots: s.backend.slots(),
-        model_path: shown_path(&info.path, s.keys.required()),
-        chat_template: info.chat_template.unwrap_or_default(),
+        model_path: shown_path(&model.model_path(), s.keys.required()),
+        chat_template: model.chat_template_source().unwrap_or_default(),
         modalities: Modalities { vision: false, audio: false },
         build_info: format!("treespec {}", env!("CARGO_PKG_VERSION")),
         device: s.backend.device(),

@@ -11,9 +11,9 @@ use treespec_engine::{EngineError, GenerateOutput};
 
 use crate::api::Timings;
 use crate::error::ApiError;
+use crate::request::model_text::ServedModel;
 use crate::request::validate::{check_lengths, JobSpec, Limits};
 use crate::tenant::Tenant;
-use treespec_core::TokenId;
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
 /// `Error`).
@@ -124,9 +124,10 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn queue_depth(&self) -> usize;
     /// Jobs of `tenant` waiting for a worker (what that tenant may see of the queue).
     fn queue_depth_of(&self, tenant: Tenant) -> usize;
-    /// The model's tokenizer and chat template, for llama-server's `/tokenize`, `/detokenize`,
-    /// `/apply-template` and `/props` (llama-server's routes, `llama_api.rs`).
-    fn model_text(&self) -> Arc<dyn ModelText>;
+    /// The served model (its tokenizer, chat template and file), for llama-server's
+    /// `/tokenize`, `/detokenize`, `/apply-template` and `/props` (llama-server's routes,
+    /// `llama_api.rs`; `request/model_text.rs`).
+    fn model(&self) -> ServedModel;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;
     /// The server stops now: the requests decoding end at their next step with what they have
@@ -187,33 +188,6 @@ pub fn finished(out: &GenerateOutput, method: &str, prompt_tokens: usize, cached
         stats: out.stats.clone(),
         stopping_word: out.stopped_by.clone(),
     }
-}
-
-/// What llama-server's endpoints need from the model besides generation: its tokenizer and chat
-/// template. Tokenizing may take a while on a long text: callers run it off the async threads.
-pub trait ModelText: Send + Sync + 'static {
-    /// Tokenize `text`: `add_special` adds BOS (as the tokenizer config asks), `parse_special`
-    /// turns special-token text (`<|im_start|>`) into its token.
-    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<TokenId>, ApiError>;
-    /// A token's bytes, special tokens as their text; a token outside the vocabulary is a 400
-    /// naming `tokens`.
-    fn piece(&self, token: TokenId) -> Result<Vec<u8>, ApiError>;
-    /// A validated chat request's messages (and tools) through the chat template, ending where
-    /// the reply starts: the text a chat request's prompt is.
-    fn apply_template(&self, spec: &JobSpec) -> Result<String, ApiError>;
-    /// The model file, its chat template and vocabulary size.
-    fn info(&self) -> ModelInfo;
-}
-
-/// What `/props` says about the model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelInfo {
-    /// The model file (`model_path`).
-    pub path: String,
-    /// The chat template's source, if the model has one.
-    pub chat_template: Option<String>,
-    /// Tokens in the vocabulary.
-    pub vocab_size: usize,
 }
 
 impl Finished {

@@ -18,18 +18,22 @@ use treespec_engine::BatchedLm;
 use treespec_engine::SharedDraft;
 use treespec_engine::{Generation, Prepared};
 use treespec_engine::{TokenBytes, TokenLogprob};
+use treespec_request::PromptModel;
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request::model_text::ServedModel;
+use crate::request::prepare::prepare;
 use crate::request::validate::{JobSpec, Limits};
-use crate::scheduling::job::ModelText;
 use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, SHUTDOWN};
+use crate::scheduling::methods::ServerMethods;
 use crate::scheduling::queue::JobQueue;
 use crate::tenant::Tenant;
 
-/// A request made ready for a lane by [`LaneModels::prepare`]: the one prepared request, with
-/// what the scheduler reports and scopes it by.
+/// A request made ready for a lane (by the one preparation, `request/prepare.rs`, on the
+/// adapter's [`LaneModels::prompt_model`]): the prepared request, with what the scheduler
+/// reports and scopes it by.
 pub struct ForLane<'m> {
     /// What the engine runs: the request (prompt tokens, most new tokens as the lane's context
     /// allows, sampling, seed, stops), its drafter and its grammar state.
@@ -40,13 +44,19 @@ pub struct ForLane<'m> {
     pub scope: u64,
 }
 
-/// The models behind a scheduler: the batched target and what turns a request into a lane.
+/// The models behind a scheduler: the batched target, the target as request preparation sees
+/// it, and the draft model the requests share. The scheduler prepares each request itself on
+/// them; an adapter only supplies them.
 pub trait LaneModels<'m> {
     /// The batched target.
     fn lm(&mut self) -> &mut dyn BatchedLm;
-    /// Tokenize the prompt, check its lengths against a lane's context, resolve the method for
-    /// `tenant` and build its drafter (and grammar).
-    fn prepare(&mut self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError>;
+    /// The target as request preparation sees it (prompt tokens, end tokens, vocabulary).
+    fn prompt_model(&self) -> &dyn PromptModel;
+    /// Positions a lane's request may fill (prompt and answer).
+    fn context(&self) -> usize;
+    /// The draft model the requests share (their draft forwards batch), if any: a request whose
+    /// method drafts with it gets a lane of it.
+    fn draft(&self) -> Option<&SharedDraft<'m>>;
     /// Token bytes, for text and stop strings.
     fn bytes(&self) -> &dyn TokenBytes;
     /// What a step needs at once: the batched target, the token bytes, and the draft model the
@@ -86,19 +96,19 @@ pub struct BatchPool {
     device: String,
     limits: Limits,
     plain_rate: Option<PlainRate>,
-    text: Arc<dyn ModelText>,
+    model: ServedModel,
     parallel: usize,
     n_predict: Option<usize>,
 }
 
 impl BatchPool {
     /// A pool whose scheduler will take jobs from the returned queue (run it with
-    /// [`Scheduler`]), on the model `text` tokenizes.
+    /// [`Scheduler`]), on `model`.
     pub fn new(
         config: SchedulerConfig,
         model_id: String,
         limits: Limits,
-        text: Arc<dyn ModelText>,
+        model: ServedModel,
         metrics: Arc<Metrics>,
     ) -> (Self, Arc<JobQueue>) {
         let queue = JobQueue::new(config.queue, metrics);
@@ -111,7 +121,7 @@ impl BatchPool {
             device,
             limits,
             plain_rate: None,
-            text,
+            model,
             parallel,
             n_predict,
         };
@@ -160,8 +170,8 @@ impl GenerationBackend for BatchPool {
     fn plain_tokens_per_second(&self) -> Option<f64> {
         self.plain_rate.as_ref().and_then(|r| r()).filter(|r| r.is_finite() && *r > 0.0)
     }
-    fn model_text(&self) -> Arc<dyn ModelText> {
-        self.text.clone()
+    fn model(&self) -> ServedModel {
+        self.model.clone()
     }
     fn device(&self) -> String {
         self.device.clone()
@@ -196,6 +206,8 @@ struct Served {
 /// The scheduler loop over `models`.
 pub struct Scheduler<'m, M: LaneModels<'m>> {
     models: M,
+    /// What resolves each request's method (with its tenant's suffix state).
+    methods: Arc<ServerMethods>,
     config: SchedulerConfig,
     metrics: Arc<Metrics>,
     /// Active requests, each in its lane with what it reports to.
@@ -216,9 +228,14 @@ struct Ready<'m> {
 const DEFAULT_RESERVE: usize = 512;
 
 impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
-    /// A scheduler on `models`.
-    pub fn new(models: M, config: SchedulerConfig, metrics: Arc<Metrics>) -> Self {
-        Self { models, config, metrics, batch: Batch::new(), ready: None }
+    /// A scheduler on `models`, each request's method resolved by `methods`.
+    pub fn new(
+        models: M,
+        methods: Arc<ServerMethods>,
+        config: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { models, methods, config, metrics, batch: Batch::new(), ready: None }
     }
 
     /// Serve until the [`BatchPool`] is dropped and the work is done. Should the scheduler die
@@ -291,7 +308,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
 
     /// Prepare queued job `id` and reckon what it reserves.
     fn prepare(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
-        let lane = self.models.prepare(spec, tenant)?;
+        let lane = self.for_lane(spec, tenant)?;
         let request = &lane.prepared.request;
         let (prompt_tokens, max_new) = (request.prompt.len(), request.max_new_tokens);
         // Without max_tokens a request may fill the context, but reserves only a share of it
@@ -299,6 +316,19 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         let reserve =
             prompt_tokens + if spec.max_tokens.is_some() { max_new } else { max_new.min(DEFAULT_RESERVE) };
         Ok(Ready { job: id, lane, reserve })
+    }
+
+    /// `spec` made ready for a lane: its method resolved for `tenant`, a lane of the shared draft
+    /// when the method drafts with the model, then the one request preparation (tokens, room in
+    /// a lane's context, grammar, drafter).
+    fn for_lane(&self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError> {
+        let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
+        let lane = match (self.models.draft(), method.uses_draft()) {
+            (Some(d), true) => Some(d.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
+            _ => None,
+        };
+        let prepared = prepare(self.models.prompt_model(), spec, &method, self.models.context(), lane)?;
+        Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
     }
 
     fn start(&mut self, job: &Job, ready: Ready<'m>) -> Result<(), RunError> {
