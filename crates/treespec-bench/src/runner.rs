@@ -64,7 +64,7 @@ impl ToyBackend {
     }
 
     fn model(&self) -> ToyPromptModel {
-        ToyPromptModel { vocab: self.target.vocab_size(), has_draft: true }
+        ToyPromptModel { vocab: self.target.vocab_size(), has_draft: true, json: false }
     }
 }
 

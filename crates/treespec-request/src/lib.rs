@@ -33,4 +33,4 @@ pub use model::{PromptModel, VocabularyCache};
 pub use prepare::{check_method, check_tokens, compile_grammar, prepare, request_tokens, tagged_calls};
 pub use prompt::{Prompt, RequestPrompt, RequestSpec};
 pub use token_table::TokenTable;
-pub use toy::ToyPromptModel;
+pub use toy::{ToyPromptModel, JSON_ALPHABET, JSON_VOCAB};

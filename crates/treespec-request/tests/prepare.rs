@@ -9,7 +9,7 @@ use treespec_engine::{Method, TokenConstraint};
 use treespec_grammar::{GrammarSpec, ToolFunction};
 use treespec_request::{
     prepare, PrepareError, Prompt, PromptModel, RequestPrompt, RequestSpec, TokenTable, ToyPromptModel,
-    VocabularyCache,
+    VocabularyCache, JSON_ALPHABET, JSON_VOCAB,
 };
 use treespec_text::ChatMessage;
 
@@ -169,7 +169,7 @@ fn tool_calls_open_at_the_tags_and_the_fence_where_the_vocabulary_spells_them() 
 
 #[test]
 fn the_toys_refuse_grammars_leave_tool_calls_free_and_build_draft_methods() {
-    let toys = ToyPromptModel { vocab: 8, has_draft: true };
+    let toys = ToyPromptModel { vocab: 8, has_draft: true, json: false };
     let chain = Method::Chain { k: 3 };
     let json = GrammarSpec::JsonObject;
     let messages = [ChatMessage::new("user", "hi")];
@@ -184,4 +184,26 @@ fn the_toys_refuse_grammars_leave_tool_calls_free_and_build_draft_methods() {
     assert!(prepare(&toys, &s, Some(draft.clone())).unwrap().constraint.is_none());
     s.grammar = Some(&json);
     assert!(matches!(prepare(&toys, &s, Some(draft)).err(), Some(PrepareError::NoGrammar(_))));
+}
+
+#[test]
+fn the_json_toy_compiles_grammars_and_ends_with_its_end_token() {
+    let toy = ToyPromptModel { vocab: JSON_VOCAB, has_draft: true, json: true };
+    let plain = Method::Plain;
+    let json = GrammarSpec::JsonObject;
+    let mut s = spec(RequestPrompt::Tokens(&[1]), &plain, Some(8));
+    s.grammar = Some(&json);
+    let mut p = prepare(&toy, &s, NO_DRAFT).unwrap();
+    assert_eq!(p.request.stop.eos, vec![JSON_ALPHABET.len() as TokenId], "the last token ends it");
+    let c = p.constraint.as_mut().expect("a grammar state");
+    let mut logits = vec![0.0f32; toy.vocab_size()];
+    c.mask_logits(&[], &mut logits).unwrap();
+    let allowed: Vec<u8> =
+        (0..JSON_ALPHABET.len()).filter(|&t| logits[t].is_finite()).map(|t| JSON_ALPHABET[t]).collect();
+    assert!(allowed.contains(&b'{') && !allowed.iter().any(u8::is_ascii_alphabetic), "{allowed:?}");
+    assert!(!logits[JSON_ALPHABET.len()].is_finite(), "no end before the object");
+    // Token pieces spell the alphabet; a toy of another size has no grammar vocabulary.
+    assert_eq!(toy.token_piece(0).unwrap(), b"{");
+    let odd = ToyPromptModel { vocab: 8, ..toy };
+    assert!(matches!(prepare(&odd, &s, NO_DRAFT).err(), Some(PrepareError::NoGrammar(_))));
 }

@@ -121,29 +121,14 @@ async fn json_object_and_bad_schemas() {
     assert!(body.contains("\"param\":\"tools[0].function.parameters\""), "{body}");
 }
 
-fn weather_request(extra: Value) -> Value {
-    let mut v = json!({
-        "messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
-        "temperature": 0, "max_tokens": 64,
-        "tools": [
-            {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                    "required": ["city"], "additionalProperties": false}}},
-            {"type": "function", "function": {"name": "get_time"}}
-        ],
-        "tool_choice": "required",
-    });
-    v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-    v
-}
-
 /// A forced call comes back as `tool_calls` (arguments a JSON string), whole or in deltas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_tool_calls_whole_and_streamed() {
     let Some(app) = app() else { return };
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for choice in [json!("required"), named] {
-        let (s, body) = common::post_chat(&app, weather_request(json!({"tool_choice": choice}))).await;
+        let (s, body) =
+            common::post_chat(&app, common::weather_request(json!({"tool_choice": choice}))).await;
         assert_eq!(s, StatusCode::OK, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         let choice0 = &v["choices"][0];
@@ -166,7 +151,8 @@ async fn forced_tool_calls_whole_and_streamed() {
         }
 
         let (s, sse) =
-            common::post_chat(&app, weather_request(json!({"tool_choice": choice, "stream": true}))).await;
+            common::post_chat(&app, common::weather_request(json!({"tool_choice": choice, "stream": true})))
+                .await;
         assert_eq!(s, StatusCode::OK, "{sse}");
         let chunks = common::sse_chunks(&sse);
         let pieces: Vec<&Value> = chunks
@@ -232,39 +218,4 @@ async fn the_widest_object_allowed_decodes_and_a_wider_one_is_refused() {
     assert_eq!(s, StatusCode::OK, "{text}");
     let (s, text) = common::post_chat(&app, person_request(json!({"response_format": wide(n + 1)}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{text}");
-}
-
-/// A tool whose parameters use a local `$ref` (`#/$defs/city`) works as it does in
-/// `response_format`: the call follows the parameters schema.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tool_parameters_with_local_refs_work() {
-    let Some(app) = app() else { return };
-    let params = json!({"type": "object", "properties": {"city": {"$ref": "#/$defs/city"}}, "required": ["city"],
-        "additionalProperties": false, "$defs": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}});
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": params}}]);
-    for stream in [false, true] {
-        let body = weather_request(json!({"tools": tools, "stream": stream}));
-        let (s, text) = common::post_chat(&app, body).await;
-        assert_eq!(s, StatusCode::OK, "{text}");
-        let arguments: String = if stream {
-            let chunks = common::sse_chunks(&text);
-            chunks
-                .iter()
-                .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
-                .flatten()
-                .filter_map(|p| p["function"]["arguments"].as_str())
-                .collect()
-        } else {
-            let v: Value = serde_json::from_str(&text).unwrap();
-            assert_eq!(
-                v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather",
-                "{text}"
-            );
-            v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap().to_string()
-        };
-        let args: Value =
-            serde_json::from_str(&arguments).unwrap_or_else(|e| panic!("{e}: {arguments}: {text}"));
-        assert_eq!(args.as_object().unwrap().len(), 1, "{args}");
-        assert!(["Paris", "Oslo"].contains(&args["city"].as_str().unwrap()), "{args}");
-    }
 }

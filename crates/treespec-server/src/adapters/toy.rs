@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use treespec_core::ngram::TokenizerId;
-use treespec_core::TokenId;
 use treespec_engine::registry::FixedContext;
 use treespec_engine::toy::toy_costs;
-use treespec_engine::{Method, TokenBytes};
+use treespec_engine::Method;
 use treespec_request::ToyPromptModel;
 
 use crate::scheduling::histories::TenantHistories;
@@ -34,6 +33,9 @@ pub struct ToyConfig {
     pub prefix_cache: bool,
     /// Every tenant's suffix state (default: in memory), to test saving it.
     pub histories: Option<Arc<TenantHistories>>,
+    /// The JSON toy (`treespec_request::JSON_ALPHABET`, with `vocab` 26): tokens spell JSON and
+    /// the last ends a generation, so structured output and tool calls decode on toys.
+    pub json: bool,
 }
 
 impl Default for ToyConfig {
@@ -46,30 +48,23 @@ impl Default for ToyConfig {
             shared_cells: None,
             prefix_cache: false,
             histories: None,
+            json: false,
         }
     }
 }
 
 impl ToyConfig {
-    /// The toys as request preparation and llama-server's routes see them: a byte maps onto the
-    /// vocabulary (byte mod its size), token `t` reads as the letter `'a' + t` ([`Letters`]).
+    /// The toys as request preparation, llama-server's routes and the lanes' text see them: a
+    /// byte maps onto the vocabulary (byte mod its size), token `t` reads as the letter
+    /// `'a' + t`, or on the JSON toy as its byte of the JSON alphabet.
     pub fn prompt_model(&self) -> ToyPromptModel {
-        ToyPromptModel { vocab: self.vocab.clamp(1, 26), has_draft: true }
+        ToyPromptModel { vocab: self.vocab.clamp(1, 26), has_draft: true, json: self.json }
     }
 }
 
 /// The toys' tokenizer fingerprint over `vocab` tokens, which their saved histories carry.
 pub fn toy_tokenizer(vocab: usize) -> TokenizerId {
     TokenizerId { fingerprint: 0x5eed, vocab: vocab as u32 }
-}
-
-/// Toy token bytes: token `t` is the letter `'a' + t`.
-pub struct Letters;
-
-impl TokenBytes for Letters {
-    fn token_bytes(&self, token: TokenId) -> Vec<u8> {
-        ToyPromptModel::letter(token)
-    }
 }
 
 /// The toys' methods: cost curves with a verify that grows slowly with the batch; the tenants'

@@ -10,7 +10,7 @@ use treespec_engine::toy::{ToyBatchLm, ToyDraftLanes, ToyModel};
 use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 use treespec_request::{PromptModel, ToyPromptModel};
 
-use crate::adapters::toy::{toy_methods, Letters, ToyConfig};
+use crate::adapters::toy::{toy_methods, ToyConfig};
 use crate::metrics::Metrics;
 use crate::request::validate::Limits;
 use crate::scheduling::scheduler::{BatchPool, LaneModels, Scheduler, SchedulerConfig};
@@ -58,7 +58,7 @@ impl LaneModels<'static> for ToyLanes {
     }
 
     fn bytes(&self) -> &dyn TokenBytes {
-        &Letters
+        &self.model
     }
 
     /// Called once per step: the toy's `step_delay` is slept here (to test queueing and
@@ -67,7 +67,7 @@ impl LaneModels<'static> for ToyLanes {
         if !self.config.step_delay.is_zero() {
             std::thread::sleep(self.config.step_delay);
         }
-        (&mut self.lm, &Letters, Some(&self.draft))
+        (&mut self.lm, &self.model, Some(&self.draft))
     }
 }
 

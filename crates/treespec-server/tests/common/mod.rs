@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tower::ServiceExt;
 
 /// `models/SmolLM2-135M-Instruct.Q4_1.gguf`, or None (skip) when it is missing and
@@ -89,4 +89,21 @@ pub fn half_closed_chat(addr: std::net::SocketAddr, body: &Value) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+/// A chat request that must call a tool (`get_weather` or `get_time`), greedy.
+pub fn weather_request(extra: Value) -> Value {
+    let mut v = json!({
+        "messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+        "temperature": 0, "max_tokens": 64,
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "get_time"}}
+        ],
+        "tool_choice": "required",
+    });
+    v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    v
 }
