@@ -33,13 +33,33 @@ const TEXT_FLAGS: &[&str] = &["-p", "--prompt", "--stop", "--api-key"];
 /// The first llama.cpp flag of `args` that treespec refuses, with the message saying why and what
 /// to do instead.
 pub fn refused_flag(args: &[OsString]) -> Option<String> {
+    let generate = args.get(1).is_some_and(|a| a == "generate");
     let flags = args.iter().zip(at_flag_positions(args)).filter(|(_, at)| *at);
     flags.filter_map(|(a, _)| a.to_str()).find_map(|a| {
         let flag = a.split_once('=').map_or(a, |(f, _)| f);
+        if generate {
+            // `generate` constrains its own output: its --json-schema and --grammar take files.
+            if GENERATE_OWN.contains(&flag) {
+                return None;
+            }
+            if let Some(why) = GENERATE_GRAMMAR.iter().find(|f| **f == flag).map(|_| GENERATE_GRAMMAR_WHY) {
+                return Some(format!("{flag}: {why}"));
+            }
+        }
         let (_, why) = REFUSED.iter().find(|(flags, _)| flags.contains(&flag))?;
         Some(format!("{flag}: {why}"))
     })
 }
+
+/// llama.cpp's grammar flags that are `generate`'s own (each takes a file here).
+const GENERATE_OWN: &[&str] = &["--json-schema", "--grammar"];
+
+/// llama-cli's grammar flags `generate` spells otherwise.
+const GENERATE_GRAMMAR: &[&str] = &["-j", "-jf", "--json-schema-file", "--grammar-file"];
+
+const GENERATE_GRAMMAR_WHY: &str =
+    "give the schema or grammar as a file: --json-schema FILE (JSON Schema) or \
+     --grammar FILE (llguidance's Lark; not GBNF), or --regex / --json-object";
 
 /// The command line as clap reads it: llama.cpp's multi-letter short flags spelled as long ones,
 /// `--spec-type` as the `--method` it stands for, and (for `serve`) llama-server's flags with
