@@ -130,11 +130,15 @@ bundle_traces() {
     local dir=$1
     mkdir -p "$dir"
     cp bench/results/gpu-h200/traces/*.trace "$dir/" 2>/dev/null || log "no traces recorded with the H200's curve (gpu-check.sh traces)"
-    tar -C "$dir" -xzf bench/results/zen5-repeats/traces/traces.tar.gz edit-01.trace edit-07.trace \
+    # Apart first: their names may be the H200-curve traces' names.
+    local zen5
+    zen5=$(mktemp -d)
+    tar -C "$zen5" -xzf bench/results/zen5-repeats/traces/traces.tar.gz edit-01.trace edit-07.trace \
         agent-whole_toolz-recipes.trace HumanEval_0.trace
-    for f in "$dir"/edit-01.trace "$dir"/edit-07.trace "$dir"/agent-whole_toolz-recipes.trace "$dir"/HumanEval_0.trace; do
-        mv "$f" "${f%.trace}.zen5.trace"
+    for f in "$zen5"/*.trace; do
+        mv "$f" "$dir/$(basename "${f%.trace}").zen5.trace"
     done
+    rmdir "$zen5"
 }
 
 # Record `auto`'s decision traces here (the real Qwen models on this CPU) with the H200's curve
