@@ -30,6 +30,7 @@ use treespec_engine::{EngineError, Result};
 use crate::backend;
 use crate::devices::{devices, DeviceList, GpuLayers, Offload};
 use crate::kv_options::{CacheType, FlashAttn, KvCache};
+use crate::kv_override::{raw_overrides, KvOverride};
 use crate::memory::{check_fits, mem_available, training_context_warning};
 use crate::precheck::{check_gguf, GgufFacts};
 use crate::rope::RopeOptions;
@@ -85,6 +86,8 @@ pub struct LoadOptions {
     pub pad_shapes: PadShapes,
     /// RoPE/YaRN overrides (`--rope-*`, `--yarn-*`; default: the model file's).
     pub rope: RopeOptions,
+    /// Metadata read as given instead of the file's (`--override-kv`).
+    pub kv_overrides: Vec<KvOverride>,
 }
 
 impl Default for LoadOptions {
@@ -105,6 +108,7 @@ impl Default for LoadOptions {
             mlock: false,
             pad_shapes: PadShapes::Auto,
             rope: RopeOptions::default(),
+            kv_overrides: Vec::new(),
         }
     }
 }
@@ -123,7 +127,9 @@ impl LoadOptions {
     pub fn for_draft(&self) -> Self {
         let offload = self.draft_offload.clone().unwrap_or_else(|| self.offload.clone());
         let kv_cache = self.draft_kv_cache.unwrap_or(self.kv_cache);
-        Self { offload, draft_offload: None, kv_cache, draft_kv_cache: None, ..self.clone() }
+        // Metadata overrides name the target file's keys.
+        let kv_overrides = Vec::new();
+        Self { offload, draft_offload: None, kv_cache, draft_kv_cache: None, kv_overrides, ..self.clone() }
     }
 
     fn validate(&self) -> Result<()> {
@@ -339,11 +345,17 @@ impl LlamaModel {
         if let Some(d) = devices.as_mut() {
             params.devices = d.as_param();
         }
+        // Kept alive until the load below has read it.
+        let overrides = raw_overrides(&options.kv_overrides);
+        if !overrides.is_empty() {
+            params.kv_overrides = overrides.as_ptr();
+        }
 
         backend::clear_captured();
         // SAFETY: valid path and params; llama.cpp catches its C++ exceptions and returns null.
         let raw = unsafe { llama_cpp_sys_2::llama_model_load_from_file(cpath.as_ptr(), params) };
         drop(devices);
+        drop(overrides);
         let Some(raw) = NonNull::new(raw) else {
             return Err(load_error(path, &facts, &backend::captured()));
         };

@@ -92,3 +92,17 @@ fn rope_overrides_reach_the_context() {
     let other = logits(RopeOptions { freq_base: Some(10_000.0), ..Default::default() });
     assert!(max_abs_diff(&own, &other) > 1e-2, "another base frequency left the logits unchanged");
 }
+
+/// `--override-kv` reaches the load: SmolLM2's file says not to add BOS, the override says to.
+#[test]
+fn metadata_overrides_reach_the_load() {
+    if skip_model_tests("metadata_overrides_reach_the_load") {
+        return;
+    }
+    use treespec_llama::{KvOverride, LlamaModel, LoadOptions};
+    let add_bos = KvOverride::parse("tokenizer.ggml.add_bos_token=bool:true").unwrap();
+    let options = LoadOptions { kv_overrides: vec![add_bos], ..test_options() };
+    let m = LlamaModel::load(model_path(), options).unwrap();
+    assert!(m.add_bos(), "the override did not reach llama.cpp");
+    assert!(!model().add_bos(), "the file itself says no BOS");
+}

@@ -9,7 +9,7 @@ use treespec_core::sampling::SamplingParams;
 use treespec_engine::registry::MethodKnobs;
 use treespec_engine::{MethodKind, MethodSpec};
 use treespec_llama::{CacheType, FlashAttn, GpuLayers, KvCache, LoadOptions, Offload};
-use treespec_llama::{RopeOptions, RopeScaling};
+use treespec_llama::{KvOverride, RopeOptions, RopeScaling};
 
 /// Which model files to run and how.
 #[derive(Debug, Clone, Args)]
@@ -102,6 +102,10 @@ pub struct RuntimeArgs {
     pub pad_shapes: PadShapes,
     #[command(flatten)]
     pub rope: RopeArgs,
+    /// Read a metadata key of the target file as this value instead (llama.cpp's
+    /// `--override-kv KEY=TYPE:VALUE`, TYPE int, float, bool or str; repeatable).
+    #[arg(long = "override-kv", value_name = "KEY=TYPE:VALUE", value_parser = KvOverride::parse)]
+    pub override_kv: Vec<KvOverride>,
 }
 
 /// llama.cpp's RoPE/YaRN overrides (default: the model file's settings).
@@ -212,6 +216,7 @@ impl RuntimeArgs {
             mlock: self.mlock,
             pad_shapes: self.pad_shapes.clone(),
             rope: self.rope.options(),
+            kv_overrides: self.override_kv.clone(),
             ..LoadOptions::default()
         };
         if let Some(t) = self.threads {

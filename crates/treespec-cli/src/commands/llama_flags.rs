@@ -65,11 +65,6 @@ pub const REFUSED: &[(&[&str], &str)] = &[
         "treespec never shifts the context: a request that outgrows it ends with finish_reason \
          \"length\" (size -c for the longest conversation)",
     ),
-    (
-        &["--override-kv"],
-        "the model file's metadata is used as it is: write the change into the GGUF (with the gguf \
-         Python package's metadata tools) and pass that file",
-    ),
     (&["-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio", "--poll"], PLACEMENT),
     (&["-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict-batch", "--prio-batch"], PLACEMENT),
     (&["--poll-batch", "--numa"], PLACEMENT),
