@@ -296,17 +296,11 @@ impl AutoBudget {
     /// Fold a timed target forward into the target curve (when it timed one of its sizes) and
     /// into the step's time.
     pub fn observe_target(&mut self, forward: ForwardCost) {
-        if let Some(p) = self.costs.target.padding() {
-            // A padded forward ran as its shape, replayed or not: its time is the shape's, not
-            // T(rows), and does not refine the curve.
-            self.previous_shape = Some(p.buckets.shape(forward.rows));
-            if self.costs.refine {
-                self.step_ms += forward.ms();
-            }
-            return;
-        }
+        // A padded forward ran as its shape, replayed or not: its time is the shape's, not
+        // T(rows), and does not refine the curve.
+        self.previous_shape = self.costs.target.padding().map(|p| p.buckets.shape(forward.rows));
         if self.costs.refine {
-            if let Some(rows) = forward.timed_rows() {
+            if let Some(rows) = forward.timed_rows().filter(|_| self.previous_shape.is_none()) {
                 // The batch's other rows are taken at this request's context: an approximation
                 // that only matters when contexts in one forward differ widely.
                 self.costs.target.observe_at(rows, forward.ms(), self.context);

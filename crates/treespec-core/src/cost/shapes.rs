@@ -142,11 +142,16 @@ impl ShapeTimes {
     /// time when `previous` (the shape of the forward before) is the same, its changed time
     /// otherwise; a size beyond the buckets is priced off `curve` as it is.
     pub fn padded_ms(&self, curve: &CostCurve, rows: usize, previous: Option<usize>) -> f64 {
-        let shape = self.buckets.shape(rows);
+        self.shape_ms(curve, self.buckets.shape(rows), previous)
+    }
+
+    /// What a forward of exactly `shape` rows costs after a forward of `previous` rows: replayed
+    /// or changed where the shape was timed, T(shape) off `curve` elsewhere.
+    pub fn shape_ms(&self, curve: &CostCurve, shape: usize, previous: Option<usize>) -> f64 {
         match self.time(shape) {
             Some(t) if previous == Some(shape) => t.replayed_ms,
             Some(t) => t.changed_ms,
-            None => curve.ms(rows),
+            None => curve.ms(shape),
         }
     }
 

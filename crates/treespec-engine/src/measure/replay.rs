@@ -107,11 +107,7 @@ pub fn predict_ms(steps: &[ReplayStep], curve: &CostCurve, shapes: &ShapeTimes, 
     let mut total = 0.0;
     for s in steps {
         let shape = if padded { shapes.buckets.shape(s.rows) } else { s.rows };
-        total += match shapes.time(shape) {
-            Some(t) if previous == Some(shape) => t.replayed_ms,
-            Some(t) => t.changed_ms,
-            None => curve.ms(shape),
-        };
+        total += shapes.shape_ms(curve, shape, previous);
         previous = Some(shape);
     }
     total

@@ -501,6 +501,7 @@ const SHAPE_REPEATS: usize = 3;
 /// on its own).
 fn measure_shapes(lm: &mut LlamaLm<'_>) -> Option<ShapeTimes> {
     let buckets = ShapeBuckets::default();
+    eprintln!("[treespec]   timing the padded shapes, 1 and {:?} rows (seconds)…", buckets.sizes());
     match time_shapes(lm, &buckets, SHAPE_REPEATS) {
         Ok(times) => {
             let shown: Vec<String> = times
