@@ -20,6 +20,7 @@ mod compat;
 pub mod devices;
 mod draft_lanes;
 mod hparams;
+pub mod huge_pages;
 mod kernels;
 mod kv;
 mod kv_options;

@@ -166,6 +166,8 @@ impl LlamaModel {
                 .new_context(backend, params)
                 .map_err(|e| backend_err("cannot create llama.cpp context", e))?
         };
+        // Its KV cache (and compute buffers) are in anonymous memory now.
+        crate::huge_pages::back_large_mappings();
         Ok(ctx)
     }
 }

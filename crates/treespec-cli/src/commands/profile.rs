@@ -113,6 +113,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
             json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
                 "prefix": args.prefix, "repeated_shapes": args.repeated_shapes,
                 "tiled_matmul": treespec_llama::tiled_matmul_state(),
+                "huge_pages_mib": {"advised": huge_pages_mib().0, "collapsed": huge_pages_mib().1},
                 "points": rows, "shapes": shapes, "replays": replays})
         );
         return Ok(());
@@ -127,6 +128,12 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     );
     if model.runs_on() == "CPU" {
         println!("ggml's tiled K-quant matmul: {}", treespec_llama::tiled_matmul_state());
+        let (advised, collapsed) = huge_pages_mib();
+        println!(
+            "huge pages under weights and cache: {collapsed} of {advised} MiB advised \
+             ({}=off for 4 KiB pages)",
+            treespec_llama::huge_pages::HUGE_PAGES_ENV
+        );
     }
     // Relative to the smallest size measured (T(1) unless --sizes leaves it out).
     let first = &points[0];
@@ -225,4 +232,10 @@ fn check(args: &ProfileArgs) -> Result<()> {
             args.tolerance * 100.0
         )
     }
+}
+
+/// MiB of the process's large mappings advised to huge pages, and how many of them the kernel
+/// collapsed (treespec_llama::huge_pages).
+fn huge_pages_mib() -> (u64, u64) {
+    treespec_llama::huge_pages::backed_mib()
 }

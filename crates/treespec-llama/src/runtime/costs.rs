@@ -4,7 +4,8 @@
 //! methods ask for it.
 //!
 //! Disk cache: `$TREESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/treespec`, else `~/.cache/treespec`;
-//! one JSON file per (file name, size, modification time, threads, fast|exact). Delete it, or pass
+//! one JSON file per (file name, size, modification time, threads, fast|exact, huge pages or
+//! not). Delete it, or pass
 //! `--reprofile`, after changing the build; `treespec profile --check` says whether it still
 //! matches the machine.
 //!
@@ -337,8 +338,11 @@ impl CostCache {
         let mode = if o.exact { "exact" } else { "fast" };
         // A curve is the device's: one measured with layers on a GPU is not the CPU's.
         let device = device_key(model.runs_on());
+        // Weights on huge pages decode faster (crate::huge_pages): a curve measured on 4 KiB
+        // pages is another machine's.
+        let pages = if crate::huge_pages::enabled() { "-hp" } else { "" };
         Some(self.dir.as_ref()?.join("costs").join(format!(
-            "{name}-{}-{mtime}-t{}-{mode}{device}-v{FORMAT}.json",
+            "{name}-{}-{mtime}-t{}-{mode}{device}{pages}-v{FORMAT}.json",
             meta.len(),
             o.threads
         )))
