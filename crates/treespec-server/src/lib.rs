@@ -35,7 +35,6 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod adapters;
-pub mod api;
 pub mod error;
 mod http;
 pub mod lifecycle;
@@ -45,9 +44,11 @@ mod scheduling;
 pub mod tenant;
 
 pub use adapters::{llama_cpp, toy};
+/// OpenAI's wire types (kept in `http/openai/types.rs`, beside the format written in them).
+pub use http::openai::types as api;
 pub use http::serve;
 pub use request::sampling::SamplingDefaults;
-pub use request::{prepare, prompt, validate};
+pub use request::{prompt, ready, validate};
 pub use scheduling::{histories, job, methods, scheduler};
 
 use std::sync::Arc;
@@ -56,7 +57,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 
-use http::{deadline, gateway, llama_server, openai_wire, openapi, routes};
+use http::{deadline, gateway, llama_server, openapi, routes};
 
 pub use error::ApiError;
 pub use http::draining::Draining;
@@ -125,7 +126,7 @@ pub fn router(backend: Arc<dyn GenerationBackend>, metrics: Arc<Metrics>, config
         keys,
         metrics_key: config.metrics_key.filter(|k| !k.trim().is_empty()).map(|k| Arc::from(k.trim())),
         metrics_open: config.metrics_open,
-        started: openai_wire::now(),
+        started: http::openai::wire::now(),
         draining: config.draining,
         body_timeout: config.timeout,
         sampling: config.sampling,

@@ -16,7 +16,7 @@ use common::{model_path, send};
 use serde_json::json;
 use treespec_engine::Method;
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
-use treespec_server::prepare::prompt_tokens;
+use treespec_server::ready::prompt_tokens;
 use treespec_server::validate::{Message, PromptInput};
 use treespec_server::{router, BatchPool, LlamaConfig, Metrics, SchedulerConfig, ServerConfig};
 

@@ -24,7 +24,7 @@ use futures_util::StreamExt;
 use treespec_core::sampling::SamplingParams;
 use treespec_engine::{generate, GenerateRequest, Method, StopConditions, TokenBytes};
 use treespec_llama::{LoadOptions, ModelPaths, ModelRuntime};
-use treespec_server::prepare::prompt_tokens;
+use treespec_server::ready::prompt_tokens;
 use treespec_server::validate::{Message, PromptInput};
 use treespec_server::{router, ApiKeys, BatchPool, LlamaConfig, Metrics, SchedulerConfig, ServerConfig};
 

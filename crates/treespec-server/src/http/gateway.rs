@@ -99,7 +99,7 @@ pub async fn loads(State(s): State<AppState>, axum::Extension(view): axum::Exten
     let running = s.metrics.generations_in_flight(view);
     let usage = if total > 0 { used as f64 / total as f64 } else { 0.0 };
     Json(Loads {
-        timestamp: crate::http::openai_wire::now(),
+        timestamp: crate::http::openai::wire::now(),
         dp_rank_count: 1,
         loads: vec![RankLoad {
             dp_rank: 0,

@@ -1,5 +1,5 @@
 //! The HTTP side: axum handlers and what they answer with — the OpenAI routes ([`routes`], their
-//! wire format in [`openai_wire`]), llama-server's routes ([`llama_server`]), both answered
+//! wire types and format in [`openai`]), llama-server's routes ([`llama_server`]), both answered
 //! through one response lifecycle ([`respond`]), all reading one shared state ([`state`]); what a
 //! gateway needs of a replica ([`gateway`]) and the switch that drains it ([`draining`]);
 //! the OpenAPI description ([`openapi`]); the chat page ([`chat`]); and the accept loop that tells
@@ -12,7 +12,7 @@ pub(crate) mod deadline;
 pub(crate) mod draining;
 pub(crate) mod gateway;
 pub(crate) mod llama_server;
-pub(crate) mod openai_wire;
+pub(crate) mod openai;
 pub(crate) mod openapi;
 pub(crate) mod respond;
 pub(crate) mod routes;

@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::api::*;
 use crate::error::ApiError;
 use crate::http::gateway;
-use crate::http::openai_wire::{new_id, now, Kind, Meta, OpenAiWire};
+use crate::http::openai::wire::{new_id, now, Kind, Meta, OpenAiWire};
 use crate::http::respond::{respond, ClientClosed, Submitted};
 use crate::http::serve::PeerClosed;
 use crate::http::state::{AppState, Arrived};

@@ -10,8 +10,8 @@ use treespec_engine::EngineError;
 use treespec_request::{check_tokens, Prompt, PromptModel};
 
 use crate::error::ApiError;
-use crate::request::prepare::{chat_input, prepare_error};
 use crate::request::prompt::PromptInput;
+use crate::request::ready::{chat_input, prepare_error};
 use crate::request::validate::JobSpec;
 
 /// The served model as the HTTP layer holds it.

@@ -24,7 +24,7 @@ use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request::model_text::ServedModel;
-use crate::request::prepare::prepare;
+use crate::request::ready::ready_job;
 use crate::request::validate::{JobSpec, Limits};
 use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, SHUTDOWN};
 use crate::scheduling::methods::ServerMethods;
@@ -279,7 +279,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             let ready = match self.ready.take().filter(|r| r.job == id) {
                 Some(r) => Ok(r),
                 None => match queue.front_request(id) {
-                    Some((spec, tenant)) => self.prepare(id, &spec, tenant),
+                    Some((spec, tenant)) => self.make_ready(id, &spec, tenant),
                     None => continue,
                 },
             };
@@ -306,8 +306,8 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
         }
     }
 
-    /// Prepare queued job `id` and reckon what it reserves.
-    fn prepare(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
+    /// Make queued job `id` ready for a lane and reckon what it reserves.
+    fn make_ready(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
         let lane = self.for_lane(spec, tenant)?;
         let request = &lane.prepared.request;
         let (prompt_tokens, max_new) = (request.prompt.len(), request.max_new_tokens);
@@ -327,7 +327,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
             (Some(d), true) => Some(d.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),
             _ => None,
         };
-        let prepared = prepare(self.models.prompt_model(), spec, &method, self.models.context(), lane)?;
+        let prepared = ready_job(self.models.prompt_model(), spec, &method, self.models.context(), lane)?;
         Ok(ForLane { prepared, method: method.name().to_string(), scope: tenant.scope() })
     }
 

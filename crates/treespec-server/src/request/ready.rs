@@ -1,4 +1,5 @@
-//! A validated job made ready for a lane on any model ([`PromptModel`]: llama.cpp's runtime, the
+//! A validated job made ready for a lane on any model (`ready_job`; "prepare" is only
+//! treespec-request's one preparation, which it calls) ([`PromptModel`]: llama.cpp's runtime, the
 //! toys): its prompt as the model's chat template takes it (tools described by the template
 //! itself or as a note in front), then treespec-request's one preparation, with its errors as
 //! the client should read them (the field at fault in a 400).
@@ -14,7 +15,7 @@ use crate::request::validate::{length_error, JobSpec, ToolsPrompt};
 
 /// Make `spec` ready to decode with `method` in a sequence of `context` positions of `model`,
 /// the drafter on `draft` when the method runs a draft model.
-pub fn prepare<'d, M: PromptModel + ?Sized, D: CausalLm + 'd>(
+pub fn ready_job<'d, M: PromptModel + ?Sized, D: CausalLm + 'd>(
     model: &M,
     spec: &JobSpec,
     method: &Method,
