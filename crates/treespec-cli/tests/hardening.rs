@@ -116,6 +116,28 @@ fn serve_refuses_empty_steps() {
     }
 }
 
+/// HTTPS's files are read before the model loads: one without the other, a missing file and a
+/// key given as the certificate are refused naming the flags and the file.
+#[test]
+fn serve_refuses_bad_tls_files_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key.pem");
+    std::fs::write(&key, rcgen::KeyPair::generate().unwrap().serialize_pem()).unwrap();
+    let key = key.to_str().unwrap();
+    // The model is not there: a refusal that names TLS came before any load.
+    let serve = |tls: &[&str]| {
+        let mut args = vec!["serve", "-m", "/nonexistent/tls-test.gguf", "--port", "0"];
+        args.extend_from_slice(tls);
+        treespec(&args, LIMIT)
+    };
+    refused(&serve(&["--ssl-key-file", key]), "--ssl-key-file needs --ssl-cert-file");
+    refused(&serve(&["--ssl-cert-file", key]), "--ssl-cert-file needs --ssl-key-file");
+    let missing = serve(&["--ssl-cert-file", "/nonexistent/cert.pem", "--ssl-key-file", key]);
+    refused(&missing, "--ssl-cert-file / --ssl-key-file");
+    assert!(missing.stderr.contains("/nonexistent/cert.pem"), "{missing:#?}");
+    refused(&serve(&["--ssl-cert-file", key, "--ssl-key-file", key]), "no PEM certificate");
+}
+
 /// Row 11: one rule for -t everywhere: 0 refused (draft quantize accepted it), more than the cores
 /// capped with a warning.
 #[test]

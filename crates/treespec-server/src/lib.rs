@@ -62,6 +62,7 @@ use http::{deadline, gateway, llama_server, openapi, routes};
 pub use error::ApiError;
 pub use http::draining::Draining;
 pub use http::state::AppState;
+pub use http::tls::TlsFiles;
 pub use job::{Event, GenerationBackend, Job};
 pub use llama_cpp::LlamaConfig;
 pub use metrics::Metrics;

@@ -47,7 +47,8 @@ async fn start(name: &str, drain: Duration) -> Running {
     let server = ServerConfig { draining: draining.clone(), ..Default::default() };
     let drain =
         Drain { draining: draining.clone(), backend: pool.clone(), metrics: metrics.clone(), most: drain };
-    let serving = Serving { app: router(pool, metrics, server), drain, histories, save_every: None };
+    let serving =
+        Serving { app: router(pool, metrics, server), drain, histories, save_every: None, tls: None };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stops) = Stops::channel();
@@ -161,8 +162,12 @@ async fn a_started_server_is_unready_while_draining_and_saves_its_history() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let files = HistoryFiles { path: dir.join("h.bin"), cap: 1 << 16, save_every: None };
-    let start =
-        Start { http: ServerConfig::default(), drain: Duration::from_millis(800), histories: Some(files) };
+    let start = Start {
+        http: ServerConfig::default(),
+        drain: Duration::from_millis(800),
+        histories: Some(files),
+        tls: None,
+    };
     let config = ToyConfig {
         context: 200_000,
         method: Method::Plain,

@@ -56,11 +56,6 @@ pub const REFUSED: &[(&[&str], &str)] = &[
         "chats are always rendered with the chat template's Jinja (give another with --chat-template-file)",
     ),
     (
-        &["--ssl-key-file", "--ssl-cert-file"],
-        "treespec serves plain HTTP: put it behind a TLS-terminating proxy (nginx, Caddy, a gateway) \
-         and keep --host 127.0.0.1",
-    ),
-    (
         &["--context-shift"],
         "treespec never shifts the context: a request that outgrows it ends with finish_reason \
          \"length\" (size -c for the longest conversation)",

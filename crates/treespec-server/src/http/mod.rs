@@ -3,7 +3,7 @@
 //! through one response lifecycle ([`respond`]), all reading one shared state ([`state`]); what a
 //! gateway needs of a replica ([`gateway`]) and the switch that drains it ([`draining`]);
 //! the OpenAPI description ([`openapi`]); the chat page ([`chat`]); and the accept loop that tells
-//! a request when its client has gone ([`serve`]), and the deadline of a request's body
+//! a request when its client has gone ([`serve`]), over TLS when asked ([`tls`]), and the deadline of a request's body
 //! ([`deadline`]). No model and no scheduling here: a request
 //! is checked by [`crate::request`] and handed to the [`crate::scheduling::job::GenerationBackend`].
 
@@ -18,4 +18,5 @@ pub(crate) mod respond;
 pub(crate) mod routes;
 pub mod serve;
 pub(crate) mod state;
+pub mod tls;
 pub(crate) mod tool_calls;

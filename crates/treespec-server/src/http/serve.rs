@@ -11,7 +11,8 @@
 //! does not read a half-closing connection while a request is in flight; so every request
 //! carries a [`PeerClosed`] that peeks at its socket and resolves once the read side has ended:
 //! a non-streamed answer then probes whether anybody still reads (see `routes`), so an abandoned
-//! request lets go of its lane instead of running to `max_tokens`.
+//! request lets go of its lane instead of running to `max_tokens`. Behind TLS ([`super::tls`]) the
+//! same holds through the probes' failed writes.
 
 use std::future::Future;
 use std::io;
@@ -27,14 +28,31 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use super::tls::HANDSHAKE_TIMEOUT;
+
+/// Longest wait, once the server stops, for its connections to send their last bytes (every
+/// request has had its final event by then; only a client that does not read holds one open).
+pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Serve `app` on `listener` until `shutdown` resolves, then wait for open connections to finish
-/// their current response, at most [`CLOSE_WAIT`](crate::lifecycle::CLOSE_WAIT): a client that
-/// stopped reading must not hold the process (what is left of its connection is dropped).
+/// their current response, at most [`CLOSE_WAIT`]: a client that stopped reading must not hold
+/// the process (what is left of its connection is dropped).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(listener, app, shutdown, None).await
+}
+
+/// [`serve`], each connection a TLS session first when `tls` is given ([`super::tls`]).
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    tls: Option<TlsAcceptor>,
 ) -> std::io::Result<()> {
     // Connections hold a receiver: a sent value asks them to finish, and `closed()` resolves once
     // every one of them is gone.
@@ -57,29 +75,47 @@ pub async fn serve(
         let peer = PeerClosed(stream.clone());
         let stream = SharedSocket(stream);
         let service = TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut builder = http1::Builder::new();
-            builder.half_close(true);
-            // With a timer hyper bounds the wait for a request's headers (its default, 30 s): a
-            // client trickling header bytes is cut off. The body's bound is `deadline.rs`'s.
-            builder.timer(hyper_util::rt::TokioTimer::new());
-            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.as_mut().await;
+            match tls {
+                None => connection(stream, service, stop).await,
+                // A failed or stalled handshake drops the connection; nothing was asked yet.
+                Some(tls) => {
+                    if let Ok(Ok(stream)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await
+                    {
+                        connection(stream, service, stop).await;
+                    }
                 }
             }
-            drop(stop);
         });
     }
     drop(listener);
     let _ = stop_tx.send(());
     drop(stop_rx);
-    let _ = tokio::time::timeout(crate::lifecycle::CLOSE_WAIT, stop_tx.closed()).await;
+    let _ = tokio::time::timeout(CLOSE_WAIT, stop_tx.closed()).await;
     Ok(())
+}
+
+/// Serve one connection's requests until it closes, or finish its current response once `stop`
+/// says so.
+async fn connection<I>(io: I, service: TowerToHyperService<Router>, mut stop: watch::Receiver<()>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = http1::Builder::new();
+    builder.half_close(true);
+    // With a timer hyper bounds the wait for a request's headers (its default, 30 s): a client
+    // trickling header bytes is cut off. The body's bound is `deadline.rs`'s.
+    builder.timer(hyper_util::rt::TokioTimer::new());
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+        }
+    }
 }
 
 /// A request's connection, to tell whether its client is still there: [`PeerClosed::closed`]

@@ -33,9 +33,7 @@ use tokio::net::TcpListener;
 
 use crate::histories::TenantHistories;
 
-/// Longest wait, once the server stops, for its connections to send their last bytes (every
-/// request has had its final event by then; only a client that does not read holds one open).
-pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+pub use crate::http::serve::CLOSE_WAIT;
 
 /// What [`run`] serves and keeps.
 pub struct Serving {
@@ -47,15 +45,17 @@ pub struct Serving {
     pub histories: Arc<TenantHistories>,
     /// How often to save the histories that changed (None: only at the stop).
     pub save_every: Option<Duration>,
+    /// Each connection a TLS session first (`--ssl-cert-file`, `--ssl-key-file`); None: plain HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Serve on `listener` until `stops` asks twice or the drain ends, then save the histories.
 /// Returns once the connections are closed (or [`CLOSE_WAIT`] passed) and the save is done; a
 /// failed save is the error.
 pub async fn run(listener: TcpListener, serving: Serving, stops: Stops) -> anyhow::Result<()> {
-    let Serving { app, drain, histories, save_every } = serving;
+    let Serving { app, drain, histories, save_every, tls } = serving;
     let saver = save_every.map(|every| PeriodicSave::start(histories.clone(), every));
-    crate::serve(listener, app, drain.after(stops)).await?;
+    crate::http::serve::serve_with(listener, app, drain.after(stops), tls).await?;
     drop(saver);
     report_saves(histories.save_changed())
 }

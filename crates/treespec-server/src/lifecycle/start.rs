@@ -24,7 +24,8 @@ use crate::metrics::Metrics;
 use crate::scheduler::{BatchPool, SchedulerConfig};
 use crate::tenant::{ApiKeys, Tenant};
 use crate::toy::{toy_tokenizer, ToyConfig};
-use crate::{router, LlamaConfig, ServerConfig};
+use crate::{router, LlamaConfig, ServerConfig, TlsFiles};
+use tokio_rustls::TlsAcceptor;
 
 /// What every server starts from, whatever its models.
 pub struct Start {
@@ -34,6 +35,8 @@ pub struct Start {
     pub drain: Duration,
     /// Where the tenants' suffix histories are kept (None: in memory only).
     pub histories: Option<HistoryFiles>,
+    /// Serve HTTPS with this certificate and key (None: plain HTTP).
+    pub tls: Option<TlsFiles>,
 }
 
 /// The tenants' suffix history files (`--suffix-history`).
@@ -83,6 +86,7 @@ impl Server {
     /// background when its curves are not in yet), the batch scheduler on the runtime.
     pub fn llama(start: Start, models: LlamaStart) -> Result<Self> {
         let LlamaStart { runtime, spec, reprofile, scheduler, cache_ram, alias } = models;
+        let tls = tls_acceptor(&start)?;
         let histories = match &start.histories {
             Some(files) => load_histories(files, runtime.tokenizer_id()?, &start.http.api_keys)?,
             None => TenantHistories::in_memory(),
@@ -94,11 +98,12 @@ impl Server {
         let pool: Arc<dyn GenerationBackend> =
             Arc::new(BatchPool::llama(config, scheduler, ctx_size, metrics.clone())?);
         eprintln!("treespec serve: {} model file(s) loaded", treespec_llama::models_loaded());
-        Ok(Self::on(start, pool, metrics, histories, Some(methods)))
+        Ok(Self::on(start, pool, metrics, histories, Some(methods), tls))
     }
 
     /// A server on the toy models (tests): `config`'s histories are the ones loaded here.
     pub fn toy(start: Start, mut config: ToyConfig, scheduler: SchedulerConfig) -> Result<Self> {
+        let tls = tls_acceptor(&start)?;
         let histories = match &start.histories {
             Some(files) => load_histories(files, toy_tokenizer(config.vocab), &start.http.api_keys)?,
             None => TenantHistories::in_memory(),
@@ -106,7 +111,7 @@ impl Server {
         config.histories = Some(histories.clone());
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BatchPool::toy(config, scheduler, metrics.clone()));
-        Ok(Self::on(start, pool, metrics, histories, None))
+        Ok(Self::on(start, pool, metrics, histories, None, tls))
     }
 
     /// The application on `backend`, drained within `start.drain`, its histories saved.
@@ -116,8 +121,9 @@ impl Server {
         metrics: Arc<Metrics>,
         histories: Arc<TenantHistories>,
         methods: Option<Arc<ServerMethods>>,
+        tls: Option<TlsAcceptor>,
     ) -> Self {
-        let Start { http, drain, histories: files } = start;
+        let Start { http, drain, histories: files, tls: _ } = start;
         let most = drain;
         let drain = Drain {
             draining: http.draining.clone(),
@@ -126,7 +132,7 @@ impl Server {
             most,
         };
         let save_every = files.and_then(|f| f.save_every);
-        let serving = Serving { app: router(backend, metrics, http), drain, histories, save_every };
+        let serving = Serving { app: router(backend, metrics, http), drain, histories, save_every, tls };
         Self { serving, methods }
     }
 
@@ -144,7 +150,8 @@ impl Server {
         let addr = format!("{host}:{port}");
         let served = rt.block_on(async move {
             let listener = TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
-            eprintln!("treespec serve: listening on http://{}", listener.local_addr()?);
+            let scheme = if self.serving.tls.is_some() { "https" } else { "http" };
+            eprintln!("treespec serve: listening on {scheme}://{}", listener.local_addr()?);
             self.run(listener, Stops::os_signals()).await
         });
         // A connection past CLOSE_WAIT is dropped with the runtime, not waited for.
@@ -171,4 +178,9 @@ fn load_histories(
         );
     }
     Ok(histories)
+}
+
+/// The TLS acceptor `start` asks for, read before any model loads so a bad file fails at once.
+fn tls_acceptor(start: &Start) -> Result<Option<TlsAcceptor>> {
+    start.tls.as_ref().map(TlsFiles::acceptor).transpose()
 }

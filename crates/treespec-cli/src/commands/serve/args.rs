@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use treespec_engine::batched::StepLimits;
-use treespec_server::{ApiKeys, SamplingDefaults, SchedulerConfig};
+use treespec_server::{ApiKeys, SamplingDefaults, SchedulerConfig, TlsFiles};
 
 use crate::commands::args::{MethodArgs, ModelArgs};
 
@@ -108,6 +108,13 @@ pub struct ServeArgs {
     /// shutdown), so that a crash or a kill loses minutes, not everything.
     #[arg(long = "history-save-every", default_value_t = 60)]
     pub history_save_every: u64,
+    /// Serve HTTPS with this PEM certificate chain, the server's certificate first (with
+    /// --ssl-key-file; llama-server's flag). rustls: TLS 1.2 and 1.3, no OpenSSL.
+    #[arg(long = "ssl-cert-file", value_name = "FILE")]
+    pub ssl_cert_file: Option<PathBuf>,
+    /// The PEM private key of --ssl-cert-file's certificate (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long = "ssl-key-file", value_name = "FILE")]
+    pub ssl_key_file: Option<PathBuf>,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 1 << 20)]
     pub max_body: usize,
@@ -219,6 +226,23 @@ pub(super) fn api_keys(args: &ServeArgs) -> Result<ApiKeys> {
         }
     }
     Ok(keys)
+}
+
+/// The certificate and key of `--ssl-cert-file` and `--ssl-key-file`, both or neither, read and
+/// checked now so a bad file fails before any model loads.
+pub(super) fn tls_files(args: &ServeArgs) -> Result<Option<TlsFiles>> {
+    let files = match (&args.ssl_cert_file, &args.ssl_key_file) {
+        (Some(cert), Some(key)) => TlsFiles { cert: cert.clone(), key: key.clone() },
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            anyhow::bail!("--ssl-cert-file needs --ssl-key-file (the certificate's private key)")
+        }
+        (None, Some(_)) => {
+            anyhow::bail!("--ssl-key-file needs --ssl-cert-file (the certificate it is the key of)")
+        }
+    };
+    files.acceptor().context("--ssl-cert-file / --ssl-key-file")?;
+    Ok(Some(files))
 }
 
 /// The model's name from `-a`: one name (llama-server takes a comma-separated list of several;

@@ -16,7 +16,7 @@ use treespec_server::{ApiKeys, Draining, ServerConfig};
 pub use args::ServeArgs;
 
 use super::models::load_runtime;
-use args::{alias, api_keys, scheduler_config, ShareHistory};
+use args::{alias, api_keys, scheduler_config, tls_files, ShareHistory};
 
 /// Run `serve` until Ctrl-C or SIGTERM. With `--suffix-history`, every tenant's history is
 /// loaded at start (its file checked for writing), saved every `--history-save-every` seconds
@@ -26,6 +26,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let keys = api_keys(&args)?;
     let sampling = args.sampling.defaults()?;
     let alias = alias(&args)?;
+    let tls = tls_files(&args)?;
     // One runtime: the fingerprint, the cost curves and every worker use the same loaded files.
     let runtime = Arc::new(load_runtime(&args.models)?);
     // The history files are the tenants' ([`treespec_server::histories::TenantHistories`]), not
@@ -50,7 +51,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         webui: !args.no_webui,
         sampling,
     };
-    let start = Start { http, drain: Duration::from_secs(args.drain), histories };
+    let start = Start { http, drain: Duration::from_secs(args.drain), histories, tls };
     let models = LlamaStart { runtime, spec, reprofile: args.method.reprofile, scheduler, cache_ram, alias };
     let server = Server::llama(start, models)?;
     report_keys(&args, &keys);
