@@ -15,6 +15,8 @@
 #            prompts
 #
 # Usage: scripts/bench-main.sh [STAGE …]   (default: greedy peers t1 exact levers)
+# METHODS picks the greedy stage's methods (default plain,lookup,suffix,auto) and PEER_TOOLS the
+# peers stage's llama.cpp tools (scripts/peer-bench.sh; default: all of them).
 # Writes bench/results/main-*/ (results.json, summary.md, SVG charts, peers.jsonl, side-by-side.md).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +36,7 @@ echo "[bench-main] load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for stage in "${stages[@]}"; do
     case "$stage" in
         greedy)
-            "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --methods plain,lookup,suffix,auto \
+            "$bin" bench -m "$T" --draft "$D" -t 2 --prompts "$set_file" --methods "${METHODS:-plain,lookup,suffix,auto}" \
                 -n 128 --temp 0 --log --out bench/results/main-greedy
             ;;
         peers)
