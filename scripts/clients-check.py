@@ -9,8 +9,14 @@ pass/fail per row (and why), and the exit code is 1 if any row failed.
   instructor `instructor`: a Pydantic model out of a chat, in JSON-schema and in tools mode
   langchain  `langchain-openai`: `bind_tools`, then a tool round trip (the tool's result back)
   llm        Simon Willison's `llm` CLI with the server as an OpenAI-compatible model in its config
+  aider-whole, aider-diff, aider-udiff
+             `aider` (its own virtual environment: $AIDER names its executable) asked for one edit
+             of a small Python file in each edit format, non-interactively; the row passes when the
+             edit was applied and the file's checks pass. They need a model that follows aider's
+             formats (the Qwen 1.5B target), not SmolLM2
 
-Usage: clients-check.py BASE_URL [--rows openai,instructor,...]   (BASE_URL like http://127.0.0.1:8080)
+Usage: clients-check.py BASE_URL [--rows openai,instructor,...]   (BASE_URL like http://127.0.0.1:8080;
+default rows: the first four)
 scripts/clients-check.sh installs the clients into a virtual environment and starts the server.
 """
 import argparse
@@ -118,13 +124,52 @@ def row_llm(base):
     return "prompt through the CLI"
 
 
-ROWS = {"openai": row_openai, "instructor": row_instructor, "langchain": row_langchain, "llm": row_llm}
+STATS = '''def mean(values):
+    return sum(values) / len(values)
+
+
+def spread(values):
+    return max(values) - min(values)
+'''
+ASK_EDIT = ("In stats.py, change `mean` so that it returns 0.0 for an empty list instead of raising. "
+            "Leave `spread` as it is.")
+CHECK_EDIT = "from stats import mean, spread; assert mean([]) == 0.0; assert mean([1, 2, 3]) == 2.0; " \
+             "assert spread([4, 1, 9]) == 8"
+
+
+def row_aider(base, edit_format):
+    aider = os.environ.get("AIDER") or os.path.join(os.path.dirname(sys.executable), "aider")
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "stats.py"), "w") as f:
+            f.write(STATS)
+        env = dict(os.environ, OPENAI_API_KEY="unused", OPENAI_API_BASE=base + "/v1", AIDER_ANALYTICS="false")
+        out = subprocess.run(
+            [aider, "--model", "openai/m", "--openai-api-base", base + "/v1", "--openai-api-key", "unused",
+             "--edit-format", edit_format, "--yes-always", "--no-git", "--no-auto-commits", "--map-tokens", "0",
+             "--no-show-model-warnings", "--no-check-update", "--no-analytics", "--no-pretty", "--no-stream",
+             "--timeout", "600", "--message", ASK_EDIT, "stats.py"],
+            cwd=work, capture_output=True, text=True, env=env, timeout=900)
+        assert out.returncode == 0, (out.returncode, out.stdout[-800:], out.stderr[-800:])
+        with open(os.path.join(work, "stats.py")) as f:
+            edited = f.read()
+        assert edited != STATS, ("no edit applied", out.stdout[-800:])
+        check = subprocess.run([sys.executable, "-c", CHECK_EDIT], cwd=work, capture_output=True, text=True,
+                               timeout=60)
+        assert check.returncode == 0, ("the edited file fails its checks", edited, check.stderr[-400:])
+    return f"one edit in the {edit_format} format, applied, the file's checks pass"
+
+
+ROWS = {"openai": row_openai, "instructor": row_instructor, "langchain": row_langchain, "llm": row_llm,
+        "aider-whole": lambda base: row_aider(base, "whole"),
+        "aider-diff": lambda base: row_aider(base, "diff"),
+        "aider-udiff": lambda base: row_aider(base, "udiff")}
+DEFAULT_ROWS = "openai,instructor,langchain,llm"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("base")
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"any of {','.join(ROWS)}")
     a = ap.parse_args()
     failed = 0
     print("| client | result | checked |\n|---|---|---|")
