@@ -10,8 +10,8 @@
 //! 4 KiB pages and 15.7 on huge pages (1.18×), llama.cpp's own `llama-completion` 13.5 against
 //! 16.0 with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (docs/BENCHMARKS.md).
 //!
-//! So after a model loads and after a context allocates its cache, every large private
-//! anonymous mapping of the process is advised `MADV_HUGEPAGE` (later faults and khugepaged
+//! So whenever a context has allocated its cache (its model's weights are loaded by then, and
+//! nothing decodes before), every large private anonymous mapping of the process is advised `MADV_HUGEPAGE` (later faults and khugepaged
 //! take huge pages) and collapsed at once with `MADV_COLLAPSE` (Linux 6.1 and later; older
 //! kernels keep the advice only). The contents and so the numbers computed are unchanged:
 //! only the page size under them. `TREESPEC_HUGE_PAGES=off` leaves the pages as they are (for

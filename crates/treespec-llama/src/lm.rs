@@ -166,7 +166,8 @@ impl LlamaModel {
                 .new_context(backend, params)
                 .map_err(|e| backend_err("cannot create llama.cpp context", e))?
         };
-        // Its KV cache (and compute buffers) are in anonymous memory now.
+        // Every model's repacked weights and this context's KV cache are in anonymous memory now:
+        // the one place they are moved onto huge pages (nothing decodes before a context exists).
         crate::huge_pages::back_large_mappings();
         Ok(ctx)
     }

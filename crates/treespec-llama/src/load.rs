@@ -18,7 +18,6 @@
 //! max |diff| 0.84 (4 argmax flips in 48 nodes); repacking off but tiled on 0.82 (3 flips); exact
 //! mode 0. Exact mode costs about 20% decode speed and 35% on a 32-node tree step there.
 
-use crate::huge_pages;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -363,8 +362,6 @@ impl LlamaModel {
         // SAFETY: fresh pointer from llama_model_load_from_file, owned by nobody else.
         let inner = unsafe { wrap_raw_model(raw) };
         MODELS_LOADED.fetch_add(1, Ordering::Relaxed);
-        // The weights llama.cpp repacked for its CPU kernels are in anonymous memory now.
-        huge_pages::back_large_mappings();
         let runs_on = describe_offload(&options.offload, facts.hparams.n_layer);
         Ok(Self {
             inner,

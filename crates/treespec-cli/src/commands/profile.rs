@@ -105,6 +105,8 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     };
     let points = time_forwards(&mut model.new_lm()?, spec)?;
     let (shapes, replays) = shapes_and_replays(&args, model, &points)?;
+    // MiB of the large mappings advised to huge pages, and collapsed at once (treespec_llama::huge_pages).
+    let (advised, collapsed) = treespec_llama::huge_pages::backed_mib();
     if args.json {
         let rows: Vec<_> =
             points.iter().map(|p| json!({"n": p.n, "ms": p.median_ms, "min_ms": p.min_ms})).collect();
@@ -113,7 +115,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
             json!({"model": args.models.model, "threads": threads, "device": model.runs_on(),
                 "prefix": args.prefix, "repeated_shapes": args.repeated_shapes,
                 "tiled_matmul": treespec_llama::tiled_matmul_state(),
-                "huge_pages_mib": {"advised": huge_pages_mib().0, "collapsed": huge_pages_mib().1},
+                "huge_pages_mib": {"advised": advised, "collapsed": collapsed},
                 "points": rows, "shapes": shapes, "replays": replays})
         );
         return Ok(());
@@ -128,7 +130,6 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     );
     if model.runs_on() == "CPU" {
         println!("ggml's tiled K-quant matmul: {}", treespec_llama::tiled_matmul_state());
-        let (advised, collapsed) = huge_pages_mib();
         println!(
             "huge pages under weights and cache: {collapsed} of {advised} MiB advised \
              ({}=off for 4 KiB pages)",
@@ -232,10 +233,4 @@ fn check(args: &ProfileArgs) -> Result<()> {
             args.tolerance * 100.0
         )
     }
-}
-
-/// MiB of the process's large mappings advised to huge pages, and how many of them the kernel
-/// collapsed (treespec_llama::huge_pages).
-fn huge_pages_mib() -> (u64, u64) {
-    treespec_llama::huge_pages::backed_mib()
 }
