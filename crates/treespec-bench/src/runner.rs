@@ -18,7 +18,7 @@ use treespec_engine::{
     generate_constrained, CausalLm, Method, Prepared, TokenConstraint, WithoutForcing, METHOD_NAMES,
 };
 use treespec_grammar::GrammarSpec;
-use treespec_request::{prepare, RequestPrompt, RequestSpec, ToyPromptModel};
+use treespec_request::{prepare, GenerationAsk, RequestPrompt, ToyPromptModel};
 
 use crate::prompts::Prompt;
 use crate::record::RunRecord;
@@ -42,7 +42,7 @@ pub trait Backend {
     /// `spec` made ready by treespec-request's `prepare` on the backend's model, the drafter on
     /// its draft model, and the target it runs on. A backend with no vocabulary for grammars
     /// refuses a schema there.
-    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>>;
+    fn session(&mut self, spec: &GenerationAsk<'_>) -> Result<Session<'_>>;
 }
 
 /// Toy models behind the [`Backend`] seam: the harness end to end with no model files. Prompt
@@ -77,7 +77,7 @@ impl Backend for ToyBackend {
     fn context_size(&self) -> usize {
         self.target.context_size()
     }
-    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>> {
+    fn session(&mut self, spec: &GenerationAsk<'_>) -> Result<Session<'_>> {
         let prepared = prepare(&self.model(), spec, Some(&mut self.draft))?;
         Ok(Session { target: Box::new(&mut self.target), prepared })
     }
@@ -290,7 +290,7 @@ fn run_one(
 ) -> Result<(Vec<TokenId>, RunRecord)> {
     let seed = cfg.seed.wrapping_add(repeat as u64);
     let grammar = prompt.schema.clone().filter(|_| spec.constrained).map(GrammarSpec::JsonSchema);
-    let request = RequestSpec {
+    let request = GenerationAsk {
         prompt: RequestPrompt::Tokens(tokens),
         method: &spec.method,
         max_new_tokens: Some(cfg.max_new_tokens),

@@ -15,7 +15,7 @@ use crate::constraint::TokenConstraint;
 use crate::drafter::{Drafter, ForwardCost};
 use crate::error::{EngineError, Result};
 use crate::generation::{Generation, ProposeAt, Scored, StepOutcome};
-use crate::request::{GenerateOutput, GenerateRequest};
+use crate::generation_io::{GenerateOutput, GenerateRequest};
 
 /// Run one generation. `on_step` receives each step's outcome (its emitted tokens and the text
 /// they released) and returns false to cancel. `bytes` decodes the text (and is needed for stop

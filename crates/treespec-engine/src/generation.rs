@@ -23,8 +23,8 @@ use crate::backend::TokenBytes;
 use crate::constraint::TokenConstraint;
 use crate::drafter::{Cuttable, Drafter, ForwardCost, ProposeContext, Provenance};
 use crate::error::{EngineError, Result};
+use crate::generation_io::{GenerateOutput, GenerateRequest};
 use crate::graft::{graft, replay};
-use crate::request::{GenerateOutput, GenerateRequest};
 use crate::stop::{FinishReason, StopConditions};
 use crate::text_stream::TextStream;
 

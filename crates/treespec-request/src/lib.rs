@@ -2,7 +2,7 @@
 //! CLI's `generate`, the benchmark, the server's scheduler) and every backend (llama.cpp's
 //! models, the toy models of the tests).
 //!
-//! A front end says what it was asked for ([`RequestSpec`]); [`prepare`] turns it into what the
+//! A front end says what it was asked for ([`GenerationAsk`]); [`prepare`] turns it into what the
 //! engine runs ([`treespec_engine::Prepared`]): the prompt as tokens (through the chat template
 //! when it is a chat), the grammar compiled against the target's vocabulary (or, for calls the
 //! model may open itself, the call grammar from each opening to its close), the method's drafter
@@ -31,6 +31,6 @@ mod toy;
 pub use error::{room, PrepareError};
 pub use model::{PromptModel, VocabularyCache};
 pub use prepare::{check_method, check_tokens, compile_grammar, prepare, request_tokens, tagged_calls};
-pub use prompt::{Prompt, RequestPrompt, RequestSpec};
+pub use prompt::{GenerationAsk, Prompt, RequestPrompt};
 pub use token_table::TokenTable;
 pub use toy::{ToyPromptModel, JSON_ALPHABET, JSON_VOCAB};

@@ -1,4 +1,4 @@
-//! [`prepare`]: a [`RequestSpec`] made ready for the engine on any [`PromptModel`], and its
+//! [`prepare`]: a [`GenerationAsk`] made ready for the engine on any [`PromptModel`], and its
 //! parts for the front ends that need one alone (a prompt's tokens, a grammar, the check that a
 //! method can run).
 
@@ -14,14 +14,14 @@ use treespec_grammar::{
 
 use crate::error::{room, PrepareError};
 use crate::model::{PromptModel, VocabularyCache};
-use crate::prompt::{Prompt, RequestPrompt, RequestSpec};
+use crate::prompt::{GenerationAsk, Prompt, RequestPrompt};
 
 /// Make `spec` ready to generate on `model` (see the crate documentation). The drafter runs on
 /// `draft` when the method runs a draft model (the caller need only make one when
 /// [`Method::uses_draft`]).
 pub fn prepare<'d, M: PromptModel + ?Sized, D: CausalLm + 'd>(
     model: &M,
-    spec: &RequestSpec<'_>,
+    spec: &GenerationAsk<'_>,
     draft: Option<D>,
 ) -> Result<Prepared<'d>, PrepareError> {
     let prompt = request_tokens(model, spec.prompt)?;

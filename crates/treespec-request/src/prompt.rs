@@ -43,7 +43,7 @@ pub enum RequestPrompt<'a> {
 
 /// What a front end asks of one generation.
 #[derive(Debug, Clone)]
-pub struct RequestSpec<'a> {
+pub struct GenerationAsk<'a> {
     /// The prompt.
     pub prompt: RequestPrompt<'a>,
     /// The method that decodes it.

@@ -8,7 +8,7 @@ use treespec_engine::toy::{ToyLm, ToyModel};
 use treespec_engine::{Method, TokenConstraint};
 use treespec_grammar::{GrammarSpec, ToolFunction};
 use treespec_request::{
-    prepare, PrepareError, Prompt, PromptModel, RequestPrompt, RequestSpec, TokenTable, ToyPromptModel,
+    prepare, GenerationAsk, PrepareError, Prompt, PromptModel, RequestPrompt, TokenTable, ToyPromptModel,
     VocabularyCache, JSON_ALPHABET, JSON_VOCAB,
 };
 use treespec_text::ChatMessage;
@@ -72,8 +72,8 @@ impl PromptModel for Bytes {
     }
 }
 
-fn spec<'a>(prompt: RequestPrompt<'a>, method: &'a Method, max_new: Option<usize>) -> RequestSpec<'a> {
-    RequestSpec {
+fn spec<'a>(prompt: RequestPrompt<'a>, method: &'a Method, max_new: Option<usize>) -> GenerationAsk<'a> {
+    GenerationAsk {
         prompt,
         method,
         max_new_tokens: max_new,
@@ -110,7 +110,7 @@ fn a_prepared_request_holds_the_prompt_room_and_end_tokens() {
 fn each_fault_names_its_part() {
     let model = Bytes::new();
     let plain = Method::Plain;
-    let err = |s: RequestSpec<'_>| prepare(&model, &s, NO_DRAFT).err().expect("refused");
+    let err = |s: GenerationAsk<'_>| prepare(&model, &s, NO_DRAFT).err().expect("refused");
     assert!(matches!(
         err(spec(RequestPrompt::Tokens(&[1, 259]), &plain, None)),
         PrepareError::TokenOutOfVocabulary { token: 259, vocab: 259 }

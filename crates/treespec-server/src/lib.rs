@@ -6,8 +6,8 @@
 //!   (`http/respond.rs`) in their wire formats; what a gateway needs of a replica; the chat page
 //!   (`GET /`, `chat.html`, embedded) that reads the trace extension of streamed chunks; the
 //!   accept loop ([`serve`], which lets a request see when its client has gone).
-//! - [`request`]: every request check, no model ([`validate`] into a `JobSpec`; sampling,
-//!   `response_format`/`tools`/`tool_choice`, prompts).
+//! - [`intake`]: a request body checked without a model ([`validate`] into a `CheckedBody`;
+//!   sampling, `response_format`/`tools`/`tool_choice`, prompts), then a job made ready.
 //! - [`scheduling`]: the [`GenerationBackend`] seam and the batch scheduler behind it
 //!   (continuous batching: every active request's rows in one forward per step; with
 //!   `--parallel 1`, one request at a time); the methods a request may name ([`methods`]) and
@@ -37,9 +37,9 @@
 mod adapters;
 pub mod error;
 mod http;
+mod intake;
 pub mod lifecycle;
 pub mod metrics;
-mod request;
 mod scheduling;
 pub mod tenant;
 
@@ -47,8 +47,8 @@ pub use adapters::{llama_cpp, toy};
 /// OpenAI's wire types (kept in `http/openai/types.rs`, beside the format written in them).
 pub use http::openai::types as api;
 pub use http::serve;
-pub use request::sampling::SamplingDefaults;
-pub use request::{prompt, ready, validate};
+pub use intake::sampling::SamplingDefaults;
+pub use intake::{prompt, ready, validate};
 pub use scheduling::{histories, job, methods, scheduler};
 
 use std::sync::Arc;

@@ -29,7 +29,7 @@ use treespec_engine::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use treespec_llama::runtime::default_cache_dir;
 use treespec_llama::{LlamaLm, ModelRuntime, PrefillProgress};
-use treespec_request::{prepare, PrepareError, Prompt, RequestPrompt, RequestSpec};
+use treespec_request::{prepare, GenerationAsk, PrepareError, Prompt, RequestPrompt};
 
 use super::args::{MethodArgs, ModelArgs, SamplingArgs};
 use super::models::{load_runtime, resolve_with_suffix};
@@ -173,7 +173,7 @@ fn prepare_request<'d>(
     draft: Option<&'d mut LlamaLm<'_>>,
 ) -> Result<Prepared<'d>> {
     let grammar = args.structured.spec()?;
-    let spec = RequestSpec {
+    let spec = GenerationAsk {
         prompt: RequestPrompt::Formatted(Prompt::text_or_user(text, args.chat)),
         method,
         max_new_tokens: None,

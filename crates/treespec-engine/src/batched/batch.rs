@@ -9,7 +9,7 @@ use crate::constraint::TokenConstraint;
 use crate::drafter::Drafter;
 use crate::error::Result;
 use crate::generation::Generation;
-use crate::request::GenerateOutput;
+use crate::generation_io::GenerateOutput;
 use crate::shared_draft::SharedDraft;
 
 /// The requests decoding together on one [`BatchedLm`], in the order they joined: each a
@@ -131,7 +131,7 @@ mod tests {
 
     use super::*;
     use crate::drafter::PlainDrafter;
-    use crate::request::GenerateRequest;
+    use crate::generation_io::GenerateRequest;
     use crate::stop::FinishReason;
     use crate::toy::{ToyBatchLm, ToyModel};
 

@@ -6,7 +6,7 @@ use super::{Batch, LaneStep, StepLimits};
 use crate::backend::{BatchedLm, TokenBytes};
 use crate::error::{EngineError, Result};
 use crate::generation::Generation;
-use crate::request::{GenerateOutput, Prepared};
+use crate::generation_io::{GenerateOutput, Prepared};
 use crate::shared_draft::SharedDraft;
 
 /// Each job's output, by job index, as the run files them.

@@ -2,7 +2,7 @@
 //! and methods ([`LlamaConfig`]), the served model's id and device. The runtime is the model's
 //! one trait (`PromptModel`): the scheduler prepares requests on it by the one preparation every
 //! model shares (`request/prepare.rs`), and llama-server's endpoints read its tokenizer and chat
-//! template through it (`request/model_text.rs`).
+//! template through it (`intake/model_text.rs`).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -11,8 +11,8 @@ use treespec_llama::{LlamaBatchLm, ModelBytes, ModelRuntime};
 use treespec_request::PromptModel;
 
 use crate::adapters::llama_cpp::{check_default_method, model_id, runs_on, LlamaConfig};
+use crate::intake::validate::Limits;
 use crate::metrics::Metrics;
-use crate::request::validate::Limits;
 use crate::scheduling::methods::ServerMethods;
 use crate::scheduling::scheduler::{BatchPool, LaneModels, Scheduler, SchedulerConfig};
 

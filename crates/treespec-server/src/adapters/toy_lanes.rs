@@ -11,8 +11,8 @@ use treespec_engine::{BatchedLm, SharedDraft, TokenBytes};
 use treespec_request::{PromptModel, ToyPromptModel};
 
 use crate::adapters::toy::{toy_methods, ToyConfig};
+use crate::intake::validate::Limits;
 use crate::metrics::Metrics;
-use crate::request::validate::Limits;
 use crate::scheduling::scheduler::{BatchPool, LaneModels, Scheduler, SchedulerConfig};
 
 /// Toy target lanes and toy drafts.

@@ -5,7 +5,7 @@
 //! the OpenAPI description ([`openapi`]); the chat page ([`chat`]); and the accept loop that tells
 //! a request when its client has gone ([`serve`]), over TLS when asked ([`tls`]), and the deadline of a request's body
 //! ([`deadline`]). No model and no scheduling here: a request
-//! is checked by [`crate::request`] and handed to the [`crate::scheduling::job::GenerationBackend`].
+//! is checked by [`crate::intake`] and handed to the [`crate::scheduling::job::GenerationBackend`].
 
 pub(crate) mod chat;
 pub(crate) mod deadline;

@@ -22,8 +22,8 @@ use crate::api::{ChoiceLogprobs, LogprobEntry, TextSpan, TreespecStats};
 use crate::error::ApiError;
 use crate::http::serve::PeerClosed;
 use crate::http::state::{AppState, Arrived};
+use crate::intake::validate::CheckedBody;
 use crate::metrics::RequestTimer;
-use crate::request::validate::JobSpec;
 use crate::scheduling::job::{Event, Finished, Job};
 use crate::tenant::Tenant;
 
@@ -33,7 +33,7 @@ pub(crate) const PROBE_EVERY: std::time::Duration = std::time::Duration::from_mi
 
 /// A validated request, whose it is, and how to tell that its client left.
 pub(crate) struct Submitted {
-    pub spec: JobSpec,
+    pub spec: CheckedBody,
     pub tenant: Tenant,
     pub peer: Option<PeerClosed>,
     /// `X-Treespec-Trace: 1`: stream provenance and statistics (chat only).
@@ -125,7 +125,7 @@ pub(crate) struct ClientClosed;
 /// start said (None: its client closed while it waited).
 async fn submit(
     s: &AppState,
-    spec: JobSpec,
+    spec: CheckedBody,
     tenant: Tenant,
     trace: bool,
     peer: Option<&PeerClosed>,

@@ -20,8 +20,8 @@ use crate::http::openai::wire::{new_id, now, Kind, Meta, OpenAiWire};
 use crate::http::respond::{respond, ClientClosed, Submitted};
 use crate::http::serve::PeerClosed;
 use crate::http::state::{AppState, Arrived};
+use crate::intake::validate;
 use crate::metrics::{View, CLIENT_CLOSED};
-use crate::request::validate;
 use crate::tenant::Tenant;
 
 /// `GET /health`: ready at once; while this machine's cost curves are measured in the background it says so,

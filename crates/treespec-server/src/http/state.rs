@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::http::draining::Draining;
+use crate::intake::sampling::SamplingDefaults;
 use crate::metrics::{Metrics, View};
-use crate::request::sampling::SamplingDefaults;
 use crate::scheduling::job::GenerationBackend;
 use crate::tenant::{ApiKeys, Tenant};
 

@@ -11,8 +11,8 @@ use treespec_engine::{EngineError, GenerateOutput};
 
 use crate::api::Timings;
 use crate::error::ApiError;
-use crate::request::model_text::ServedModel;
-use crate::request::validate::{check_lengths, JobSpec, Limits};
+use crate::intake::model_text::ServedModel;
+use crate::intake::validate::{check_lengths, CheckedBody, Limits};
 use crate::tenant::Tenant;
 
 /// What a job reports, in order: `Started` or `Error` first; then `Text`…; then `Done` (or
@@ -86,7 +86,7 @@ pub struct RunSummary {
 #[derive(Debug)]
 pub struct Job {
     /// The validated request.
-    pub spec: JobSpec,
+    pub spec: CheckedBody,
     /// Whose request it is (what it teaches the server stays the tenant's).
     pub tenant: Tenant,
     /// Report how each step's text was produced ([`Event::Trace`]): only a client that asked
@@ -102,7 +102,7 @@ pub struct Job {
 
 impl Job {
     /// A job whose client is there.
-    pub fn new(spec: JobSpec, tenant: Tenant, trace: bool, events: UnboundedSender<Event>) -> Self {
+    pub fn new(spec: CheckedBody, tenant: Tenant, trace: bool, events: UnboundedSender<Event>) -> Self {
         Self { spec, tenant, trace, events, peer_left: Arc::default() }
     }
 
@@ -126,7 +126,7 @@ pub trait GenerationBackend: Send + Sync + 'static {
     fn queue_depth_of(&self, tenant: Tenant) -> usize;
     /// The served model (its tokenizer, chat template and file), for llama-server's
     /// `/tokenize`, `/detokenize`, `/apply-template` and `/props` (llama-server's routes,
-    /// `llama_api.rs`; `request/model_text.rs`).
+    /// `llama_api.rs`; `intake/model_text.rs`).
     fn model(&self) -> ServedModel;
     /// Requests decoded at once (llama-server's slots).
     fn slots(&self) -> usize;

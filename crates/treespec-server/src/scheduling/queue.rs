@@ -13,8 +13,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::error::ApiError;
+use crate::intake::validate::CheckedBody;
 use crate::metrics::Metrics;
-use crate::request::validate::JobSpec;
 use crate::scheduling::job::Job;
 use crate::tenant::Tenant;
 
@@ -161,7 +161,7 @@ impl JobQueue {
 
     /// Job `id`'s request and tenant while it is first (copied: it stays queued while it is
     /// prepared).
-    pub fn front_request(&self, id: u64) -> Option<(JobSpec, Tenant)> {
+    pub fn front_request(&self, id: u64) -> Option<(CheckedBody, Tenant)> {
         let state = self.lock();
         state.jobs.front().filter(|w| w.id == id).map(|w| (w.job.spec.clone(), w.job.tenant))
     }
@@ -210,7 +210,7 @@ mod tests {
     fn job(tenant: Tenant) -> (Job, tokio::sync::mpsc::UnboundedReceiver<crate::scheduling::job::Event>) {
         let (tx, rx) = unbounded_channel();
         let req = serde_json::from_value(serde_json::json!({"prompt": "hi"})).expect("a request");
-        let spec = crate::request::validate::completion(req, &crate::request::validate::Limits::default())
+        let spec = crate::intake::validate::completion(req, &crate::intake::validate::Limits::default())
             .expect("valid");
         (Job::new(spec, tenant, false, tx), rx)
     }

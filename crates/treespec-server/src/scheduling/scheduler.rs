@@ -22,10 +22,10 @@ use treespec_request::PromptModel;
 
 use crate::api::{LogprobEntry, TextSpan, TopLogprob};
 use crate::error::ApiError;
+use crate::intake::model_text::ServedModel;
+use crate::intake::ready::ready_job;
+use crate::intake::validate::{CheckedBody, Limits};
 use crate::metrics::Metrics;
-use crate::request::model_text::ServedModel;
-use crate::request::ready::ready_job;
-use crate::request::validate::{JobSpec, Limits};
 use crate::scheduling::job::{engine_error, finished, Event, GenerationBackend, Job, RunError, SHUTDOWN};
 use crate::scheduling::methods::ServerMethods;
 use crate::scheduling::queue::JobQueue;
@@ -307,7 +307,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     }
 
     /// Make queued job `id` ready for a lane and reckon what it reserves.
-    fn make_ready(&mut self, id: u64, spec: &JobSpec, tenant: Tenant) -> Result<Ready<'m>, RunError> {
+    fn make_ready(&mut self, id: u64, spec: &CheckedBody, tenant: Tenant) -> Result<Ready<'m>, RunError> {
         let lane = self.for_lane(spec, tenant)?;
         let request = &lane.prepared.request;
         let (prompt_tokens, max_new) = (request.prompt.len(), request.max_new_tokens);
@@ -321,7 +321,7 @@ impl<'m, M: LaneModels<'m>> Scheduler<'m, M> {
     /// `spec` made ready for a lane: its method resolved for `tenant`, a lane of the shared draft
     /// when the method drafts with the model, then the one request preparation (tokens, room in
     /// a lane's context, grammar, drafter).
-    fn for_lane(&self, spec: &JobSpec, tenant: Tenant) -> Result<ForLane<'m>, ApiError> {
+    fn for_lane(&self, spec: &CheckedBody, tenant: Tenant) -> Result<ForLane<'m>, ApiError> {
         let method = self.methods.for_request(spec.method.as_ref(), tenant)?;
         let lane = match (self.models.draft(), method.uses_draft()) {
             (Some(d), true) => Some(d.lane().map_err(|e| ApiError::internal(format!("draft lane: {e}")))?),

@@ -9,7 +9,7 @@ use treespec_core::TokenId;
 use treespec_engine::CausalLm;
 use treespec_llama::{LlamaLm, ModelRuntime};
 use treespec_request::{
-    prepare, request_tokens, PrepareError, Prompt as PromptText, RequestPrompt, RequestSpec,
+    prepare, request_tokens, GenerationAsk, PrepareError, Prompt as PromptText, RequestPrompt,
 };
 
 /// `--dump-prompts`: each prompt's tokens as the benchmark builds them, spelled back to text with
@@ -69,7 +69,7 @@ impl Backend for LlamaBackend<'_> {
     fn context_size(&self) -> usize {
         self.target.context_size()
     }
-    fn session(&mut self, spec: &RequestSpec<'_>) -> Result<Session<'_>> {
+    fn session(&mut self, spec: &GenerationAsk<'_>) -> Result<Session<'_>> {
         // `auto` uses a draft model when one is given and does without otherwise.
         let prepared = prepare(self.models, spec, self.draft.as_mut()).map_err(|e| match e {
             PrepareError::Grammar(g) => anyhow::Error::new(g).context("compiling the prompt's schema"),

@@ -11,7 +11,7 @@
 //! ids, or both mixed; special-token text parsed, BOS as the tokenizer config says). The answer
 //! carries llama-server's fields and treespec's statistics under `treespec`, as the OpenAI routes
 //! do; errors name llama-server's fields (`n_predict`, `prompt`). What these routes read off
-//! the model beyond generation is its `PromptModel` (`request/model_text.rs`).
+//! the model beyond generation is its `PromptModel` (`intake/model_text.rs`).
 //!
 //! As llama-server does, these routes read a body as JSON whatever its type: a JSON type, none,
 //! or curl's default `application/x-www-form-urlencoded` or `text/plain`, except from browsers
@@ -41,8 +41,8 @@ use crate::http::gateway;
 use crate::http::respond::{respond, to_json, Submitted, Wire};
 use crate::http::serve::PeerClosed;
 use crate::http::state::{AppState, Arrived};
-use crate::request::model_text::{self};
-use crate::request::validate::{self, check_lengths, PromptInput};
+use crate::intake::model_text::{self};
+use crate::intake::validate::{self, check_lengths, PromptInput};
 use crate::scheduling::job::Finished;
 use crate::tenant::Tenant;
 
@@ -254,7 +254,7 @@ pub async fn props(State(s): State<AppState>) -> Result<Json<Props>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::validate::Limits;
+    use crate::intake::validate::Limits;
     use serde_json::json;
 
     fn req(v: Value) -> LlamaCompletionRequest {

@@ -10,9 +10,9 @@ use treespec_core::TokenId;
 
 use crate::api::{CompletionRequest, TreespecStats};
 use crate::error::ApiError;
-use crate::request::model_text::{self, ServedModel};
-use crate::request::sampling;
-use crate::request::validate::{self, JobSpec, Limits};
+use crate::intake::model_text::{self, ServedModel};
+use crate::intake::sampling;
+use crate::intake::validate::{self, CheckedBody, Limits};
 use crate::scheduling::job::{Finished, SHUTDOWN};
 
 use super::wire::*;
@@ -68,7 +68,7 @@ pub(super) fn translate(
     req: LlamaCompletionRequest,
     limits: &Limits,
     slots: usize,
-) -> Result<(JobSpec, i64), ApiError> {
+) -> Result<(CheckedBody, i64), ApiError> {
     refuse_unsupported(&req)?;
     let length = length_field(&req);
     match sampling::integer(&req.id_slot, "id_slot")? {
@@ -226,7 +226,7 @@ impl Answer {
 }
 
 /// The settings of a validated `/completion` request.
-pub(super) fn settings(spec: &JobSpec, n_predict: i64, model: &str, n_ctx: usize) -> GenerationSettings {
+pub(super) fn settings(spec: &CheckedBody, n_predict: i64, model: &str, n_ctx: usize) -> GenerationSettings {
     let p = &spec.sampling;
     let n_predict = n_predict.max(-1);
     GenerationSettings {

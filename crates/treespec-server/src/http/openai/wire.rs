@@ -10,7 +10,7 @@ use crate::api::*;
 use crate::error::ApiError;
 use crate::http::respond::{to_json, Wire};
 use crate::http::tool_calls::ToolCallText;
-use crate::request::structured;
+use crate::intake::structured;
 use crate::scheduling::job::Finished;
 use treespec_grammar::FENCED_CALL;
 

@@ -10,9 +10,9 @@ use treespec_engine::EngineError;
 use treespec_request::{check_tokens, Prompt, PromptModel};
 
 use crate::error::ApiError;
-use crate::request::prompt::PromptInput;
-use crate::request::ready::{chat_input, prepare_error};
-use crate::request::validate::JobSpec;
+use crate::intake::prompt::PromptInput;
+use crate::intake::ready::{chat_input, prepare_error};
+use crate::intake::validate::CheckedBody;
 
 /// The served model as the HTTP layer holds it.
 pub type ServedModel = Arc<dyn PromptModel + Send + Sync>;
@@ -40,7 +40,7 @@ pub fn piece(model: &dyn PromptModel, token: TokenId) -> Result<Vec<u8>, ApiErro
 
 /// A validated chat request's messages (and tools) through the chat template, ending where the
 /// reply starts: the text a chat request's prompt is.
-pub fn apply_template(model: &dyn PromptModel, spec: &JobSpec) -> Result<String, ApiError> {
+pub fn apply_template(model: &dyn PromptModel, spec: &CheckedBody) -> Result<String, ApiError> {
     let PromptInput::Chat(msgs) = &spec.prompt else {
         return Err(ApiError::invalid("messages", "a chat template renders messages"));
     };

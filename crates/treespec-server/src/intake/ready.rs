@@ -6,24 +6,24 @@
 
 use treespec_core::TokenId;
 use treespec_engine::{CausalLm, Method, Prepared};
-use treespec_request::{PrepareError, Prompt, PromptModel, RequestPrompt, RequestSpec};
+use treespec_request::{GenerationAsk, PrepareError, Prompt, PromptModel, RequestPrompt};
 use treespec_text::ChatMessage;
 
 use crate::error::ApiError;
-use crate::request::prompt::{Message, PromptInput};
-use crate::request::validate::{length_error, JobSpec, ToolsPrompt};
+use crate::intake::prompt::{Message, PromptInput};
+use crate::intake::validate::{length_error, CheckedBody, ToolsPrompt};
 
 /// Make `spec` ready to decode with `method` in a sequence of `context` positions of `model`,
 /// the drafter on `draft` when the method runs a draft model.
 pub fn ready_job<'d, M: PromptModel + ?Sized, D: CausalLm + 'd>(
     model: &M,
-    spec: &JobSpec,
+    spec: &CheckedBody,
     method: &Method,
     context: usize,
     draft: Option<D>,
 ) -> Result<Prepared<'d>, ApiError> {
     with_request_prompt(model, &spec.prompt, spec.tools.as_ref(), |prompt| {
-        let request = RequestSpec {
+        let request = GenerationAsk {
             prompt,
             method,
             max_new_tokens: spec.max_tokens,

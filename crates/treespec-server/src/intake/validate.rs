@@ -1,4 +1,4 @@
-//! Every request check in one place: body → validated [`JobSpec`], or an [`ApiError`] (4xx).
+//! Every request check in one place: body → validated [`CheckedBody`], or an [`ApiError`] (4xx).
 //! Nothing here touches a model: the only check that needs the tokenizer (prompt length against
 //! the context) is [`check_lengths`], which the engine thread calls after tokenizing.
 
@@ -13,13 +13,14 @@ use treespec_request::{room, PrepareError};
 
 use crate::api::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::error::ApiError;
-pub use crate::request::prompt::{Message, PromptInput};
-use crate::request::sampling;
-use crate::request::structured::{self, Output};
+pub use crate::intake::prompt::{Message, PromptInput};
+use crate::intake::sampling;
+use crate::intake::structured::{self, Output};
 
-/// A validated generation request, independent of the model.
+/// A completion request's body after every check that needs no model: what a `Job` carries to
+/// the scheduler, which makes it ready on the model.
 #[derive(Debug, Clone)]
-pub struct JobSpec {
+pub struct CheckedBody {
     /// The prompt.
     pub prompt: PromptInput,
     /// Most new tokens (None: fill the context).
@@ -36,7 +37,7 @@ pub struct JobSpec {
     pub stream: bool,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
-    /// Free text, grammar-constrained text or a tool call (see [`crate::request::structured`]).
+    /// Free text, grammar-constrained text or a tool call (see [`crate::intake::structured`]).
     pub output: Output,
     /// Chat `logprobs: true`: report each token's log-probability and this many alternatives
     /// (`top_logprobs`).
@@ -209,7 +210,7 @@ pub fn sampling_params(c: &CommonParams) -> Result<treespec_core::sampling::Samp
 }
 
 /// Validate a chat completion request.
-pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiError> {
+pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<CheckedBody, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
     }
@@ -258,7 +259,7 @@ pub fn chat(req: ChatCompletionRequest, limits: &Limits) -> Result<JobSpec, ApiE
 }
 
 /// Validate a text completion request.
-pub fn completion(req: CompletionRequest, limits: &Limits) -> Result<JobSpec, ApiError> {
+pub fn completion(req: CompletionRequest, limits: &Limits) -> Result<CheckedBody, ApiError> {
     let prompt = match &req.prompt {
         Value::String(s) => s.clone(),
         Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
@@ -346,7 +347,7 @@ fn logprobs(c: &CommonParams) -> Result<Option<usize>, ApiError> {
     Ok(on.then_some(top))
 }
 
-fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<JobSpec, ApiError> {
+fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<CheckedBody, ApiError> {
     let chat = matches!(prompt, PromptInput::Chat(_));
     refuse_unsupported(&c, chat)?;
     if c.stream_options.is_some() && !c.stream {
@@ -376,7 +377,7 @@ fn common(mut prompt: PromptInput, c: CommonParams, limits: &Limits) -> Result<J
         None | Some(Value::Null) => None,
         Some(v) => method_from_json(v, limits.has_draft)?,
     };
-    Ok(JobSpec {
+    Ok(CheckedBody {
         prompt,
         max_tokens,
         sampling,
@@ -573,7 +574,7 @@ mod tests {
     use axum::http::HeaderValue;
     use serde_json::json;
 
-    fn chat_json(v: Value) -> Result<JobSpec, ApiError> {
+    fn chat_json(v: Value) -> Result<CheckedBody, ApiError> {
         chat(parse_json(v.to_string().as_bytes())?, &Limits { context: 128, has_draft: true, max_stop: 4 })
     }
 

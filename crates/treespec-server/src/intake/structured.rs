@@ -28,7 +28,7 @@ use treespec_grammar::{tool_call_grammar, GrammarError, GrammarSpec, ToolChoice,
 
 use crate::api::CommonParams;
 use crate::error::ApiError;
-use crate::request::prompt::Message;
+use crate::intake::prompt::Message;
 
 /// What the output must look like.
 #[derive(Debug, Clone, Default, PartialEq)]
