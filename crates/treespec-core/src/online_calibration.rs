@@ -81,6 +81,17 @@ impl AcceptanceCalibrator {
         self.total += 1;
     }
 
+    /// The acceptance a node at `depth` is expected to have before it is drafted, whatever its
+    /// confidence: the share of that depth's trials the target accepted, read with `prior` as
+    /// the prior's pseudo-trials, so a depth never tried answers `prior` and a depth tried
+    /// often answers what it showed.
+    pub fn expected_acceptance(&self, depth: usize, prior: f64) -> f64 {
+        let d = depth.clamp(1, DEPTHS) - 1;
+        let trials: f64 = self.trials[d * BINS..(d + 1) * BINS].iter().sum();
+        let accepted: f64 = self.accepted[d * BINS..(d + 1) * BINS].iter().sum();
+        (accepted + PRIOR_TRIALS * prior) / (trials + PRIOR_TRIALS)
+    }
+
     /// Observed acceptance rate per depth over all bins (for reports), `None` where no trial.
     pub fn per_depth(&self) -> Vec<Option<f64>> {
         (0..DEPTHS)
@@ -96,6 +107,20 @@ impl AcceptanceCalibrator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_acceptance_moves_from_the_prior_to_what_a_depth_showed() {
+        let mut c = AcceptanceCalibrator::new();
+        assert!((c.expected_acceptance(1, 0.9) - 0.9).abs() < 1e-12);
+        for i in 0..200 {
+            c.record(1, 0.95, i % 2 == 0);
+        }
+        let half = c.expected_acceptance(1, 0.9);
+        assert!((half - 0.5).abs() < 0.01, "{half}");
+        // Depth 2 was never tried: still the prior; depths past the last share its counts.
+        assert!((c.expected_acceptance(2, 0.9) - 0.9).abs() < 1e-12);
+        assert_eq!(c.expected_acceptance(DEPTHS + 3, 0.9), c.expected_acceptance(DEPTHS, 0.9));
+    }
 
     #[test]
     fn an_empty_calibrator_answers_the_raw_confidence() {

@@ -167,11 +167,13 @@ fn greedy_auto_grafts_suffix_drafts_onto_the_model_tree_and_stays_exact() {
     let greedy = SamplingParams::greedy();
     // A perfect draft model beside a prompt whose repetition the target does not follow: the
     // model's tree wins, and the suffix draft's own guesses ride along while rows are cheap.
+    // Grafts happen in the first steps, while the answer's tail still matches the prompt: the
+    // prompt is short, so that catching the model up on it pays from the first tokens.
     // The suffix prices start from the formula prior: the shipped calibration has learned that
     // a 40-token match goes on, and would bet on this one rather than the model.
     let target = ToyModel::new(16, 1, 7);
     let draft = target.draft(0.0, 7);
-    let prompt: Vec<TokenId> = (0..40).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
+    let prompt: Vec<TokenId> = (0..10).map(|i| [3, 1, 4, 1, 5][i % 5]).collect();
     let plain = run(&target, &mut PlainDrafter, &prompt, 64, &greedy, 0).tokens;
     let auto = |draft: Option<&ToyModel>, costs: Arc<SharedCosts>| {
         let cap = treespec_core::suffix::DEFAULT_CAP_TOKENS;
@@ -237,14 +239,13 @@ fn a_draft_model_that_could_not_pay_even_when_perfect_never_takes_the_prompt() {
 
 #[test]
 fn a_draft_model_takes_a_prompt_only_when_its_extra_tokens_repay_reading_it() {
-    // T(n) = 30 + 5n and a perfect draft at 20 ms a token: a perfect chain pays (12 deep, 3.3
-    // tokens a step more than its time is worth at plain decoding's rate). Two drafts with that
-    // step cost: one reads a prompt at 1 ms a token, the other at 8. `auto` starts the model
-    // without the prompt and catches it up only when the gain over the steps still to come
-    // repays that prefill: the cheap reader takes a 400-token prompt (0.4 s, twelve tokens'
-    // worth) a few tokens into the answer; the dear one (3.2 s, 92 tokens' worth) cannot repay
-    // it within 64 tokens and never reads it, where a prefill at the start would have delayed
-    // the first token by all of it.
+    // T(n) = 30 + 5n and a perfect draft, priced before it is tried at 0.9 a depth. Two drafts:
+    // one drafts at 5 ms a token and reads a prompt at 1 ms a token (an 8-deep chain gains 2.8
+    // tokens a step at 0.9); the other drafts at 20 ms and reads at 8. `auto` starts the model without the prompt and catches it up only when the gain over the
+    // tokens still to come repays that prefill: the cheap drafter takes a 400-token prompt
+    // (0.4 s, twelve tokens' worth) some way into the answer; the dear one (3.2 s at 8 ms a
+    // token, 92 tokens' worth) cannot repay it within 64 tokens and never reads it, where a
+    // prefill at the start would have delayed the first token by all of it.
     let greedy = SamplingParams::greedy();
     let target = ToyModel::new(32, 2, 7);
     let perfect = target.draft(0.0, 7);
@@ -263,7 +264,7 @@ fn a_draft_model_takes_a_prompt_only_when_its_extra_tokens_repay_reading_it() {
         let prefilled = watch.lock().unwrap().prefilled;
         (prefilled, d.extra_stats().auto.unwrap().model_steps)
     };
-    let (prefilled, _) = reading(CostCurve::linear(19.0, 1.0, 32).unwrap());
+    let (prefilled, _) = reading(CostCurve::linear(4.0, 1.0, 32).unwrap());
     assert!(prefilled >= prompt.len() - 1, "the cheap reader read {prefilled} tokens");
     let (prefilled, model_steps) = reading(CostCurve::linear(12.0, 8.0, 32).unwrap());
     assert_eq!((prefilled, model_steps), (0, 0), "a prefill of 3.2 s that 64 tokens cannot repay");

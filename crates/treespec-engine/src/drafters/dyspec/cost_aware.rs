@@ -73,25 +73,27 @@ impl<M: CausalLm> DySpecDrafter<M> {
         // the whole prompt's prefill (in a batch, a stall for every request) to learn one step.
         let mut draft = pays || (could_pay && self.synced && auto.probe_due());
         if draft && !self.synced {
-            draft = self.catch_up_pays(ctx, look);
+            draft = self.catch_up_pays(ctx);
         }
         let pays = pays && draft;
         self.auto.as_mut().expect("propose_auto needs the cost model").note_drafting(pays, draft);
         draft
     }
 
-    /// Whether a deferred model repays being caught up: a prefill of the whole history, paid once
-    /// and earned back over the steps left (`look` is a drafted step's expected gain), at most one
-    /// per two tokens still to come. How many will come is unknown until the answer ends: at most
-    /// what is wanted, and, by the Copernican rule, about as many as the answer has had so far.
-    /// Priced over all 128 tokens wanted, a 47-token prompt's catch-up (160 ms, six target steps
-    /// on a 2-core Zen 5) was taken at the first step of a 22-token answer and never earned back.
-    fn catch_up_pays(&self, ctx: &ProposeContext, look: f64) -> bool {
+    /// Whether a deferred model repays being caught up: a prefill of the whole history, paid once,
+    /// against what its steps are expected to earn over the tokens still to come
+    /// ([`AutoBudget::catch_up_gain`]: the best chain at the acceptance the model has shown, a
+    /// modest prior before it has shown any, never the optimistic lookahead a step's own draft
+    /// is started on). How many tokens will come is unknown until the answer ends: at most what
+    /// is wanted, and, by the Copernican rule, about as many as the answer has had so far. Priced
+    /// over all 128 tokens wanted, a 47-token prompt's catch-up (160 ms, six target steps on a
+    /// 2-core Zen 5) was taken at the first step of a 22-token answer and never earned back.
+    fn catch_up_pays(&self, ctx: &ProposeContext) -> bool {
         let auto = self.auto.as_ref().expect("propose_auto needs the cost model");
         let catch_up = auto.draft_cost(ctx.history.len());
         let answered = ctx.history.len().saturating_sub(self.prompt_len).max(1);
-        let steps_left = (ctx.max_depth + 1).min(answered) as f64 / 2.0;
-        (look - self.bar) * steps_left > auto.economics().rate * catch_up
+        let to_come = (ctx.max_depth + 1).min(answered) as f64;
+        auto.catch_up_gain(to_come, self.bar) > auto.economics().rate * catch_up
     }
 
     /// Decisions 2 and 3: the tree grown node by node and depth by depth while each pays, with
