@@ -38,6 +38,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_process import Server  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import aider_run  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SESSIONS = os.path.join(REPO, "bench/inputs/sessions/agent-whole.jsonl")
 
@@ -93,17 +96,6 @@ def count(number, k):
     return float(number) * (1000 if k else 1)
 
 
-def aider_cmd(aider, base, edit_format, extra):
-    return [aider, "--model", "openai/m", "--openai-api-base", base + "/v1", "--openai-api-key", "unused",
-            "--edit-format", edit_format, "--yes-always", "--no-git", "--no-auto-commits", "--map-tokens", "0",
-            "--no-show-model-warnings", "--no-check-update", "--no-analytics", "--no-pretty", "--no-stream",
-            "--timeout", "900"] + extra
-
-
-def aider_env(base):
-    return dict(os.environ, OPENAI_API_KEY="unused", OPENAI_API_BASE=base + "/v1", AIDER_ANALYTICS="false")
-
-
 def startup_s(aider, base, runs=3):
     """Median wall time of aider starting up and exiting (`--exit`), what every run pays before its
     request."""
@@ -111,8 +103,8 @@ def startup_s(aider, base, runs=3):
     with tempfile.TemporaryDirectory() as work:
         for _ in range(runs):
             t0 = time.monotonic()
-            subprocess.run(aider_cmd(aider, base, "whole", ["--exit"]), cwd=work, capture_output=True,
-                           env=aider_env(base), timeout=300)
+            subprocess.run(aider_run.command(aider, base, "whole", ["--timeout", "900", "--exit"]), cwd=work,
+                           capture_output=True, env=aider_run.env(base), timeout=300)
             times.append(time.monotonic() - t0)
     return statistics.median(times)
 
@@ -126,8 +118,9 @@ def run_task(aider, base, edit_format, session, turn, check):
         with open(target, "w") as f:
             f.write(original)
         t0 = time.monotonic()
-        out = subprocess.run(aider_cmd(aider, base, edit_format, ["--message", request, path]), cwd=work,
-                             capture_output=True, text=True, env=aider_env(base), timeout=1800)
+        extra = ["--timeout", "900", "--message", request, path]
+        out = subprocess.run(aider_run.command(aider, base, edit_format, extra), cwd=work,
+                             capture_output=True, text=True, env=aider_run.env(base), timeout=1800)
         wall = time.monotonic() - t0
         with open(target) as f:
             edited = f.read()

@@ -27,6 +27,9 @@ import sys
 import tempfile
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import aider_run  # noqa: E402
+
 ASK = [{"role": "user", "content": "Name three colours."}]
 WEATHER = {
     "type": "function",
@@ -142,13 +145,9 @@ def row_aider(base, edit_format):
     with tempfile.TemporaryDirectory() as work:
         with open(os.path.join(work, "stats.py"), "w") as f:
             f.write(STATS)
-        env = dict(os.environ, OPENAI_API_KEY="unused", OPENAI_API_BASE=base + "/v1", AIDER_ANALYTICS="false")
-        out = subprocess.run(
-            [aider, "--model", "openai/m", "--openai-api-base", base + "/v1", "--openai-api-key", "unused",
-             "--edit-format", edit_format, "--yes-always", "--no-git", "--no-auto-commits", "--map-tokens", "0",
-             "--no-show-model-warnings", "--no-check-update", "--no-analytics", "--no-pretty", "--no-stream",
-             "--timeout", "600", "--message", ASK_EDIT, "stats.py"],
-            cwd=work, capture_output=True, text=True, env=env, timeout=900)
+        extra = ["--timeout", "600", "--message", ASK_EDIT, "stats.py"]
+        out = subprocess.run(aider_run.command(aider, base, edit_format, extra), cwd=work, capture_output=True,
+                             text=True, env=aider_run.env(base), timeout=900)
         assert out.returncode == 0, (out.returncode, out.stdout[-800:], out.stderr[-800:])
         with open(os.path.join(work, "stats.py")) as f:
             edited = f.read()

@@ -86,18 +86,21 @@ impl AcceptanceCalibrator {
     /// the prior's pseudo-trials, so a depth never tried answers `prior` and a depth tried
     /// often answers what it showed.
     pub fn expected_acceptance(&self, depth: usize, prior: f64) -> f64 {
-        let d = depth.clamp(1, DEPTHS) - 1;
-        let trials: f64 = self.trials[d * BINS..(d + 1) * BINS].iter().sum();
-        let accepted: f64 = self.accepted[d * BINS..(d + 1) * BINS].iter().sum();
+        let (accepted, trials) = self.depth_counts(depth.clamp(1, DEPTHS) - 1);
         (accepted + PRIOR_TRIALS * prior) / (trials + PRIOR_TRIALS)
+    }
+
+    /// Accepted and tried nodes at depth index `d` (0 = depth 1) over all bins, decayed.
+    fn depth_counts(&self, d: usize) -> (f64, f64) {
+        let bins = d * BINS..(d + 1) * BINS;
+        (self.accepted[bins.clone()].iter().sum(), self.trials[bins].iter().sum())
     }
 
     /// Observed acceptance rate per depth over all bins (for reports), `None` where no trial.
     pub fn per_depth(&self) -> Vec<Option<f64>> {
         (0..DEPTHS)
             .map(|d| {
-                let t: f64 = self.trials[d * BINS..(d + 1) * BINS].iter().sum();
-                let a: f64 = self.accepted[d * BINS..(d + 1) * BINS].iter().sum();
+                let (a, t) = self.depth_counts(d);
                 (t > 0.0).then(|| a / t)
             })
             .collect()

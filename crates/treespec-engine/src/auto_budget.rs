@@ -269,14 +269,18 @@ impl AutoBudget {
     /// `tokens ÷ expected tokens` such steps. 0 when no chain gains.
     pub fn catch_up_gain(&self, tokens: f64, bar: f64) -> f64 {
         let rate = self.economics().rate;
-        let target = self.costs.target.at_context(self.context);
         let acceptance: Vec<f64> =
             (1..=DEPTHS).map(|d| self.calib.expected_acceptance(d, UNTRIED_ACCEPTANCE)).collect();
-        chain_bound(&target, self.draft_cost(1), &acceptance, GATE_CHAIN)
-            .iter()
-            .skip(1)
-            .map(|&(_, expected, ms, _)| (expected - rate * ms - bar) * tokens / expected)
+        self.chains(self.draft_cost(1), &acceptance)
+            .map(|(_, expected, ms, _)| (expected - rate * ms - bar) * tokens / expected)
             .fold(0.0, f64::max)
+    }
+
+    /// The draft-model chains of 1 to `GATE_CHAIN` tokens on the target's curve at this context,
+    /// each drafted token costing `draft_ms`: `(k, expected tokens, ms, tokens per ms)`.
+    fn chains(&self, draft_ms: f64, acceptance: &[f64]) -> impl Iterator<Item = (usize, f64, f64, f64)> {
+        let target = self.costs.target.at_context(self.context);
+        chain_bound(&target, draft_ms, acceptance, GATE_CHAIN).into_iter().skip(1)
     }
 
     /// Whether some draft-model chain of up to `GATE_CHAIN` tokens, accepted per depth as
@@ -284,11 +288,7 @@ impl AutoBudget {
     fn chain_beats_rate(&self, acceptance: &[f64]) -> bool {
         let Some(draft) = &self.costs.draft else { return true };
         let rate = self.economics().rate;
-        let target = self.costs.target.at_context(self.context);
-        chain_bound(&target, draft.ms_at(1, self.context), acceptance, GATE_CHAIN)
-            .iter()
-            .skip(1)
-            .any(|b| b.3 > rate)
+        self.chains(draft.ms_at(1, self.context), acceptance).any(|b| b.3 > rate)
     }
 
     /// Whether this step should draft although the estimates say it will not pay (a probe).
