@@ -14,7 +14,7 @@
 //! ```sh
 //! cargo run --release -p treespec-bench --example suffix_replay -- \
 //!     bench/results/main-greedy/plain-tokens.jsonl ~/.cache/treespec/costs/<target>-t2-fast-v4.json \
-//!     [--score OTHER-CURVE.json] [--pessimism Z] [--refine] [--per-answer] [--trace]
+//!     [--score OTHER-CURVE.json] [--pessimism Z] [--explore N] [--refine] [--per-answer] [--trace]
 //! ```
 //!
 //! `--cold` replays each answer as a fresh `treespec generate` does: an empty global history and
@@ -24,6 +24,9 @@
 //! formula prior alone. `--write-prices FILE` writes the prices learned over the whole replay (as
 //! JSON) — what `scripts/calibrate-prior.sh` distils the shipped prior from (from `--uninformed`,
 //! so that a calibration never feeds on the prior it replaces).
+//!
+//! `--pessimism Z` and `--explore N` set the drafter's pessimism and its exploration period
+//! (`--suffix-pessimism`, `--suffix-explore`; 0 never explores).
 //!
 //! `--refine` folds each step's time into the curve and tracks the achieved rate, as a live run
 //! does (without it every step is priced against plain decoding's rate). `--per-answer` prints
@@ -149,6 +152,7 @@ struct Options {
     curve: String,
     score_path: Option<String>,
     pessimism: Option<f64>,
+    explore: Option<u32>,
     per_answer: bool,
     trace: bool,
     refine: bool,
@@ -168,6 +172,7 @@ fn parse_args() -> Result<Options> {
             "--pessimism" => {
                 o.pessimism = Some(it.next().context("--pessimism needs a number")?.parse::<f64>()?)
             }
+            "--explore" => o.explore = Some(it.next().context("--explore needs a number")?.parse::<u32>()?),
             "--per-answer" => o.per_answer = true,
             "--trace" => o.trace = true,
             "--refine" => o.refine = true,
@@ -182,7 +187,7 @@ fn parse_args() -> Result<Options> {
     }
     let [tokens, curve] = positional.as_slice() else {
         bail!(
-            "usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z] \
+            "usage: suffix_replay PLAIN-TOKENS.jsonl CURVE.json [--score CURVE.json] [--pessimism Z] [--explore N] \
              [--refine] [--per-answer] [--trace] [--cold] [--uninformed | --prices FILE] [--write-prices FILE]"
         );
     };
@@ -244,6 +249,9 @@ fn main() -> Result<()> {
     let mut config = SuffixConfig { costs: Some(costs), exclude_same_prompt: true, ..Default::default() };
     if let Some(z) = o.pessimism {
         config.pessimism = z;
+    }
+    if let Some(e) = o.explore {
+        config.explore_every = e;
     }
     let start = starting_prices(&o)?;
     config.shared.set_pricing(start.clone());
