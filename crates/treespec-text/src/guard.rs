@@ -17,11 +17,7 @@
 //! client cannot forge one.
 
 use crate::chat::{ChatMessage, ChatTemplate, TemplateError};
-
-/// The first sentinel code point (plane 15 private use area, U+F0000–U+FFFFD).
-const SENTINEL_BASE: u32 = 0xF_0000;
-/// How many sentinels there are (and so how many swapped strings one request may hold).
-const SENTINELS: u32 = 0xF_FFFE - SENTINEL_BASE;
+use crate::sentinel::{is_sentinel, SENTINELS, SENTINEL_BASE};
 
 /// One piece of a rendered chat.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,10 +27,6 @@ pub enum Piece {
     Template(String),
     /// A string from a message that would otherwise read as a special token: plain text.
     Plain(String),
-}
-
-fn is_sentinel(c: char) -> bool {
-    (SENTINEL_BASE..SENTINEL_BASE + SENTINELS).contains(&(c as u32))
 }
 
 /// Swaps control-token text (and stray sentinels) in message content for sentinels.

@@ -9,6 +9,7 @@
 pub mod builtin;
 pub mod chat;
 pub mod guard;
+mod sentinel;
 
 pub use builtin::{builtin_names, template_source};
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};
