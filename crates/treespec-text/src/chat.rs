@@ -1,6 +1,7 @@
 //! Chat templates: the Jinja template a GGUF file carries (`tokenizer.chat_template`), rendered
 //! with minijinja the way Hugging Face transformers renders it (trim_blocks, lstrip_blocks,
-//! Python-style string methods, `raise_exception`, `strftime_now`).
+//! Python-style string methods, `raise_exception`, `strftime_now`, `tojson` as `json.dumps`,
+//! mappings in the order they were given).
 
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind};
 use serde::Serialize;
@@ -61,6 +62,8 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Python's json.dumps, as the templates' authors render them (see `tojson`).
+        env.add_filter("tojson", crate::tojson::tojson);
         env.add_function("raise_exception", |msg: String| -> Result<String, JinjaError> {
             Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
         });

@@ -10,6 +10,7 @@ pub mod builtin;
 pub mod chat;
 pub mod guard;
 mod sentinel;
+mod tojson;
 
 pub use builtin::{builtin_names, template_source};
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};
