@@ -26,34 +26,30 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let (item, key) = match separators.as_deref() {
         None => ((if indent.is_some() { "," } else { ", " }).to_string(), ": ".to_string()),
         Some([item, key]) => (item.clone(), key.clone()),
-        Some(_) => return Err(invalid("tojson: separators must be two strings (item, key)")),
+        Some(_) => return Err(invalid("separators must be two strings (item, key)")),
     };
-    let mut json = serde_json::to_value(value).map_err(|e| invalid(&format!("tojson: {e}")))?;
+    let mut json = serde_json::to_value(value).map_err(invalid)?;
     if sort_keys == Some(true) {
         sort(&mut json);
     }
     let formatter = PythonFormatter { indent, item, key, level: 0, has_value: false };
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
-    serde::Serialize::serialize(&json, &mut serializer).map_err(|e| invalid(&format!("tojson: {e}")))?;
-    let text = String::from_utf8(out).map_err(|e| invalid(&format!("tojson: {e}")))?;
+    serde::Serialize::serialize(&json, &mut serializer).map_err(invalid)?;
+    let text = String::from_utf8(out).map_err(invalid)?;
     Ok(Value::from_safe_string(if ensure_ascii == Some(true) { ascii(&text) } else { text }))
 }
 
-fn invalid(msg: &str) -> Error {
-    Error::new(ErrorKind::InvalidOperation, msg.to_string())
+fn invalid(why: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("tojson: {why}"))
 }
 
 /// Every object's keys in sorted order, at every depth (`sort_keys=True`).
 fn sort(json: &mut serde_json::Value) {
     match json {
         serde_json::Value::Object(map) => {
-            let mut entries: Vec<_> = std::mem::take(map).into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            for (k, mut v) in entries {
-                sort(&mut v);
-                map.insert(k, v);
-            }
+            map.sort_keys();
+            map.values_mut().for_each(sort);
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(sort),
         _ => {}
