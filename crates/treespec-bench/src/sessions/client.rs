@@ -168,12 +168,17 @@ impl Accumulated {
             (Some(a), Some(b)) => (b - a).as_secs_f64(),
             _ => 0.0,
         };
-        // A reply that arrived whole (a tool call a server holds back until it is complete) has
-        // no client-side decode time: take the server's own (`timings.predicted_ms`, the time it
-        // spent generating all the tokens), scaled to the tokens after the first.
+        // A reply that arrived whole, or in one burst (a tool call a server holds back until it
+        // is complete, then streams in a few pieces), has no client-side decode time worth the
+        // name: its generation fell in the time to first token. Take the server's own
+        // (`timings.predicted_ms`, the time it spent generating all the tokens), scaled to the
+        // tokens after the first, whenever the client saw less than half of it.
         let predicted_ms = self.timings.as_ref().and_then(|t| t.get("predicted_ms")).and_then(Value::as_f64);
-        if let (0.0, Some(ms), n @ 2..) = (r.decode_s, predicted_ms, r.completion_tokens) {
-            r.decode_s = ms / 1e3 * (n - 1) as f64 / n as f64;
+        if let (Some(ms), n @ 2..) = (predicted_ms, r.completion_tokens) {
+            let server_s = ms / 1e3 * (n - 1) as f64 / n as f64;
+            if r.decode_s < server_s / 2.0 {
+                r.decode_s = server_s;
+            }
         }
         r.total_s = (ended - sent).as_secs_f64();
         self.reply
@@ -450,5 +455,39 @@ mod tests {
         let r = acc.finish(t0, t0);
         // 11 tokens in 0.5 s: the 10 after the first in 10/11 of it, 22 tokens/s.
         assert!((r.decode_tokens_per_s().unwrap() - 22.0).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn a_held_back_call_streamed_in_a_burst_takes_the_servers_decode_time() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let call = |args: &str, ms| {
+            (
+                json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"arguments":args}}]}}]}),
+                ms,
+            )
+        };
+        let mut acc = Accumulated::default();
+        for (chunk, ms) in [call("{\"a\"", 900), call(":1}", 910)] {
+            acc.chunk(&chunk, at(ms));
+        }
+        acc.chunk(
+            &json!({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":21},"timings":{"predicted_ms":700.0}}),
+            at(911),
+        );
+        let r = acc.finish(t0, at(912));
+        // The client saw 10 ms of a 700 ms generation: 20 tokens in 20/21 of 0.7 s, 30 tokens/s.
+        assert!((r.decode_tokens_per_s().unwrap() - 30.0).abs() < 1e-9, "{r:?}");
+        // A stream the client saw unfold keeps its own time, whatever the server says.
+        let mut streamed = Accumulated::default();
+        for (chunk, ms) in [call("{\"a\"", 100), call(":1}", 500)] {
+            streamed.chunk(&chunk, at(ms));
+        }
+        streamed.chunk(
+            &json!({"choices":[],"usage":{"completion_tokens":21},"timings":{"predicted_ms":700.0}}),
+            at(501),
+        );
+        let r = streamed.finish(t0, at(502));
+        assert!((r.decode_s - 0.4).abs() < 1e-9, "{r:?}");
     }
 }
