@@ -153,7 +153,9 @@ status=0
 # The copy oracle on the baseline's answers, priced on the target's cached cost curve, with the
 # first treespec server rebuilding the prompts (scripts/session-copy-bound.py).
 cache="${TREESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/treespec}/costs"
-curve="$(ls -t "$cache/$(basename "$TARGET" | tr '-' '_')"-*-t2-fast-v*.json 2>/dev/null | head -1 || true)"
+# (`-fast-v5` or, with the weights on huge pages, `-fast-hp-v5`)
+curve="$(ls -t "$cache/$(basename "$TARGET" | tr '-' '_')"-*-t2-fast*-v*.json 2>/dev/null | head -1 || true)"
+[[ -n "$curve" ]] || log "no cached cost curve of $TARGET at 2 threads in $cache: no copy oracle"
 port="$BASE_PORT"
 for name in $SERVERS; do
     if [[ "$name" == treespec:* && -n "$curve" ]]; then
