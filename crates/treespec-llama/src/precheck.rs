@@ -5,8 +5,8 @@
 //! is a regular file; it starts with the GGUF magic; ggml's own GGUF parser accepts its header,
 //! metadata and tensor table (metadata only, no tensor data is read); the file is long enough
 //! to hold every tensor the table promises, which catches the common truncated download with a
-//! message that says exactly that; and the hyper-parameters and vocabulary hold no value that
-//! makes llama.cpp abort the process instead of failing (see `hparams.rs`).
+//! message that says exactly that; and the hyper-parameters, vocabulary and tensor shapes hold no
+//! value that makes llama.cpp abort the process instead of failing (see `hparams.rs`).
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -158,6 +158,7 @@ impl GgufGuard {
             None => Hparams::default(),
         };
         self.check_vocab()?;
+        self.check_tensor_shapes()?;
         Ok((GgufFacts { file_size, version, n_tensors, architecture, hparams }, end))
     }
 
@@ -220,6 +221,29 @@ impl GgufGuard {
         }
     }
 
+    /// ggml aborts while loading a tensor whose dimensions multiply past `i64::MAX`, even when
+    /// another dimension is 0 (gguf's own parser lets that through: the product is 0).
+    fn check_tensor_shapes(&self) -> std::result::Result<(), String> {
+        use llama_cpp_sys_2 as s;
+        let ctx = self.0;
+        // SAFETY: live context, ids below its tensor count; `gguf_get_tensor_ne` points at the
+        // tensor's GGML_MAX_DIMS (4) dimensions, copied before the next call.
+        for id in 0..unsafe { s::gguf_get_n_tensors(ctx) } {
+            let ne: [i64; 4] = unsafe { std::ptr::read_unaligned(s::gguf_get_tensor_ne(ctx, id).cast()) };
+            if !elements_fit(&ne) {
+                // SAFETY: as above; the name is copied at once.
+                let name = unsafe {
+                    CStr::from_ptr(s::gguf_get_tensor_name(ctx, id)).to_string_lossy().into_owned()
+                };
+                return Err(format!(
+                    "tensor '{name}' has dimensions {ne:?}, more elements than ggml can count \
+                     (llama.cpp would abort)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// llama.cpp aborts on a vocabulary with a repeated token text (its text → id map comes out
     /// shorter than the vocabulary).
     fn check_vocab(&self) -> std::result::Result<(), String> {
@@ -251,5 +275,37 @@ impl GgufGuard {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// Whether ggml can make a tensor of dimensions `ne`: `ggml_new_tensor` asserts, aborting the
+/// process, unless each dimension above 1 leaves the running product below `i64::MAX / dimension`.
+fn elements_fit(ne: &[i64]) -> bool {
+    let Some((&first, rest)) = ne.split_first() else { return true };
+    let mut n = first;
+    for &d in rest.iter().filter(|&&d| d > 1) {
+        if i64::MAX / d <= n {
+            return false;
+        }
+        n *= d;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::elements_fit;
+
+    #[test]
+    fn a_tensor_fits_exactly_when_ggml_would_make_it() {
+        assert!(elements_fit(&[4096, 151_936, 1, 1]));
+        assert!(elements_fit(&[0, 1, 1, 1]));
+        // The fuzzer's file: a zero dimension does not save it, ggml skips dimensions of 0 and 1.
+        assert!(!elements_fit(&[1024, 0, u32::MAX as i64, u32::MAX as i64]));
+        assert!(!elements_fit(&[i64::MAX, 2, 1, 1]));
+        // ggml's bound is strict: a product that would just fit is refused all the same.
+        let d = 3;
+        assert!(!elements_fit(&[i64::MAX / d, d, 1, 1]));
+        assert!(elements_fit(&[i64::MAX / d - 1, d, 1, 1]));
     }
 }

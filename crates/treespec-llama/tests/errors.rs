@@ -91,6 +91,25 @@ fn corrupt_header() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Found by the GGUF fuzzer: gguf's parser accepts a tensor whose dimensions multiply past
+/// `i64::MAX` when one of them is 0, and ggml then aborts the process while loading it.
+#[test]
+fn a_tensor_too_large_to_count_is_refused_by_name() {
+    use common::gguf::{Gguf, TensorInfo, V};
+    let dir = scratch("huge-tensor");
+    let p = dir.join("huge.gguf");
+    let mut file = Gguf::with_kv(&[("general.architecture", V::Str("llama".into()))]);
+    let dims = vec![1024, 0, u32::MAX as u64, u32::MAX as u64];
+    file.tensors.push(TensorInfo { name: "token_embd.weight".into(), dims, ggml_type: 6, offset: 0 });
+    std::fs::write(&p, file.bytes()).unwrap();
+    let msg = load_err(&p);
+    assert!(
+        msg.contains("tensor 'token_embd.weight'") && msg.contains("more elements than ggml can count"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn truncated_model() {
     if skip_model_tests("truncated_model") {
