@@ -12,6 +12,7 @@
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Error, ErrorKind};
 use serde_json::ser::Formatter;
+use std::fmt::Write as _;
 use std::io;
 
 /// `tojson(indent=None, separators=None, sort_keys=False, ensure_ascii=False)` with Python's
@@ -68,7 +69,8 @@ fn ascii(text: &str) -> String {
         } else {
             let mut units = [0u16; 2];
             for unit in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{unit:04x}"));
+                // Writing into a String cannot fail.
+                let _ = write!(out, "\\u{unit:04x}");
             }
         }
     }

@@ -5,8 +5,9 @@
 //! - `turn1_tokens_per_s` / `later_tokens_per_s`: the median over the group's requests of the
 //!   client-side decode speed (tokens after the first ÷ seconds from the first to the last; for a
 //!   reply held back and sent in one burst, as tool calls are, the server's own generating time:
-//!   `client::Reply`), for first turns and for turns 2 and later. `…_vs_plain`: that median ÷ the same median of the
-//!   server's family plain (`llama:plain` for `llama:ngram-mod`), over the same sessions.
+//!   `client::Reply`), for first turns and for turns 2 and later. `…_vs_plain`: that median ÷
+//!   the same median of the server's family plain (`llama:plain` for `llama:ngram-mod`), over the
+//!   same sessions.
 //! - `session_tokens_per_s`: the median over session runs of Σ tokens ÷ Σ request time (time to
 //!   first token + decode, every request of the session): what a user waits for a whole session.
 //!   `session_vs_baseline`: ÷ the baseline server's.
